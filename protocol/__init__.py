@@ -1,0 +1,29 @@
+"""The supervisor↔worker protocol: typed messages, one msgpack codec, socket helpers.
+
+Imports neither MLX nor aiohttp, so both sides (and tests) share it.
+"""
+
+from protocol.codec import ProtocolError, decode_down, decode_up, encode
+from protocol.messages import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Delta,
+    Done,
+    Error,
+    Generate,
+    Heartbeat,
+    Ready,
+    Shutdown,
+    Started,
+    Status,
+    StatusRequest,
+    pack_ids,
+    unpack_ids,
+)
+
+__all__ = [
+    "PROTOCOL_VERSION", "ProtocolError", "encode", "decode_down", "decode_up",
+    "Generate", "Cancel", "StatusRequest", "Shutdown",
+    "Ready", "Started", "Delta", "Done", "Error", "Status", "Heartbeat",
+    "pack_ids", "unpack_ids",
+]

@@ -1,0 +1,180 @@
+"""Message types of the supervisor↔worker protocol (DESIGN.md, "Protocol").
+
+Every message is a frozen dataclass with a `kind` class attribute (its wire `type`).
+Down (supervisor → worker): Generate, Cancel, StatusRequest, Shutdown.
+Up (worker → supervisor): Ready, Started, Delta, Done, Error, Status, Heartbeat.
+Up messages carry the worker's `epoch` (its incarnation): events of a dead epoch are dropped.
+
+Compatibility rule: a new field gets a default and goes at the end of its class.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from dataclasses import dataclass, field
+from typing import ClassVar, Optional
+
+PROTOCOL_VERSION = 1
+
+# Finish reasons a Done may carry.
+FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error")
+
+# Error codes a worker may send; the supervisor maps them to HTTP statuses.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+INVALID_REQUEST = "invalid_request"
+LOAD_FAILED = "load_failed"
+INTERNAL = "internal_error"
+
+
+def pack_ids(ids) -> bytes:
+    """Token ids travel packed as little-endian uint32, not as a msgpack list of ints."""
+    a = array("I", ids)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+def unpack_ids(data: bytes) -> list[int]:
+    a = array("I")
+    a.frombytes(data)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tolist()
+
+
+# ---- down: supervisor → worker -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Generate:
+    """Generate for one request. Exactly one of `messages` (chat) and `prompt` (text
+    completion) is set; `prompt_ids` (packed) replaces `prompt` when the client sent
+    token ids. Sampling values arrive validated; the worker applies its own defaults to
+    what is None."""
+    kind: ClassVar[str] = "generate"
+    rid: str
+    messages: Optional[list] = None       # [{"role": str, "content": str, ...}]
+    prompt: Optional[str] = None
+    prompt_ids: Optional[bytes] = None
+    max_tokens: Optional[int] = None      # None: up to the context length
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    seed: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    stop: list = field(default_factory=list)  # up to 4 strings, never returned in text
+    template_kwargs: Optional[dict] = None
+    log_prompt: bool = False              # the worker may log prompt text only if set
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Drop `rid` at the next decode step or prefill chunk. Idempotent; a Done with
+    finish_reason "cancelled" answers it (unless the request had already finished)."""
+    kind: ClassVar[str] = "cancel"
+    rid: str
+
+
+@dataclass(frozen=True)
+class StatusRequest:
+    kind: ClassVar[str] = "status"
+    qid: int = 0  # echoed in the Status reply
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Cooperative stop: cancel everything, answer each with Done, then exit."""
+    kind: ClassVar[str] = "shutdown"
+
+
+# ---- up: worker → supervisor ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ready:
+    """Model loaded and warmed; the worker takes Generate from now on."""
+    kind: ClassVar[str] = "ready"
+    epoch: int
+    model: str
+    context_length: int
+    pid: int
+    slots: int = 1                 # sequences the worker runs at once
+    random_weights: bool = False   # a demo/test model: output is meaningless
+    active_bytes: int = 0          # MLX memory in use after loading
+    peak_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Started:
+    """Prompt tokenized and checked; prefill begins."""
+    kind: ClassVar[str] = "started"
+    epoch: int
+    rid: str
+    prompt_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Delta:
+    """All output of one decode step for one request."""
+    kind: ClassVar[str] = "delta"
+    epoch: int
+    rid: str
+    text: str
+    token_ids: bytes = b""  # packed (pack_ids)
+
+
+@dataclass(frozen=True)
+class Done:
+    """The one terminal message of every Generate."""
+    kind: ClassVar[str] = "done"
+    epoch: int
+    rid: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Error:
+    """An error safe to show to the client. With a `rid` it concerns that request and a
+    Done(finish_reason="error") follows; without, it concerns the worker (load failed)."""
+    kind: ClassVar[str] = "error"
+    epoch: int
+    code: str
+    message: str
+    rid: Optional[str] = None
+    param: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Status:
+    """Answer to StatusRequest."""
+    kind: ClassVar[str] = "status"
+    epoch: int
+    qid: int
+    state: str                     # loading | ready | busy | draining
+    active: list = field(default_factory=list)   # rids being prefilled or decoded
+    waiting: list = field(default_factory=list)  # rids accepted, not started
+    steps: int = 0                 # decode steps + prefill chunks since start
+    active_bytes: int = 0
+    peak_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Sent by the worker's I/O thread about once a second, also while the MLX thread is
+    busy in a long step: `steps` not advancing while busy is how a hang is seen."""
+    kind: ClassVar[str] = "heartbeat"
+    epoch: int
+    state: str
+    steps: int = 0
+    active: int = 0
+    waiting: int = 0
+    active_bytes: int = 0
+    peak_bytes: int = 0
+
+
+DOWN = (Generate, Cancel, StatusRequest, Shutdown)
+UP = (Ready, Started, Delta, Done, Error, Status, Heartbeat)

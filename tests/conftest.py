@@ -1,0 +1,26 @@
+"""Shared fixtures: tiny random-weight models built at test time (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Test processes must never try the network for models.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(models_dir) -> Path:
+    """A float32 qwen2-type model, hidden 64, 2 layers, context 4096."""
+    from worker.demo import build_model
+
+    return build_model(models_dir / "tiny", "tiny").path
