@@ -118,8 +118,12 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     # Untied head, scaled up: the logits are far from uniform (argmax has no near-ties, so
     # greedy output is stable) and greedy text varies instead of repeating one token.
+    # The EOS row of the head is zeroed: its logit is always 0 while the largest logit is
+    # far above, so generations run to max_tokens (tests and benchmarks need known lengths).
+    head = model.lm_head.weight * 4
+    head[eos_id] = 0.0
     model.update({"model": {"embed_tokens": {"weight": model.model.embed_tokens.weight * 4}},
-                  "lm_head": {"weight": model.lm_head.weight * 4}})
+                  "lm_head": {"weight": head}})
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)
 

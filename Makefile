@@ -1,0 +1,36 @@
+# The two set-up commands: `make serve` and `make test`. Both create .venv and install.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+MODEL ?= demo
+PORT ?= 8080
+PYTEST_ARGS ?=
+
+.PHONY: serve test install install-cuda bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Linux with an NVIDIA GPU: MLX's CUDA backend instead of the CPU one.
+install-cuda: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[cuda13,test]'
+	$(BIN)/python -m pip uninstall --yes mlx-cpu
+
+serve: $(STAMP)
+	$(BIN)/mlxd --model $(MODEL) --port $(PORT)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/serve_vs_engine.py --preset tiny
+	$(BIN)/python bench/serve_vs_engine.py --preset small
+
+clean:
+	rm -rf $(VENV) .pytest_cache

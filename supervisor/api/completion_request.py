@@ -1,0 +1,100 @@
+"""POST /v1/completions (legacy text completions): the body → a validated CompletionRequest.
+
+One prompt per request: a string, a list of one string, or token ids (a list of ints, or a
+list holding one such list). Batches are a 400 rather than a silent first-only answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from protocol.messages import pack_ids
+from supervisor.api.params import (
+    CommonParams, invalid_type, invalid_value, is_int, missing, opt_bool, opt_int, opt_str,
+    parse_common, unsupported,
+)
+
+# OpenAI's default for /v1/completions (CreateCompletionRequest.max_tokens.default).
+DEFAULT_MAX_TOKENS = 16
+_UINT32 = 2 ** 32  # token ids travel as packed uint32 (protocol.pack_ids)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompletionRequest(CommonParams):
+    prompt: Optional[str] = None
+    prompt_ids: Optional[tuple] = None      # token ids, when the client sent ids
+
+    def to_generate_fields(self) -> dict:
+        """Keyword arguments of protocol.messages.Generate, except rid and log_prompt."""
+        return {
+            "messages": None,
+            "prompt": self.prompt,
+            "prompt_ids": pack_ids(self.prompt_ids) if self.prompt_ids is not None else None,
+            **self.sampling_fields(),
+            "template_kwargs": None,
+        }
+
+
+def parse_completion_request(body: dict) -> CompletionRequest:
+    """Validate a completions body; raises APIError(400) naming the bad param."""
+    common = parse_common(body)
+    prompt, prompt_ids = _parse_prompt(body)
+    # max_tokens: the spec allows 0 (with echo, prompt only); no echo here, so 0 is useless.
+    max_tokens = opt_int(body, "max_tokens", minimum=1)
+    _reject_unsupported(body)
+    return CompletionRequest(
+        **common,
+        max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        prompt=prompt,
+        prompt_ids=prompt_ids,
+    )
+
+
+def _parse_prompt(body: dict) -> tuple[Optional[str], Optional[tuple]]:
+    if body.get("prompt") is None:
+        raise missing("prompt")
+    value = body["prompt"]
+    if isinstance(value, str):
+        return value, None
+    expected = "a string, an array of strings, an array of integers or an array of arrays"
+    if not isinstance(value, list):
+        raise invalid_type("prompt", expected, value)
+    if not value:
+        raise invalid_value("prompt", "empty array. Expected an array with minimum length 1, "
+                            "but got an empty array instead.", "empty_array")
+    if all(is_int(t) for t in value):
+        return None, _token_ids(value, "prompt")
+    if all(isinstance(p, (str, list)) for p in value):
+        if len(value) > 1:
+            raise unsupported("prompt", "Only one prompt per request is supported by this "
+                              "server; send one request per prompt.", "unsupported_value")
+        only = value[0]
+        if isinstance(only, str):
+            return only, None
+        if only and all(is_int(t) for t in only):
+            return None, _token_ids(only, "prompt[0]")
+        raise invalid_type("prompt[0]", "a non-empty array of integers", only)
+    raise invalid_type("prompt", expected, value)
+
+
+def _token_ids(ids: list, param: str) -> tuple:
+    for i, t in enumerate(ids):
+        if not 0 <= t < _UINT32:
+            raise invalid_value(f"{param}[{i}]", f"token ids are integers from 0 to "
+                                f"{_UINT32 - 1}, got {t}.")
+    return tuple(ids)
+
+
+def _reject_unsupported(body: dict) -> None:
+    # logprobs here is an int 0..5 (how many alternatives); any value asks for logprobs.
+    if opt_int(body, "logprobs", 0, 5) is not None:
+        raise unsupported("logprobs", "logprobs are not supported by this server yet.")
+    if opt_bool(body, "echo"):
+        raise unsupported("echo", "echo is not supported by this server yet.")
+    if opt_str(body, "suffix"):
+        raise unsupported("suffix", "suffix (insertion) is not supported by this server yet.")
+    best_of = opt_int(body, "best_of", minimum=0, maximum=20)
+    if best_of is not None and best_of > 1:
+        raise unsupported("best_of", "best_of > 1 is not supported by this server.",
+                          "unsupported_value")

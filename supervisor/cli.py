@@ -1,0 +1,122 @@
+"""`mlxd`: serve models behind an OpenAI-compatible API.
+
+Every flag can also be set by an MLXD_* environment variable (flags win), e.g.
+MLXD_PORT=9000, MLXD_MODEL=demo (several models: comma-separated).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import logging.handlers
+import os
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+from supervisor.config import Config, default_log_dir, default_state_dir
+
+# (flag, Config field, type, help). Booleans are store_true flags.
+OPTIONS = [
+    ("--host", "host", str, "address to listen on"),
+    ("--port", "port", int, "port to listen on"),
+    ("--state-dir", "state_dir", Path, "where mlxd keeps its state (default: the platform's place)"),
+    ("--log-dir", "log_dir", Path, "where logs go (default: ~/Library/Logs/mlxd on macOS, STATE_DIR/logs elsewhere)"),
+    ("--max-queue", "max_queue", int, "requests waiting per model before 503"),
+    ("--queue-timeout", "queue_timeout", float, "seconds a request may wait to start before 503"),
+    ("--request-timeout", "request_timeout", float, "seconds a generation may run before it is cancelled (504)"),
+    ("--cancel-grace", "cancel_grace", float, "seconds a worker has to answer a cancel before it is killed"),
+    ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without a heartbeat before a worker counts as hung"),
+    ("--hang-timeout", "hang_timeout", float, "seconds busy without progress before a worker counts as hung"),
+    ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 above)"),
+    ("--max-context-tokens", "max_context_tokens", int, "cap on prompt + completion tokens (default: the model's context)"),
+    ("--prefill-step", "prefill_step", int, "prompt tokens per prefill chunk (cancel is checked between chunks)"),
+    ("--heartbeat-interval", "heartbeat_interval", float, "seconds between worker heartbeats"),
+    ("--restart-backoff", "restart_backoff", float, "first delay before restarting a crashed worker"),
+    ("--crash-budget", "crash_budget", int, "crashes within --crash-window before a model is marked broken"),
+    ("--crash-window", "crash_window", float, "seconds over which crashes are counted"),
+    ("--log-prompts", "log_prompts", bool, "allow prompt text in logs (off by default)"),
+    ("--log-level", "log_level", str, "debug, info, warning or error"),
+]
+
+
+def env_name(flag: str) -> str:
+    return "MLXD_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def build_parser(prog: str = "mlxd") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", default=None, metavar="MODEL",
+                   help="a local path, a Hugging Face repo id in the local cache, or `demo` "
+                        "(random weights, built locally); repeatable [MLXD_MODEL]")
+    for flag, _, typ, help_ in OPTIONS:
+        if typ is bool:
+            p.add_argument(flag, action="store_true", default=None, help=f"{help_} [{env_name(flag)}]")
+        else:
+            p.add_argument(flag, type=typ, default=None, help=f"{help_} [{env_name(flag)}]")
+    return p
+
+
+def config_from(args: argparse.Namespace, environ=os.environ) -> Config:
+    """Flags over MLXD_* environment over defaults."""
+    kwargs = {}
+    types = {f.name: f for f in fields(Config)}
+    for flag, name, typ, _ in OPTIONS:
+        value = getattr(args, name)
+        if value is None and env_name(flag) in environ:
+            raw = environ[env_name(flag)]
+            try:
+                value = raw.strip().lower() in ("1", "true", "yes", "on") if typ is bool else typ(raw)
+            except ValueError:
+                raise SystemExit(f"mlxd: {env_name(flag)}={raw!r} is not a valid {typ.__name__}")
+        if value is not None:
+            kwargs[name] = value
+    assert set(kwargs) <= set(types)
+    models = args.model or [m for m in environ.get("MLXD_MODEL", "").split(",") if m.strip()]
+    kwargs["models"] = tuple(m.strip() for m in models)
+    explicit_state = "state_dir" in kwargs
+    state_dir = Path(kwargs.get("state_dir") or default_state_dir()).expanduser()
+    kwargs["state_dir"] = state_dir
+    if not kwargs.get("log_dir"):
+        kwargs["log_dir"] = default_log_dir(state_dir, explicit_state)
+    return Config(**kwargs)
+
+
+def setup_logging(config: Config) -> None:
+    level = getattr(logging, config.log_level.upper(), logging.INFO)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    root.setLevel(level)
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(fmt)
+    root.addHandler(stream)
+    logs = config.logs()
+    logs.mkdir(parents=True, exist_ok=True)
+    file = logging.handlers.RotatingFileHandler(logs / "mlxd.log", maxBytes=10 << 20, backupCount=3)
+    file.setFormatter(fmt)
+    root.addHandler(file)
+
+
+def serve(config: Config) -> None:
+    from aiohttp import web
+
+    from supervisor.app import create_app
+
+    if not config.models:
+        raise SystemExit("mlxd: no model given: pass --model (a path, a Hugging Face id, or `demo`)")
+    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    setup_logging(config)
+    log = logging.getLogger("mlxd")
+    log.info("mlxd serving %s on http://%s:%d (state in %s)", ", ".join(config.models),
+             config.host, config.port, config.state_dir)
+    web.run_app(create_app(config), host=config.host, port=config.port,
+                handler_cancellation=True, print=None, access_log=None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    serve(config_from(build_parser().parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Server configuration: one frozen dataclass, filled from flags over MLXD_* environment.
+
+Everything mlxd writes goes under `state_dir` (models it builds, the response store,
+logs), so two servers with different state dirs never touch each other.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def default_state_dir() -> Path:
+    """The platform's proper place for mlxd's state."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "mlxd"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "mlxd"
+
+
+def default_log_dir(state_dir: Path, explicit_state_dir: bool) -> Path:
+    """macOS keeps logs in ~/Library/Logs unless a state dir was given explicitly."""
+    if sys.platform == "darwin" and not explicit_state_dir:
+        return Path.home() / "Library" / "Logs" / "mlxd"
+    return state_dir / "logs"
+
+
+@dataclass(frozen=True)
+class Config:
+    models: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8080
+    state_dir: Path = field(default_factory=default_state_dir)
+    log_dir: Path | None = None
+    # Admission and time limits (seconds).
+    max_queue: int = 64              # requests waiting per model beyond those running
+    queue_timeout: float = 60.0      # waiting longer than this → 503 with Retry-After
+    request_timeout: float = 600.0   # generating longer than this → cancelled, 504
+    cancel_grace: float = 5.0        # a cancel unanswered this long → SIGKILL, respawn
+    heartbeat_timeout: float = 15.0  # no heartbeat this long → the worker is hung
+    hang_timeout: float = 120.0      # busy with no step progress this long → hung
+    max_body_bytes: int = 16 * 1024 * 1024
+    # Passed to workers.
+    max_context_tokens: int | None = None
+    prefill_step: int = 512
+    heartbeat_interval: float = 1.0
+    # Restarts: exponential backoff; more than `crash_budget` crashes within
+    # `crash_window` seconds marks the model broken (visible in /health).
+    restart_backoff: float = 0.5
+    restart_backoff_max: float = 30.0
+    crash_budget: int = 5
+    crash_window: float = 300.0
+    log_prompts: bool = False
+    log_level: str = "info"
+
+    def logs(self) -> Path:
+        return self.log_dir or self.state_dir / "logs"

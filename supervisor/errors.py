@@ -1,0 +1,327 @@
+"""Every failure the HTTP surface can report, as OpenAI's error envelope.
+
+OpenAI clients (the official SDKs and everything modelled on them) read failures from one
+shape: HTTP status + `{"error": {"message", "type", "param", "code"}}`, all four keys always
+present. Retries are decided from the status (408/409/429/5xx) and `Retry-After`. So the
+server raises `APIError` anywhere, and one middleware (`error_middleware`) turns it — and
+aiohttp's own HTTP exceptions, and any bug — into that shape. The same middleware assigns
+each request its `X-Request-ID`.
+
+Route handlers call: `APIError.<constructor>(...)`, `read_json(request)`,
+`get_request_id(request)`; the app factory puts `error_middleware` first in its middlewares
+and calls `install_request_id(app)` (or `install(app)` for both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import re
+import uuid
+from typing import Optional
+
+from aiohttp import web
+
+from supervisor.api.sse import error_event
+
+log = logging.getLogger(__name__)
+
+# Error `type` values. OpenAI uses invalid_request_error for every 4xx caused by the request
+# and server_error for 5xx; clients branch on the status, not on these strings.
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+# OpenAI's own wording for an unexpected failure: says nothing about our internals.
+_INTERNAL_MESSAGE = (
+    "The server had an error while processing your request. Sorry about that! "
+    "Check the server log for the request id in the X-Request-ID header."
+)
+
+
+class APIError(Exception):
+    """An error to show to the client. Raise it anywhere under a route handler."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = INVALID_REQUEST,
+        param: Optional[str] = None,
+        code: Optional[str] = None,
+        headers: Optional[dict] = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def __repr__(self) -> str:
+        return (f"APIError({self.status}, {self.message!r}, type={self.type!r}, "
+                f"param={self.param!r}, code={self.code!r})")
+
+    def to_envelope(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+    def to_response(self) -> web.Response:
+        return web.json_response(self.to_envelope(), status=self.status, headers=self.headers)
+
+    # ---- constructors, one per case the server reports ------------------------------
+
+    @classmethod
+    def bad_request(cls, message: str, param: Optional[str] = None,
+                    code: Optional[str] = None) -> "APIError":
+        return cls(400, message, INVALID_REQUEST, param, code)
+
+    @classmethod
+    def model_not_found(cls, model: str) -> "APIError":
+        return cls(404, f"The model `{model}` does not exist or you do not have access to it.",
+                   INVALID_REQUEST, "model", "model_not_found")
+
+    @classmethod
+    def context_length_exceeded(cls, message: str, param: Optional[str] = "messages") -> "APIError":
+        return cls(400, message, INVALID_REQUEST, param, "context_length_exceeded")
+
+    @classmethod
+    def payload_too_large(cls, limit_bytes: int) -> "APIError":
+        return cls(413, f"Request body too large: the limit is {limit_bytes} bytes.",
+                   INVALID_REQUEST, None, "request_too_large")
+
+    @classmethod
+    def overloaded(cls, message: str = "The server is overloaded; please retry shortly.",
+                   retry_after_s: float = 1.0) -> "APIError":
+        # 503 + server_error is what OpenAI itself sends when its engines are overloaded
+        # ("That model is currently overloaded with other requests"); the SDKs retry 503 and
+        # honour Retry-After. (429 would read as the client's own rate limit.)
+        return cls(503, message, SERVER_ERROR, None, "overloaded",
+                   {"Retry-After": _retry_after(retry_after_s)})
+
+    @classmethod
+    def timeout(cls, message: str = "The request timed out.") -> "APIError":
+        return cls(504, message, SERVER_ERROR, None, "timeout")
+
+    @classmethod
+    def worker_failed(cls, message: str = "The model worker failed while serving this "
+                      "request; it is being restarted. Please retry.") -> "APIError":
+        return cls(503, message, SERVER_ERROR, None, "worker_failed", {"Retry-After": "1"})
+
+    @classmethod
+    def insufficient_memory(cls, need_bytes: int, free_bytes: int) -> "APIError":
+        # DESIGN.md, memory gate: 507 with how much is needed and how much is free.
+        gib = 1024 ** 3
+        return cls(507, f"Not enough memory to load the model: it needs about "
+                   f"{need_bytes / gib:.1f} GiB and {free_bytes / gib:.1f} GiB is available.",
+                   SERVER_ERROR, None, "insufficient_memory")
+
+    @classmethod
+    def not_found(cls, path: str, method: Optional[str] = None) -> "APIError":
+        # OpenAI's wording for an unknown route: "Invalid URL (POST /v1/foo)".
+        where = f"{method} {path}" if method else path
+        return cls(404, f"Invalid URL ({where})", INVALID_REQUEST, None, "not_found")
+
+    @classmethod
+    def method_not_allowed(cls, method: str, path: str, allowed=()) -> "APIError":
+        allowed = sorted(allowed)
+        headers = {"Allow": ",".join(allowed)} if allowed else {}
+        return cls(405, f"Method {method} is not allowed for {path}"
+                   + (f" (allowed: {', '.join(allowed)})." if allowed else "."),
+                   INVALID_REQUEST, None, "method_not_allowed", headers)
+
+    @classmethod
+    def internal(cls, message: Optional[str] = None) -> "APIError":
+        """500. Without a message, OpenAI's generic wording; pass one only if it is safe to
+        show (never a traceback or exception text)."""
+        return cls(500, message or _INTERNAL_MESSAGE, SERVER_ERROR, None, None)
+
+    @classmethod
+    def unauthorized(cls, message: str = "Missing or invalid API key.") -> "APIError":
+        return cls(401, message, INVALID_REQUEST, None, "invalid_api_key",
+                   {"WWW-Authenticate": "Bearer"})
+
+    @classmethod
+    def forbidden(cls, message: str = "You are not allowed to perform this request.") -> "APIError":
+        return cls(403, message, INVALID_REQUEST, None, "forbidden")
+
+    @classmethod
+    def from_worker(cls, code: str, message: str, param: Optional[str] = None) -> "APIError":
+        """A worker's `Error` event (protocol.messages codes) as what the client sees. The
+        worker's message is safe to show by contract."""
+        if code == "context_length_exceeded":
+            return cls.context_length_exceeded(message, param or "messages")
+        if code == "invalid_request":
+            return cls.bad_request(message, param)
+        if code == "load_failed":
+            return cls(503, message, SERVER_ERROR, None, "model_load_failed")
+        return cls(500, message, SERVER_ERROR, None, code or None)
+
+
+def _retry_after(seconds: float) -> str:
+    # Retry-After is whole seconds (RFC 9110); never 0, which reads as "hammer me".
+    return str(max(1, math.ceil(seconds)))
+
+
+# ---- request ids ---------------------------------------------------------------------
+
+REQUEST_ID = web.RequestKey("request_id", str)
+# The response the handler prepared, recorded by the prepare signal: tells the middleware
+# whether headers already went out (then an envelope can no longer be sent).
+_PREPARED = web.RequestKey("mlxd_prepared_response", web.StreamResponse)
+_SANE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def get_request_id(request: web.BaseRequest) -> str:
+    """The request's id: the client's `X-Request-ID` when it is a sane token (so a caller
+    can correlate its own logs), otherwise a fresh uuid4 hex. Made once, then stored."""
+    rid = request.get(REQUEST_ID)
+    if rid is None:
+        given = request.headers.get("X-Request-ID", "")
+        rid = given if _SANE_ID.fullmatch(given) else uuid.uuid4().hex
+        request[REQUEST_ID] = rid
+    return rid
+
+
+async def _on_response_prepare(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    # One place for every response: plain, streaming (prepared inside the handler) and the
+    # error responses the middleware builds.
+    response.headers.setdefault("X-Request-ID", get_request_id(request))
+    request[_PREPARED] = response
+
+
+# ---- the middleware ------------------------------------------------------------------
+
+@web.middleware
+async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """APIError, aiohttp HTTP errors and any other exception → the JSON envelope. Also
+    assigns the request id first, so every log line of the request can carry it."""
+    get_request_id(request)
+    try:
+        return await handler(request)
+    except asyncio.CancelledError:
+        raise  # the client left (handler_cancellation): nothing to answer
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise  # redirects and the like are not errors
+        err = _from_http_exception(request, exc)
+        started = _started(request)
+        if started is not None:
+            return await _fail_started(request, started, exc, err)
+        log.debug("request %s: %s %s -> %s", request[REQUEST_ID], request.method,
+                  request.path, exc.status)
+        return err.to_response()
+    except APIError as err:
+        started = _started(request)
+        if started is not None:
+            return await _fail_started(request, started, err, err)
+        level = logging.WARNING if err.status >= 500 else logging.DEBUG
+        log.log(level, "request %s: %s %s -> %s %s", request[REQUEST_ID], request.method,
+                request.path, err.status, err.message)
+        return err.to_response()
+    except Exception as exc:
+        started = _started(request)
+        if started is not None:
+            return await _fail_started(request, started, exc, APIError.internal())
+        log.exception("request %s: %s %s failed", request[REQUEST_ID], request.method,
+                      request.path)
+        return APIError.internal().to_response()
+
+
+def _started(request: web.BaseRequest) -> Optional[web.StreamResponse]:
+    resp = request.get(_PREPARED)
+    return resp if resp is not None and resp.prepared else None
+
+
+async def _fail_started(request, response: web.StreamResponse, exc: BaseException,
+                        err: APIError) -> web.StreamResponse:
+    """The status line already went out. An SSE stream can still end with an error event
+    (what OpenAI does; the SDK raises it as APIError). Any other body cannot be amended:
+    re-raise so aiohttp drops the connection rather than end a truncated body cleanly."""
+    if isinstance(exc, APIError):
+        log.warning("request %s: stream ended with %s %s", request[REQUEST_ID],
+                    err.status, err.message)
+    else:
+        log.error("request %s: %s %s failed mid-response", request[REQUEST_ID],
+                  request.method, request.path, exc_info=exc)
+    if response.content_type != "text/event-stream":
+        raise exc
+    try:
+        await response.write(error_event(err))
+        await response.write_eof()
+    except Exception:  # the client is gone; nothing left to tell it
+        pass
+    return response
+
+
+def _from_http_exception(request: web.BaseRequest, exc: web.HTTPException) -> APIError:
+    if isinstance(exc, web.HTTPNotFound):
+        return APIError.not_found(request.path, request.method)
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        return APIError.method_not_allowed(exc.method, request.path, exc.allowed_methods)
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return APIError.payload_too_large(request.client_max_size)
+    # Anything else aiohttp (or a handler) raised: keep its status, text and extra headers.
+    headers = {k: v for k, v in exc.headers.items()
+               if k.lower() not in ("content-type", "content-length")}
+    return APIError(exc.status, exc.text or exc.reason,
+                    INVALID_REQUEST if exc.status < 500 else SERVER_ERROR,
+                    None, None, headers)
+
+
+def install_request_id(app: web.Application) -> None:
+    """Add the X-Request-ID header to every response the app prepares. Pair it with
+    `error_middleware` in the app's middlewares (first, so it wraps the others)."""
+    app.on_response_prepare.append(_on_response_prepare)
+
+
+def install(app: web.Application) -> None:
+    """Both at once: error_middleware first in the chain, and the request-id signal."""
+    app.middlewares.insert(0, error_middleware)
+    install_request_id(app)
+
+
+# ---- request bodies ------------------------------------------------------------------
+
+_PARSE_MESSAGE = (
+    "We could not parse the JSON body of your request. (HINT: This likely means you aren't "
+    "using your HTTP library correctly. The OpenAI API expects a JSON payload, but what was "
+    "sent was not valid JSON.)"
+)
+
+
+def _reject_constant(name: str):
+    raise ValueError(name)  # NaN/Infinity are not JSON, whatever Python's json allows
+
+
+async def read_json(request: web.BaseRequest) -> dict:
+    """The body as a JSON object. Like OpenAI, the Content-Type is not checked (clients send
+    all sorts); a body over the app's client_max_size is a 413, anything not a JSON object
+    a 400."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise APIError.payload_too_large(request.client_max_size) from None
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)  # bytes: UTF-8/16/32
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise APIError.bad_request(_PARSE_MESSAGE) from None
+    if not isinstance(body, dict):
+        raise APIError.bad_request(
+            "The request body must be a JSON object, got "
+            f"{_json_type(body)} instead.")
+    return body
+
+
+def _json_type(value) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return "a number"

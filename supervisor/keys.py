@@ -1,0 +1,9 @@
+"""Typed application keys: the app's shared state."""
+
+from aiohttp import web
+
+from supervisor.config import Config
+from supervisor.pool import Pool
+
+CONFIG = web.AppKey("config", Config)
+POOL = web.AppKey("pool", Pool)

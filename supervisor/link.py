@@ -1,0 +1,181 @@
+"""The supervisor's side of one worker incarnation: the `WorkerLink` interface.
+
+`ProcessLink` is the real one: a `python -m worker` subprocess and its two ZMQ
+PUSH→PULL pairs. Tests substitute an in-process fake that speaks the same messages, so
+the runner's fault handling (crash, hang, ignored cancel) is tested without MLX.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import collections
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Callable
+
+import zmq
+import zmq.asyncio
+
+from protocol import ProtocolError, decode_up, encode
+from protocol.sockets import Endpoints, pull, push
+
+log = logging.getLogger("mlxd.link")
+
+
+class LinkClosed(Exception):
+    """The link's event stream has ended."""
+
+
+class WorkerLink(abc.ABC):
+    """One worker incarnation (`epoch`): send commands, receive events, watch the exit."""
+
+    epoch: int
+    pid: int | None = None
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Spawn the worker; returns once it runs (not once the model is loaded)."""
+
+    @abc.abstractmethod
+    def send(self, msg) -> None:
+        """Queue a down message; never blocks."""
+
+    @abc.abstractmethod
+    async def recv(self):
+        """The next up message; raises LinkClosed once the link is closed."""
+
+    @abc.abstractmethod
+    async def wait(self) -> int:
+        """Wait for the worker to exit; its exit code (negative: killed by signal)."""
+
+    @abc.abstractmethod
+    def terminate(self) -> None:
+        """Ask the worker to stop (SIGTERM): it cancels what it runs and exits."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """SIGKILL: always safe, MLX state dies with the process."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release sockets; call after the worker has exited."""
+
+    def stderr_tail(self) -> list[str]:
+        return []
+
+
+LinkFactory = Callable[[int], WorkerLink]
+
+
+class ProcessLink(WorkerLink):
+    """A real worker subprocess speaking the protocol over ipc:// sockets."""
+
+    STDERR_LINES = 50
+
+    def __init__(self, *, epoch: int, model: str, name: str, runtime_dir: Path,
+                 ctx: zmq.asyncio.Context, worker_args: list[str],
+                 python: str = sys.executable):
+        self.epoch = epoch
+        self._model, self._name = model, name
+        self._ctx = ctx
+        self._python = python
+        self._extra = worker_args
+        self._endpoints = Endpoints.for_worker(runtime_dir, f"w{os.getpid()}-{name_slug(name)}-{epoch}")
+        self._cmd: zmq.asyncio.Socket | None = None
+        self._evt: zmq.asyncio.Socket | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stderr = collections.deque(maxlen=self.STDERR_LINES)
+        self._stderr_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        # Bind before spawning: the worker's connects then always find a peer, and
+        # commands sent before it connects wait in ZMQ's queue (high-water mark off).
+        self._evt = pull(self._ctx, self._endpoints.events, bind=True)
+        self._cmd = push(self._ctx, self._endpoints.commands, bind=True)
+        argv = [self._python, "-m", "worker", "--model", self._model, "--name", self._name,
+                "--commands", self._endpoints.commands, "--events", self._endpoints.events,
+                "--epoch", str(self.epoch), "--parent-pid", str(os.getpid()), *self._extra]
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            # Own session: a terminal's Ctrl-C reaches only the supervisor, which then
+            # stops its workers in order. The worker still dies with us (PDEATHSIG/kqueue).
+            start_new_session=True)
+        self.pid = self._proc.pid
+        self._stderr_task = asyncio.create_task(self._read_stderr())
+
+    async def _read_stderr(self) -> None:
+        wlog = logging.getLogger(f"mlxd.worker.{self._name}")
+        assert self._proc and self._proc.stderr
+        while line := await self._proc.stderr.readline():
+            text = line.decode("utf-8", "replace").rstrip()
+            self._stderr.append(text)
+            wlog.info("%s", text)
+
+    def send(self, msg) -> None:
+        if self._cmd is None:
+            raise LinkClosed("link not started")
+        # PUSH with no high-water mark never blocks; NOBLOCK makes sure of it.
+        self._cmd.send(encode(msg), zmq.NOBLOCK)
+
+    async def recv(self):
+        while True:
+            if self._evt is None:
+                raise LinkClosed("link closed")
+            try:
+                frame = await self._evt.recv()
+            except (zmq.ZMQError, asyncio.CancelledError) as e:
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                raise LinkClosed(str(e)) from None
+            try:
+                return decode_up(frame)
+            except ProtocolError as e:
+                log.warning("dropping a bad frame from worker %s: %s", self._name, e)
+
+    async def wait(self) -> int:
+        assert self._proc is not None
+        code = await self._proc.wait()
+        if self._stderr_task:
+            try:  # the pipe closes with the process; keep its last lines
+                await asyncio.wait_for(self._stderr_task, 1.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
+        return code
+
+    def _signal(self, sig: int) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            try:
+                self._proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def close(self) -> None:
+        for sock in (self._cmd, self._evt):
+            if sock is not None:
+                sock.close(linger=0)
+        self._cmd = self._evt = None
+        for ep in (self._endpoints.commands, self._endpoints.events):
+            try:
+                os.unlink(ep.removeprefix("ipc://"))
+            except OSError:
+                pass
+
+    def stderr_tail(self) -> list[str]:
+        return list(self._stderr)
+
+
+def name_slug(name: str) -> str:
+    """A short filesystem-safe tag for socket names (AF_UNIX paths are short)."""
+    keep = "".join(c if c.isalnum() else "-" for c in name.rsplit("/", 1)[-1])
+    return keep[:16] or "model"

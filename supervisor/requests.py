@@ -1,0 +1,173 @@
+"""One API request as the supervisor tracks it, from admission to its terminal event.
+
+A `RequestHandle` is created by the runner on admission and fed by the runner's event
+reader; the HTTP handler consumes it. The handler never talks to a worker: it awaits
+`started()`, iterates `deltas()` and calls `close()` (which cancels if unfinished).
+Attempts: if the worker dies before the request started, the runner re-queues it under a
+new rid (request ids are unique per attempt); once started, a death is a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from typing import AsyncIterator, Callable
+
+from protocol import Delta, Done, Started
+from supervisor.errors import APIError
+
+# A client this many step messages behind is cancelled rather than buffered forever.
+MAX_PENDING_EVENTS = 8192
+
+QUEUED, DISPATCHED, STARTED, FINISHED = "queued", "dispatched", "started", "finished"
+
+_serial = itertools.count(1)
+
+
+class RequestHandle:
+    def __init__(self, model: str, fields: dict, *, on_cancel: Callable[["RequestHandle"], None]):
+        self.id = uuid.uuid4().hex[:24]
+        self.model = model
+        self.fields = fields            # Generate's keyword arguments, less rid
+        self.state = QUEUED
+        self.attempt = 0
+        self.rid: str | None = None     # the current attempt's rid
+        self.created = time.monotonic()
+        self.started_at: float | None = None
+        self.first_token_at: float | None = None
+        self.started_msg: Started | None = None
+        self.done: Done | None = None
+        self.failure: APIError | None = None
+        self.cancel_requested = False
+        self.cancel_sent_at: float | None = None
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._on_cancel = on_cancel
+        self.serial = next(_serial)
+
+    # ---- fed by the runner -----------------------------------------------------------
+    def new_attempt(self) -> str:
+        self.attempt += 1
+        self.rid = f"{self.id}-{self.attempt}"
+        self.state = DISPATCHED
+        return self.rid
+
+    def requeue(self) -> None:
+        self.state = QUEUED
+        self.rid = None
+        self.cancel_sent_at = None
+
+    def on_started(self, msg: Started) -> None:
+        self.state = STARTED
+        self.started_at = time.monotonic()
+        self.started_msg = msg
+        self._events.put_nowait(msg)
+
+    def on_delta(self, msg: Delta) -> bool:
+        """Queue a step's output; False if the client has fallen too far behind."""
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        self._events.put_nowait(msg)
+        return self._events.qsize() <= MAX_PENDING_EVENTS
+
+    def on_done(self, msg: Done) -> None:
+        if self.state == FINISHED:
+            return
+        self.state = FINISHED
+        self.done = msg
+        self._events.put_nowait(msg)
+
+    def fail(self, error: APIError) -> None:
+        """End the request with an error (worker died mid-stream, worker error, ...)."""
+        if self.state == FINISHED:
+            return
+        if self.failure is None:
+            self.failure = error
+        self.state = FINISHED
+        self._events.put_nowait(error)
+
+    def set_failure(self, error: APIError) -> None:
+        """Record the error a worker reported; its Done follows."""
+        if self.failure is None:
+            self.failure = error
+
+    @property
+    def finished(self) -> bool:
+        return self.state == FINISHED
+
+    # ---- used by the HTTP handler ----------------------------------------------------
+    async def started(self, timeout: float) -> Started:
+        """Wait until the worker has the prompt checked and prefill begins.
+
+        Raises the APIError the client should get: context too long (400), waited in
+        the queue too long (503), worker failed (503), ..."""
+        try:
+            item = await asyncio.wait_for(self._events.get(), timeout)
+        except asyncio.TimeoutError:
+            self.cancel()
+            raise APIError.overloaded(
+                f"The request waited more than {timeout:g} s for model `{self.model}`; "
+                "the server is busy, please retry.", retry_after_s=max(1, int(timeout // 4))
+            ) from None
+        return self._check_first(item)
+
+    def _check_first(self, item) -> Started:
+        if isinstance(item, Started):
+            return item
+        if isinstance(item, APIError):
+            raise item
+        if isinstance(item, Done):
+            if self.failure is not None:
+                raise self.failure
+            raise APIError.worker_failed("The request was cancelled before it started.")
+        raise APIError.internal()
+
+    async def deltas(self, deadline: float, idle: float | None = None) -> AsyncIterator[list[Delta]]:
+        """Yield the step outputs as they come, several at once when the client lags
+        (coalescing). Ends after the Done (then `self.done` is set); raises APIError on
+        a failure, and cancels then raises 504 once `deadline` (monotonic) passes.
+        With `idle`, an empty list comes after that many quiet seconds (for pings)."""
+        while True:
+            remaining = deadline - time.monotonic()
+            wait = remaining if idle is None else min(remaining, idle)
+            try:
+                item = await asyncio.wait_for(self._events.get(), max(wait, 0))
+            except asyncio.TimeoutError:
+                if wait < remaining:
+                    yield []
+                    continue
+                self.cancel()
+                raise APIError.timeout(
+                    "The request exceeded the server's request timeout and was cancelled."
+                ) from None
+            batch = []
+            while True:
+                if isinstance(item, Delta):
+                    batch.append(item)
+                elif isinstance(item, Done):
+                    if batch:
+                        yield batch
+                    if item.finish_reason == "error" and self.failure is not None:
+                        raise self.failure
+                    return
+                elif isinstance(item, APIError):
+                    if batch:
+                        yield batch
+                    raise item
+                if self._events.empty():
+                    break
+                item = self._events.get_nowait()
+            if batch:
+                yield batch
+
+    def cancel(self) -> None:
+        """Idempotent: drop from the queue or tell the worker; no-op once finished."""
+        if self.finished or self.cancel_requested:
+            return
+        self.cancel_requested = True
+        self._on_cancel(self)
+
+    def close(self) -> None:
+        """The handler is leaving (done, error, client gone): cancel if unfinished."""
+        self.cancel()

@@ -1,0 +1,65 @@
+"""Real processes: the supervisor (`python -m supervisor`) and its worker subprocesses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.serverproc import ServerProcess
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model) -> ServerProcess:
+    """One server on the tiny model, shared by the tests that do not break it."""
+    srv = ServerProcess([str(tiny_model)], "--max-body-bytes", "65536")
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
+def model_id(tiny_model) -> str:
+    return str(tiny_model)  # a path's id is the path as given
+
+
+@pytest.fixture
+def http(server) -> httpx.Client:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+@pytest.fixture
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def sse_events(response: httpx.Response) -> list:
+    """The `data:` payloads of an SSE response, JSON-decoded ([DONE] stays a string)."""
+    out = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[6:]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+def assert_envelope(response: httpx.Response, status: int, code: str | None = None,
+                    param: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code
+    if param is not None:
+        assert body["error"]["param"] == param
+    assert "Traceback" not in response.text
+    assert response.headers.get("X-Request-ID")
+    return body["error"]

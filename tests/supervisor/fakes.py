@@ -1,0 +1,183 @@
+"""An in-process fake worker that speaks the real protocol (through the real codec).
+
+Supervisor unit tests use it to drive the runner's fault paths fast and without MLX:
+modes make it crash mid-stream, hang (no heartbeats, no steps), ignore cancels, or fail
+to load. It "generates" `tokens` words per request, one every `step_s` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from protocol import (Cancel, Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown,
+                      Started, Status, StatusRequest, decode_down, decode_up, encode, pack_ids)
+from supervisor.link import LinkClosed, WorkerLink
+
+
+@dataclass
+class FakeBehaviour:
+    tokens: int = 5
+    step_s: float = 0.01
+    load_s: float = 0.0
+    crash_after_tokens: int | None = None  # exit(1) after this many tokens of a request
+    hang_after_tokens: int | None = None   # stop everything (incl. heartbeats)
+    ignore_cancel: bool = False
+    load_error: str | None = None
+    context_length: int = 128
+    heartbeat_s: float = 0.05
+    die_after_ready_s: float | None = None  # crash this long after Ready, busy or not
+
+
+class FakeWorld:
+    """Shared across incarnations: behaviour per epoch and a record of what happened."""
+
+    def __init__(self, behaviour: FakeBehaviour | None = None, per_epoch: dict | None = None):
+        self.default = behaviour or FakeBehaviour()
+        self.per_epoch = per_epoch or {}
+        self.links: list[FakeLink] = []
+        self.received: list = []  # every down message, decoded
+
+    def factory(self, model: str):
+        def make(epoch: int) -> "FakeLink":
+            link = FakeLink(epoch, self.per_epoch.get(epoch, self.default), self)
+            self.links.append(link)
+            return link
+        return make
+
+
+class FakeLink(WorkerLink):
+    def __init__(self, epoch: int, behaviour: FakeBehaviour, world: FakeWorld):
+        self.epoch = epoch
+        self.pid = 10_000 + epoch
+        self.b = behaviour
+        self.world = world
+        self._down: asyncio.Queue = asyncio.Queue()
+        self._up: asyncio.Queue = asyncio.Queue()
+        self._exit: asyncio.Future | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._cancelled: set[str] = set()
+        self.steps = 0
+        self.frozen = False
+        self.closed = False
+
+    async def start(self) -> None:
+        self._exit = asyncio.get_running_loop().create_future()
+        self._tasks = [asyncio.create_task(self._main()), asyncio.create_task(self._beat())]
+
+    def send(self, msg) -> None:
+        if self.closed:
+            raise LinkClosed("closed")
+        raw = encode(msg)
+        self.world.received.append(decode_down(raw))
+        self._down.put_nowait(raw)
+
+    def _emit(self, msg) -> None:
+        if not self.frozen and not self._exit.done():
+            self._up.put_nowait(encode(msg))
+
+    async def recv(self):
+        if self.closed:
+            raise LinkClosed("closed")
+        return decode_up(await self._up.get())
+
+    async def wait(self) -> int:
+        return await self._exit
+
+    def _die(self, code: int) -> None:
+        if self._exit is not None and not self._exit.done():
+            self._exit.set_result(code)
+        for t in self._tasks:
+            if t is not asyncio.current_task():
+                t.cancel()
+
+    def terminate(self) -> None:
+        self._down.put_nowait(encode(Shutdown()))
+
+    def kill(self) -> None:
+        self._die(-9)
+
+    def close(self) -> None:
+        self.closed = True
+
+    async def _beat(self) -> None:
+        while True:
+            self._emit(Heartbeat(epoch=self.epoch, state="ready", steps=self.steps))
+            await asyncio.sleep(self.b.heartbeat_s)
+
+    async def _main(self) -> None:
+        b = self.b
+        await asyncio.sleep(b.load_s)
+        if b.load_error:
+            self._emit(Error(epoch=self.epoch, code="load_failed", message=b.load_error))
+            await asyncio.sleep(0.01)
+            self._die(3)
+            return
+        self._emit(Ready(epoch=self.epoch, model="fake", context_length=b.context_length,
+                         pid=self.pid, slots=1, random_weights=True))
+        if b.die_after_ready_s is not None:
+            asyncio.get_running_loop().call_later(b.die_after_ready_s, self._die, 1)
+        pending: list[Generate] = []
+        while True:
+            msg = decode_down(await self._down.get())
+            if isinstance(msg, Shutdown):
+                self._die(0)
+                return
+            if isinstance(msg, StatusRequest):
+                self._emit(Status(epoch=self.epoch, qid=msg.qid, state="ready", steps=self.steps))
+                continue
+            if isinstance(msg, Cancel):
+                continue  # nothing running: idempotent no-op
+            pending.append(msg)
+            while pending:
+                await self._run(pending.pop(0), pending)
+
+    async def _run(self, g: Generate, pending: list) -> None:
+        b = self.b
+        prompt_tokens = len(g.prompt or "") + sum(len(m.get("content") or "") for m in g.messages or [])
+        if prompt_tokens + (g.max_tokens or 0) > b.context_length:
+            self._emit(Error(epoch=self.epoch, code="context_length_exceeded", rid=g.rid,
+                             message="too long", param="messages"))
+            self._emit(Done(epoch=self.epoch, rid=g.rid, finish_reason="error"))
+            return
+        self._emit(Started(epoch=self.epoch, rid=g.rid, prompt_tokens=prompt_tokens))
+        limit = b.tokens if g.max_tokens is None else min(b.tokens, g.max_tokens)
+        n = 0
+        while n < limit:
+            await asyncio.sleep(b.step_s)
+            # Take commands between steps, as the real scheduler does.
+            shutdown = None
+            while not self._down.empty():
+                m = decode_down(self._down.get_nowait())
+                if isinstance(m, Cancel):
+                    self._cancelled.add(m.rid)
+                elif isinstance(m, Generate):
+                    pending.append(m)
+                elif isinstance(m, Shutdown):
+                    self._cancelled.update([g.rid, *(w.rid for w in pending)])
+                    shutdown = m
+                elif isinstance(m, StatusRequest):
+                    self._emit(Status(epoch=self.epoch, qid=m.qid, state="busy", steps=self.steps,
+                                      active=[g.rid]))
+            for w in list(pending):
+                if w.rid in self._cancelled:
+                    pending.remove(w)
+                    self._emit(Done(epoch=self.epoch, rid=w.rid, finish_reason="cancelled"))
+            if shutdown is not None:  # the main loop exits on it after this request
+                self._down.put_nowait(encode(shutdown))
+            if g.rid in self._cancelled and not b.ignore_cancel:
+                self._emit(Done(epoch=self.epoch, rid=g.rid, finish_reason="cancelled",
+                                prompt_tokens=prompt_tokens, completion_tokens=n))
+                return
+            if b.hang_after_tokens is not None and n >= b.hang_after_tokens:
+                self.frozen = True
+                await asyncio.Event().wait()
+            if b.crash_after_tokens is not None and n >= b.crash_after_tokens:
+                self._die(1)
+                await asyncio.Event().wait()
+            self.steps += 1
+            n += 1
+            self._emit(Delta(epoch=self.epoch, rid=g.rid, text=f"w{n} ", token_ids=pack_ids([n])))
+        self._emit(Done(epoch=self.epoch, rid=g.rid,
+                        finish_reason="length" if limit == g.max_tokens else "stop",
+                        prompt_tokens=prompt_tokens, completion_tokens=n))

@@ -1,0 +1,206 @@
+"""The runner's admission, dispatch and fault handling, against the in-process fake."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from protocol import Cancel, Generate
+from supervisor.config import Config
+from supervisor.errors import APIError
+from supervisor.runner import BROKEN, READY, ModelRunner
+from tests.supervisor.fakes import FakeBehaviour, FakeWorld
+
+FAST = dict(restart_backoff=0.01, heartbeat_timeout=1.0, cancel_grace=0.3, queue_timeout=2.0)
+
+
+def make(world: FakeWorld, **cfg) -> ModelRunner:
+    runner = ModelRunner("fake", Config(**{**FAST, **cfg}), world.factory("fake"))
+    runner.start()
+    return runner
+
+
+async def collect(handle, timeout=5.0):
+    await handle.started(timeout)
+    text = []
+    async for batch in handle.deltas(time.monotonic() + timeout):
+        text += [d.text for d in batch]
+    return "".join(text)
+
+
+async def test_serves_a_request_with_usage_counts():
+    world = FakeWorld(FakeBehaviour(tokens=4))
+    runner = make(world)
+    try:
+        h = runner.submit({"prompt": "abc"})
+        text = await collect(h)
+        assert text == "w1 w2 w3 w4 "
+        assert h.done.finish_reason == "stop"
+        assert (h.done.prompt_tokens, h.done.completion_tokens) == (3, 4)
+        assert runner.state == READY and runner.inflight == {}
+    finally:
+        await runner.stop()
+
+
+async def test_crash_mid_stream_fails_started_and_requeues_waiting():
+    world = FakeWorld(per_epoch={1: FakeBehaviour(tokens=50, crash_after_tokens=2)},
+                      behaviour=FakeBehaviour(tokens=3))
+    runner = make(world)
+    try:
+        first = runner.submit({"prompt": "a"})
+        second = runner.submit({"prompt": "b"})
+        with pytest.raises(APIError) as err:
+            await collect(first)
+        assert err.value.status == 503 and "retry" in err.value.message
+        assert await collect(second) == "w1 w2 w3 "  # served by the next incarnation
+        assert runner.restarts == 1 and runner.epoch == 2
+        # The waiting request went down only once it had a live worker, under a new rid.
+        gens = [m for m in world.received if isinstance(m, Generate)]
+        assert [g.prompt for g in gens] == ["a", "b"]
+        assert gens[1].rid.endswith("-1") and runner.restart_causes["crash"] == 1
+    finally:
+        await runner.stop()
+
+
+async def test_dispatched_but_not_started_is_requeued_after_death():
+    # Epoch 1 dies 50 ms after Ready while the first request runs; the second request
+    # was never started and must survive on epoch 2.
+    world = FakeWorld(per_epoch={1: FakeBehaviour(tokens=100, step_s=0.01, die_after_ready_s=0.05)},
+                      behaviour=FakeBehaviour(tokens=2))
+    runner = make(world)
+    try:
+        a = runner.submit({"prompt": "a"})
+        b = runner.submit({"prompt": "b"})
+        with pytest.raises(APIError):
+            await collect(a)
+        assert await collect(b) == "w1 w2 "
+        assert b.attempt == 1  # it was queued on the supervisor, never sent to epoch 1
+    finally:
+        await runner.stop()
+
+
+async def test_hung_worker_is_killed_by_heartbeat_timeout_and_replaced():
+    world = FakeWorld(per_epoch={1: FakeBehaviour(tokens=50, hang_after_tokens=1)},
+                      behaviour=FakeBehaviour(tokens=2))
+    runner = make(world, heartbeat_timeout=0.3)
+    try:
+        with pytest.raises(APIError):
+            await collect(runner.submit({"prompt": "a"}))
+        assert await collect(runner.submit({"prompt": "b"})) == "w1 w2 "
+        assert runner.restart_causes["heartbeat"] == 1
+    finally:
+        await runner.stop()
+
+
+async def test_ignored_cancel_is_killed_after_grace():
+    world = FakeWorld(per_epoch={1: FakeBehaviour(tokens=1000, ignore_cancel=True)},
+                      behaviour=FakeBehaviour(tokens=2))
+    runner = make(world, cancel_grace=0.2)
+    try:
+        h = runner.submit({"prompt": "a"})
+        await h.started(2)
+        h.cancel()
+        assert any(isinstance(m, Cancel) for m in world.received)
+        t0 = time.monotonic()
+        while runner.epoch < 2 or runner.state != READY:
+            await asyncio.sleep(0.02)
+            assert time.monotonic() - t0 < 3
+        assert runner.restart_causes["cancel"] == 1
+        assert await collect(runner.submit({"prompt": "b"})) == "w1 w2 "
+    finally:
+        await runner.stop()
+
+
+async def test_crash_loop_marks_broken_and_refuses():
+    world = FakeWorld(FakeBehaviour(die_after_ready_s=0.0))
+    runner = make(world, crash_budget=2, crash_window=60)
+    try:
+        t0 = time.monotonic()
+        while runner.state != BROKEN:
+            await asyncio.sleep(0.02)
+            assert time.monotonic() - t0 < 5
+        assert runner.epoch == 3 and "crash loop" in runner.last_error
+        with pytest.raises(APIError) as err:
+            runner.submit({"prompt": "x"})
+        assert err.value.status == 503 and "crash loop" in err.value.message
+    finally:
+        await runner.stop()
+
+
+async def test_load_error_is_broken_at_once_with_its_message():
+    world = FakeWorld(FakeBehaviour(load_error="model X is not in the cache"))
+    runner = make(world)
+    try:
+        h = runner.submit({"prompt": "x"})
+        with pytest.raises(APIError) as err:
+            await h.started(3)
+        assert err.value.status == 503 and "not in the cache" in err.value.message
+        assert runner.state == BROKEN and runner.epoch == 1
+    finally:
+        await runner.stop()
+
+
+async def test_queue_full_and_queue_timeout_are_503_with_retry_after():
+    world = FakeWorld(FakeBehaviour(tokens=1000, step_s=0.01))
+    runner = make(world, max_queue=1, queue_timeout=0.2)
+    try:
+        running = runner.submit({"prompt": "a"})
+        await running.started(2)
+        waiting = runner.submit({"prompt": "b"})
+        with pytest.raises(APIError) as full:
+            runner.submit({"prompt": "c"})
+        assert full.value.status == 503 and "Retry-After" in full.value.headers
+        with pytest.raises(APIError) as late:
+            await waiting.started(0.2)
+        assert late.value.status == 503 and "Retry-After" in late.value.headers
+        assert not runner.queue  # the timed-out request left the queue
+        assert all(g.prompt != "b" for g in world.received if isinstance(g, Generate))
+    finally:
+        await runner.stop()
+
+
+async def test_request_timeout_cancels_and_is_504():
+    world = FakeWorld(FakeBehaviour(tokens=1000, step_s=0.01))
+    runner = make(world)
+    try:
+        h = runner.submit({"prompt": "a"})
+        await h.started(2)
+        with pytest.raises(APIError) as err:
+            async for _ in h.deltas(time.monotonic() + 0.1):
+                pass
+        assert err.value.status == 504
+        assert any(isinstance(m, Cancel) and m.rid == h.rid for m in world.received)
+        t0 = time.monotonic()
+        while runner.inflight:  # the worker answers the cancel with Done
+            await asyncio.sleep(0.01)
+            assert time.monotonic() - t0 < 2
+    finally:
+        await runner.stop()
+
+
+async def test_context_error_from_worker_maps_to_400():
+    world = FakeWorld(FakeBehaviour(context_length=10))
+    runner = make(world)
+    try:
+        h = runner.submit({"prompt": "abcdef", "max_tokens": 8})
+        with pytest.raises(APIError) as err:
+            await h.started(2)
+        assert err.value.status == 400 and err.value.code == "context_length_exceeded"
+    finally:
+        await runner.stop()
+
+
+async def test_cancelling_a_queued_request_never_reaches_the_worker():
+    world = FakeWorld(FakeBehaviour(tokens=30, step_s=0.01))
+    runner = make(world)
+    try:
+        a = runner.submit({"prompt": "a"})
+        b = runner.submit({"prompt": "b"})
+        b.cancel()
+        assert b.finished and b.done.finish_reason == "cancelled"
+        await collect(a)
+        assert [g.prompt for g in world.received if isinstance(g, Generate)] == ["a"]
+    finally:
+        await runner.stop()

@@ -1,0 +1,184 @@
+"""Scheduler semantics in-process with the real engine and an in-memory link.
+
+The link records every event and lets a test react to one (put a Cancel when the first
+Delta leaves, say), so "dropped at the next step" can be asserted exactly.
+"""
+
+from __future__ import annotations
+
+import queue
+
+from protocol.messages import (
+    INTERNAL, Cancel, Generate, Shutdown, StatusRequest, unpack_ids,
+)
+from worker.scheduler import Scheduler
+from worker.status import WorkerStatus
+
+
+class FakeLink:
+    def __init__(self):
+        self.commands = queue.SimpleQueue()
+        self.sent = []
+        self.on_send = None
+
+    def send(self, msg):
+        self.sent.append(msg)
+        if self.on_send:
+            self.on_send(msg)
+
+    def of(self, rid):
+        return [m for m in self.sent if getattr(m, "rid", None) == rid]
+
+    def kinds(self, rid):
+        return [m.kind for m in self.of(rid)]
+
+
+def serve(engine, commands, on_send=None):
+    """Run a scheduler over `commands`; a Shutdown ends it once every rid is done."""
+    link, status = FakeLink(), WorkerStatus(epoch=3)
+    rids = {c.rid for c in commands if isinstance(c, Generate)}
+    done = set()
+
+    def hook(msg):
+        if msg.kind == "done":
+            done.add(msg.rid)
+            if done >= rids:
+                link.commands.put(Shutdown())
+        if on_send:
+            on_send(msg, link)
+
+    link.on_send = hook
+    for c in commands:
+        link.commands.put(c)
+    Scheduler(engine, link, status).run()
+    return link, status
+
+
+def test_generate_streams_started_deltas_done(engine):
+    link, status = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=9,
+                                           temperature=0.0)])
+    kinds = link.kinds("a")
+    assert kinds == ["started"] + ["delta"] * 9 + ["done"]
+    done = link.of("a")[-1]
+    assert (done.finish_reason, done.completion_tokens, done.epoch) == ("length", 9, 3)
+    assert done.prompt_tokens == link.of("a")[0].prompt_tokens > 0
+    assert all(len(unpack_ids(d.token_ids)) == 1 for d in link.of("a")[1:-1])
+    prefill_chunks = -(-(done.prompt_tokens - 1) // 64)  # the engine fixture's prefill step
+    assert status.steps == prefill_chunks + 9 and status.view.state == "draining"
+
+
+def test_cancel_of_the_active_request_lands_at_the_next_step(engine):
+    def cancel_after_third_delta(msg, link):
+        if msg.kind == "delta" and len(link.of("a")) == 4:  # Started + 3 deltas
+            link.commands.put(Cancel("a"))
+
+    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=500)],
+                    cancel_after_third_delta)
+    assert link.kinds("a") == ["started", "delta", "delta", "delta", "done"]
+    done = link.of("a")[-1]
+    assert (done.finish_reason, done.completion_tokens) == ("cancelled", 3)
+
+
+def test_cancel_during_prefill_lands_between_chunks(engine):
+    def cancel_on_start(msg, link):
+        if msg.kind == "started":
+            link.commands.put(Cancel("a"))
+
+    g = Generate(rid="a", prompt="word " * 400, max_tokens=5)  # ~400 tokens: 7 chunks
+    link, status = serve(engine, [g], cancel_on_start)
+    assert link.kinds("a") == ["started", "done"]
+    assert link.of("a")[-1].finish_reason == "cancelled"
+    assert status.steps == 1  # one prefill chunk ran, then the cancel was seen
+
+
+def test_waiting_request_cancelled_without_started(engine):
+    def cancel_b_when_a_streams(msg, link):
+        if msg.kind == "delta" and msg.rid == "a" and len(link.of("a")) == 2:
+            link.commands.put(Cancel("b"))
+            link.commands.put(Cancel("b"))          # idempotent
+            link.commands.put(Cancel("unknown"))    # ignored
+
+    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=20),
+                             Generate(rid="b", prompt="Hi", max_tokens=20)],
+                    cancel_b_when_a_streams)
+    assert link.kinds("b") == ["done"]
+    assert link.of("b")[0].finish_reason == "cancelled"
+    # b's Done came while a was still streaming, and a finished normally.
+    assert link.sent.index(link.of("b")[0]) < link.sent.index(link.of("a")[-1])
+    assert link.of("a")[-1].finish_reason == "length"
+
+
+def test_fifo_and_cancel_after_finish_is_ignored(engine):
+    def late_cancel(msg, link):
+        if msg.kind == "done" and msg.rid == "a":
+            link.commands.put(Cancel("a"))
+
+    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=3),
+                             Generate(rid="b", prompt="Hi", max_tokens=3)], late_cancel)
+    order = [(m.kind, m.rid) for m in link.sent if m.kind in ("started", "done")]
+    assert order == [("started", "a"), ("done", "a"), ("started", "b"), ("done", "b")]
+    assert link.kinds("a").count("done") == 1
+
+
+def test_request_error_gives_error_then_done(engine):
+    link, _ = serve(engine, [Generate(rid="a", prompt=""),
+                             Generate(rid="b", prompt="Hi", max_tokens=2)])
+    err, done = link.of("a")
+    assert (err.kind, err.code, err.param) == ("error", "invalid_request", "prompt")
+    assert (done.kind, done.finish_reason) == ("done", "error")
+    assert link.of("b")[-1].finish_reason == "length"  # the worker kept serving
+
+
+def test_exception_inside_generation_is_contained(engine, monkeypatch, caplog):
+    real = engine.generate
+
+    def broken(ids, gen):
+        if gen.rid == "a":
+            for out in real(ids, gen):
+                yield out
+                if out is not None:  # one token out, then fail
+                    break
+            raise RuntimeError("boom: secret internals")
+        yield from real(ids, gen)
+
+    monkeypatch.setattr(engine, "generate", broken)
+    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=5),
+                             Generate(rid="b", prompt="Hi", max_tokens=2)])
+    kinds = link.kinds("a")
+    assert kinds == ["started", "delta", "error", "done"]
+    err, done = link.of("a")[-2:]
+    assert err.code == INTERNAL and "boom" not in err.message
+    assert (done.finish_reason, done.completion_tokens) == ("error", 1)
+    assert "boom: secret internals" in caplog.text  # the traceback goes to the log
+    assert link.of("b")[-1].finish_reason == "length"
+
+
+def test_shutdown_cancels_active_and_waiting(engine):
+    def shutdown_on_first_delta(msg, link):
+        if msg.kind == "delta" and len(link.of("a")) == 2:
+            link.commands.put(Shutdown())
+            link.commands.put(Generate(rid="c", prompt="Hi"))  # after the Shutdown
+
+    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=100),
+                             Generate(rid="b", prompt="Hi", max_tokens=100)],
+                    shutdown_on_first_delta)
+    for rid in "abc":
+        dones = [m for m in link.of(rid) if m.kind == "done"]
+        assert len(dones) == 1 and dones[0].finish_reason == "cancelled", rid
+    assert link.kinds("b") == ["done"] and link.kinds("c") == ["done"]
+
+
+def test_status_request_reaching_the_scheduler_is_answered(engine):
+    def ask(msg, link):
+        if msg.kind == "started":
+            link.commands.put(StatusRequest(qid=9))
+
+    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=3)], ask)
+    st = next(m for m in link.sent if m.kind == "status")
+    assert (st.qid, st.state, st.active) == (9, "busy", ["a"])
+
+
+def test_duplicate_rid_gets_one_done(engine):
+    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=3),
+                             Generate(rid="a", prompt="Hi", max_tokens=3)])
+    assert link.kinds("a").count("done") == 1

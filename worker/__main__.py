@@ -1,0 +1,143 @@
+"""`python -m worker`: one process per loaded model, driven over ZeroMQ by the supervisor.
+
+Order matters:
+1. the lifeline first, so even a worker stuck in a long load dies with its supervisor;
+2. sockets and I/O threads next, so heartbeats (state "loading") flow during the load;
+3. load and warm up the model, send Ready;
+4. the scheduler loop on the MAIN thread, which owns MLX until Shutdown or SIGTERM.
+
+Exit codes: 0 after a cooperative shutdown, 3 when the model could not be loaded.
+Logs go to stderr (the supervisor keeps its tail to explain a death) and never contain
+prompt or generated text unless --log-prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+EXIT_LOAD_FAILED = 3
+
+log = logging.getLogger("worker")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m worker", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="demo, a model directory, or an HF repo id")
+    p.add_argument("--commands", required=True, help="endpoint to PULL commands from")
+    p.add_argument("--events", required=True, help="endpoint to PUSH events to")
+    p.add_argument("--epoch", required=True, type=int, help="incarnation number")
+    p.add_argument("--state-dir", required=True, type=Path)
+    p.add_argument("--name", help="model id echoed in Ready (default: --model)")
+    p.add_argument("--max-context-tokens", type=int, default=None)
+    p.add_argument("--prefill-step", type=int, default=512)
+    p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--log-prompts", action="store_true")
+    p.add_argument("--parent-pid", type=int, default=None)
+    return p.parse_args(argv)
+
+
+class _Terminated(Exception):
+    """SIGTERM while loading: abandon the load."""
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from worker import lifeline
+
+    lifeline.install(args.parent_pid)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
+                        format="%(asctime)s worker[%(process)d] %(levelname)s %(name)s: "
+                               "%(message)s")
+    # `kill -USR1 <pid>` dumps every thread's stack to stderr: how a hang gets explained.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+    import zmq
+
+    from protocol.messages import LOAD_FAILED, Done, Error, Generate, Ready, Shutdown
+    from worker import models
+    from worker.link import Link
+    from worker.status import WorkerStatus
+
+    status = WorkerStatus(args.epoch)
+    ctx = zmq.Context()
+    link = Link(ctx, args.commands, args.events, status, args.heartbeat_interval)
+    link.start()
+    name = args.name or args.model
+
+    loading = True
+
+    def on_sigterm(signum, frame):
+        # Same path as a Shutdown message. SimpleQueue.put is safe in a signal handler.
+        link.commands.put(Shutdown())
+        if loading:
+            raise _Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+    def answer_queued(reason: str) -> None:
+        """Every Generate gets one Done, also those that arrived while we were loading."""
+        while not link.commands.empty():
+            cmd = link.commands.get_nowait()
+            if isinstance(cmd, Generate):
+                link.send(Done(args.epoch, cmd.rid, reason))
+
+    try:
+        from worker.engine import TextEngine  # imports MLX: inside, a failure is a load error
+
+        log.info("loading %s", args.model)
+        loaded = models.load(args.model, args.state_dir, args.max_context_tokens)
+        engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
+                            args.prefill_step, loaded.vocab_size)
+        _set_wired_limit()
+        engine.warmup()
+        loading = False
+    except _Terminated:
+        log.info("terminated while loading")
+        answer_queued("cancelled")
+        link.close()
+        return 0
+    except Exception as e:
+        msg = str(e) if isinstance(e, models.LoadError) else \
+            f"could not load model {args.model}: {type(e).__name__}"
+        if not isinstance(e, models.LoadError):
+            log.exception("load failed")
+        log.error("load failed: %s", msg)
+        link.send(Error(args.epoch, LOAD_FAILED, msg, None))
+        answer_queued("error")
+        link.close()
+        return EXIT_LOAD_FAILED
+
+    import mlx.core as mx
+
+    from worker.scheduler import Scheduler
+
+    log.info("ready: %s (context %d, %s)", name, loaded.context_length, loaded.path)
+    link.send(Ready(args.epoch, name, loaded.context_length, os.getpid(), 1,
+                    loaded.random_weights, mx.get_active_memory(), mx.get_peak_memory()))
+    Scheduler(engine, link, status, log_prompts=args.log_prompts).run()
+    log.info("shutting down")
+    link.close()
+    return 0
+
+
+def _set_wired_limit() -> None:
+    """Metal only: keep the weights wired (as mlx-lm does while generating)."""
+    import mlx.core as mx
+
+    try:
+        if mx.metal.is_available():
+            from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+            maybe_set_recommended_wired_limit()
+    except Exception:  # an optimisation; never a reason to fail a load
+        log.warning("could not set the wired memory limit", exc_info=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

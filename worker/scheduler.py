@@ -1,0 +1,213 @@
+"""The scheduler: the loop on the one thread that owns MLX.
+
+Each turn: take new commands (without blocking while there is work; blocking briefly when
+idle) → apply cancels → advance each active sequence by ONE prefill chunk or ONE decode
+step → queue that step's events for the sender thread. So a Cancel or a new request is
+seen between any two steps, however long the generation.
+
+Guarantees the supervisor relies on:
+- every Generate gets exactly one terminal Done, also when it only waited, was cancelled,
+  failed, or the worker shut down;
+- Cancel is idempotent: an unknown or finished rid is ignored;
+- a failure inside one request (not of the worker) ends that request with Error + Done
+  ("error") and the worker keeps serving.
+
+Sequences live in `active` (at most `slots`, one for now) and `waiting` (FIFO), so
+continuous batching can later replace `_step` without changing the command handling.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import struct
+import time
+from collections import deque
+
+import mlx.core as mx
+
+from protocol.messages import (
+    INTERNAL, Cancel, Delta, Done, Error, Generate, Shutdown, Started, StatusRequest,
+)
+from worker.engine import RequestError
+
+log = logging.getLogger("worker.scheduler")
+
+_IDLE_WAIT = 0.1         # s; idle get() timeout, so memory figures stay fresh
+_MEMORY_EVERY = 0.1      # s; how often the MLX thread refreshes the memory figures
+_pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, cheaper
+
+
+class Sequence:
+    __slots__ = ("gen", "rid", "it", "prompt_tokens", "completion_tokens", "t0")
+
+    def __init__(self, gen: Generate):
+        self.gen = gen
+        self.rid = gen.rid
+        self.it = None
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.t0 = time.monotonic()
+
+
+class Scheduler:
+    def __init__(self, engine, link, status, *, log_prompts: bool = False, slots: int = 1):
+        self.engine = engine
+        self.link = link
+        self.status = status
+        self.epoch = status.epoch
+        self.slots = slots
+        self.log_prompts = log_prompts
+        self.active: dict[str, Sequence] = {}
+        self.waiting: deque[Sequence] = deque()
+        self.stopping = False
+        self._next_memory = 0.0
+
+    # ---- the loop ---------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until Shutdown (or SIGTERM, which arrives as a Shutdown command)."""
+        self._publish(memory=True)
+        commands = self.link.commands
+        while not self.stopping:
+            busy = bool(self.active or self.waiting)
+            if not busy:
+                try:
+                    self._handle(commands.get(timeout=_IDLE_WAIT))
+                except queue.Empty:
+                    self._publish(memory=True)
+                    continue
+            while not commands.empty():
+                self._handle(commands.get_nowait())
+            if self.stopping:
+                break
+            if len(self.active) < self.slots and self.waiting:
+                self._admit()
+            for seq in list(self.active.values()):
+                self._step(seq)
+            if time.monotonic() >= self._next_memory:
+                self._publish(memory=True)
+        self.drain()
+
+    def drain(self) -> None:
+        """Shutdown: end every request (Done cancelled), including those still queued."""
+        self.status.publish("draining", self.active, (s.rid for s in self.waiting))
+        for seq in list(self.active.values()):
+            self._finish(seq, "cancelled")
+        while self.waiting:
+            self._finish(self.waiting.popleft(), "cancelled")
+        # Commands that arrived after the Shutdown may hold Generates: answer them too.
+        while not self.link.commands.empty():
+            cmd = self.link.commands.get_nowait()
+            if isinstance(cmd, Generate):
+                self.link.send(Done(self.epoch, cmd.rid, "cancelled"))
+
+    # ---- commands ---------------------------------------------------------------------
+
+    def _handle(self, cmd) -> None:
+        if isinstance(cmd, Generate):
+            if cmd.rid in self.active or any(s.rid == cmd.rid for s in self.waiting):
+                # Request ids are unique per attempt; a repeat is a supervisor bug, and a
+                # second Done for the same rid would end the first request.
+                log.warning("ignored a duplicate Generate for rid=%s", cmd.rid)
+                return
+            self.waiting.append(Sequence(cmd))
+            self._publish()
+        elif isinstance(cmd, Cancel):
+            self._cancel(cmd.rid)
+        elif isinstance(cmd, Shutdown):
+            self.stopping = True
+        elif isinstance(cmd, StatusRequest):  # normally answered by the I/O thread
+            self.link.send(self.status.status(cmd.qid))
+
+    def _cancel(self, rid: str) -> None:
+        seq = self.active.get(rid)
+        if seq is None:
+            for s in self.waiting:
+                if s.rid == rid:
+                    seq = s
+                    break
+            else:
+                return  # unknown or already finished: idempotent, no second Done
+            self.waiting.remove(seq)
+        self._finish(seq, "cancelled")
+
+    # ---- sequences --------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        seq = self.waiting.popleft()
+        gen = seq.gen
+        try:
+            ids = self.engine.prepare(gen)
+        except RequestError as e:
+            seq.prompt_tokens = e.prompt_tokens
+            self.link.send(Error(self.epoch, e.code, e.message, seq.rid, e.param))
+            self._finish(seq, "error", log_it=False)
+            log.info("rid=%s refused: %s", seq.rid, e.code)
+            return
+        except Exception:
+            self._fail(seq)
+            return
+        seq.prompt_tokens = len(ids)
+        if self.log_prompts or gen.log_prompt:
+            log.info("rid=%s prompt=%r", seq.rid, gen.messages if gen.messages is not None
+                     else gen.prompt)
+        seq.it = self.engine.generate(ids, gen)
+        self.active[seq.rid] = seq
+        self.link.send(Started(self.epoch, seq.rid, seq.prompt_tokens, 0))
+        self._publish()
+
+    def _step(self, seq: Sequence) -> None:
+        """Advance one sequence by one prefill chunk or one decode step."""
+        try:
+            out = next(seq.it)
+        except Exception:  # StopIteration too: the generator always ends with a finish
+            self._fail(seq)
+            return
+        self.status.steps += 1
+        if out is None:  # a prefill chunk: nothing to send
+            return
+        tok, text, finish = out
+        if tok >= 0:
+            seq.completion_tokens += 1
+            self.link.send(Delta(self.epoch, seq.rid, text, _pack1(tok)))
+        elif text:  # EOS: no token to report, only text that was held back
+            self.link.send(Delta(self.epoch, seq.rid, text))
+        if finish is not None:
+            self._finish(seq, finish)
+
+    def _fail(self, seq: Sequence) -> None:
+        """An unexpected error in one request: report it safely, keep serving."""
+        log.exception("rid=%s failed", seq.rid)
+        self.link.send(Error(self.epoch, INTERNAL, "internal error while generating; see "
+                             "the server log", seq.rid))
+        self._finish(seq, "error", log_it=False)
+
+    def _finish(self, seq: Sequence, reason: str, *, log_it: bool = True) -> None:
+        """Send the one Done of a request and forget it."""
+        if seq.it is not None:
+            seq.it.close()  # runs the generator's cleanup now, not at garbage collection
+            seq.it = None
+        self.active.pop(seq.rid, None)
+        self.link.send(Done(self.epoch, seq.rid, reason, seq.prompt_tokens,
+                            seq.completion_tokens, 0))
+        if log_it:
+            dt = time.monotonic() - seq.t0
+            log.info("rid=%s done: %s, %d prompt + %d completion tokens in %.2fs", seq.rid,
+                     reason, seq.prompt_tokens, seq.completion_tokens, dt)
+        if not self.active:
+            mx.clear_cache()  # between requests: return the buffer cache
+        self._publish(memory=True)
+
+    # ---- status -----------------------------------------------------------------------
+
+    def _publish(self, memory: bool = False) -> None:
+        state = "draining" if self.stopping else ("busy" if self.active or self.waiting
+                                                  else "ready")
+        active_bytes = peak_bytes = None  # None: keep the last published figures
+        if memory:
+            # Only this thread may call MLX; the I/O threads read the published figures.
+            self._next_memory = time.monotonic() + _MEMORY_EVERY
+            active_bytes, peak_bytes = mx.get_active_memory(), mx.get_peak_memory()
+        self.status.publish(state, self.active, (s.rid for s in self.waiting),
+                            active_bytes, peak_bytes)

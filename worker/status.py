@@ -1,0 +1,46 @@
+"""What the worker is doing, shared by the MLX thread (the only writer) and the I/O threads.
+
+The I/O threads answer StatusRequest and send heartbeats from here without ever touching
+MLX (MLX state is thread-local to the MLX thread, and a status answer must be instant even
+while that thread is inside a long prefill chunk). No lock is needed: the writer replaces
+one immutable `View` by a single attribute assignment, and `steps` is a plain int — both
+atomic under the GIL, so a reader sees either the old or the new value, never a torn one.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from protocol.messages import Heartbeat, Status
+
+
+class View(NamedTuple):
+    state: str                 # loading | ready | busy | draining
+    active: tuple = ()
+    waiting: tuple = ()
+    active_bytes: int = 0
+    peak_bytes: int = 0
+
+
+class WorkerStatus:
+    def __init__(self, epoch: int):
+        self.epoch = epoch
+        self.steps = 0          # prefill chunks + decode steps since start
+        self.view = View("loading")
+
+    def publish(self, state: str, active=(), waiting=(), active_bytes: int | None = None,
+                peak_bytes: int | None = None) -> None:
+        old = self.view
+        self.view = View(state, tuple(active), tuple(waiting),
+                         old.active_bytes if active_bytes is None else active_bytes,
+                         old.peak_bytes if peak_bytes is None else peak_bytes)
+
+    def status(self, qid: int) -> Status:
+        v, steps = self.view, self.steps
+        return Status(self.epoch, qid, v.state, list(v.active), list(v.waiting), steps,
+                      v.active_bytes, v.peak_bytes)
+
+    def heartbeat(self) -> Heartbeat:
+        v, steps = self.view, self.steps
+        return Heartbeat(self.epoch, v.state, steps, len(v.active), len(v.waiting),
+                         v.active_bytes, v.peak_bytes)
