@@ -84,7 +84,7 @@ def server_stream(port: int, model: str, max_tokens: int, *, abandon_after: int 
                 conn.close()
                 return None
     conn.close()
-    return first - t0, (tokens - 1) / (last - first), tokens
+    return first - t0, (tokens - 1) / (last - first) if last > first else float("nan"), tokens
 
 
 def short_request(port: int, model: str) -> float:

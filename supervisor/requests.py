@@ -148,8 +148,8 @@ class RequestHandle:
                 elif isinstance(item, Done):
                     if batch:
                         yield batch
-                    if item.finish_reason == "error" and self.failure is not None:
-                        raise self.failure
+                    if item.finish_reason == "error":
+                        raise self.failure or APIError.internal()
                     return
                 elif isinstance(item, APIError):
                     if batch:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aiohttp import web
 
 from supervisor.api import generation, shapes
@@ -9,29 +11,34 @@ from supervisor.api.validation import parse_chat_request
 from supervisor.errors import read_json
 
 
-class ChatFlavor:
-    null_usage = True
-    id_prefix = "chatcmpl"
+@dataclass
+class ChatShapes:
+    """The objects of one chat completion, streamed or whole."""
+    id: str
+    created: int
+    model: str
+    include_usage: bool
 
-    def first_chunk(self, rid, created, model):
-        return shapes.chat_chunk(rid, created, model, {"role": "assistant", "content": ""})
+    def first_chunk(self):
+        return shapes.chat_first_chunk(self.id, self.created, self.model,
+                                       include_usage=self.include_usage)
 
-    def text_chunk(self, rid, created, model, text):
-        return shapes.chat_chunk(rid, created, model, {"content": text})
+    def text_chunk(self, text):
+        return shapes.chat_chunk(self.id, self.created, self.model, {"content": text},
+                                 include_usage=self.include_usage)
 
-    def final_chunk(self, rid, created, model, finish_reason):
-        return shapes.chat_chunk(rid, created, model, {}, finish_reason)
+    def final_chunk(self, finish_reason):
+        return shapes.chat_chunk(self.id, self.created, self.model, {}, finish_reason,
+                                 include_usage=self.include_usage)
 
-    def usage_chunk(self, rid, created, model, usage):
-        return shapes.chat_usage_chunk(rid, created, model, usage)
+    def usage_chunk(self, usage):
+        return shapes.chat_usage_chunk(self.id, self.created, self.model, usage)
 
-    def body(self, rid, created, model, text, finish_reason, usage):
-        return shapes.chat_completion(rid, created, model, text, finish_reason, usage)
-
-
-FLAVOR = ChatFlavor()
+    def body(self, text, finish_reason, usage):
+        return shapes.chat_completion(self.id, self.created, self.model, text, finish_reason, usage)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_chat_request(await read_json(request))
-    return await generation.run(request, parsed, FLAVOR)
+    return await generation.run(request, parsed, lambda model, created: ChatShapes(
+        shapes.new_chat_id(), created, model, parsed.include_usage))

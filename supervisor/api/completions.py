@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from aiohttp import web
 
 from supervisor.api import generation, shapes
@@ -9,29 +11,30 @@ from supervisor.api.validation import parse_completion_request
 from supervisor.errors import read_json
 
 
-class CompletionFlavor:
-    null_usage = False
-    id_prefix = "cmpl"
+@dataclass
+class CompletionShapes:
+    """The objects of one text completion, streamed or whole."""
+    id: str
+    created: int
+    model: str
 
-    def first_chunk(self, rid, created, model):
+    def first_chunk(self):
         return None  # legacy completions have no role chunk
 
-    def text_chunk(self, rid, created, model, text):
-        return shapes.completion_chunk(rid, created, model, text)
+    def text_chunk(self, text):
+        return shapes.completion_chunk(self.id, self.created, self.model, text)
 
-    def final_chunk(self, rid, created, model, finish_reason):
-        return shapes.completion_chunk(rid, created, model, "", finish_reason)
+    def final_chunk(self, finish_reason):
+        return shapes.completion_chunk(self.id, self.created, self.model, "", finish_reason)
 
-    def usage_chunk(self, rid, created, model, usage):
-        return shapes.completion_usage_chunk(rid, created, model, usage)
+    def usage_chunk(self, usage):
+        return shapes.completion_usage_chunk(self.id, self.created, self.model, usage)
 
-    def body(self, rid, created, model, text, finish_reason, usage):
-        return shapes.text_completion(rid, created, model, text, finish_reason, usage)
-
-
-FLAVOR = CompletionFlavor()
+    def body(self, text, finish_reason, usage):
+        return shapes.text_completion(self.id, self.created, self.model, text, finish_reason, usage)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_completion_request(await read_json(request))
-    return await generation.run(request, parsed, FLAVOR)
+    return await generation.run(request, parsed, lambda model, created: CompletionShapes(
+        shapes.new_completion_id(), created, model))

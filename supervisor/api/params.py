@@ -264,9 +264,10 @@ class CommonParams:
 
 def parse_common(body: dict) -> dict:
     """Keyword arguments for CommonParams, except max_tokens (each endpoint has its rule)."""
+    model = parse_model(body)
     stream, include_usage = parse_stream(body)
     return {
-        "model": parse_model(body),
+        "model": model,
         "stream": stream,
         "include_usage": include_usage,
         "temperature": opt_number(body, "temperature", 0, 2),

@@ -204,3 +204,18 @@ async def test_cancelling_a_queued_request_never_reaches_the_worker():
         assert [g.prompt for g in world.received if isinstance(g, Generate)] == ["a"]
     finally:
         await runner.stop()
+
+
+async def test_quiet_stream_yields_pings_then_the_text():
+    # A long prefill: nothing for a while; deltas(idle=...) yields [] so the handler
+    # can write `: ping` comments, then the text still arrives whole.
+    world = FakeWorld(FakeBehaviour(tokens=2, step_s=0.15))
+    runner = make(world)
+    try:
+        h = runner.submit({"prompt": "a"})
+        await h.started(2)
+        batches = [b async for b in h.deltas(time.monotonic() + 5, idle=0.05)]
+        assert [] in batches
+        assert "".join(d.text for b in batches for d in b) == "w1 w2 "
+    finally:
+        await runner.stop()
