@@ -42,10 +42,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-class _Terminated(Exception):
-    """SIGTERM while loading: abandon the load."""
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     from worker import lifeline
@@ -70,15 +66,7 @@ def main(argv=None) -> int:
     link.start()
     name = args.name or args.model
 
-    loading = True
-
-    def on_sigterm(signum, frame):
-        # Same path as a Shutdown message. SimpleQueue.put is safe in a signal handler.
-        link.commands.put(Shutdown())
-        if loading:
-            raise _Terminated()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    loading = [True]  # a cell the signal handler can read and clear
 
     def answer_queued(reason: str) -> None:
         """Every Generate gets one Done, also those that arrived while we were loading."""
@@ -86,6 +74,23 @@ def main(argv=None) -> int:
             cmd = link.commands.get_nowait()
             if isinstance(cmd, Generate):
                 link.send(Done(args.epoch, cmd.rid, reason))
+
+    def on_sigterm(signum, frame):
+        # Serving: the same path as a Shutdown message (SimpleQueue.put is safe here).
+        if not loading[0]:
+            link.commands.put(Shutdown())
+            return
+        # Loading: a load cannot look at the queue, and an exception raised into it may
+        # be swallowed or rewritten by library code (an import turns it into an
+        # ImportError). So finish right here: answer, flush the events, and leave.
+        loading[0] = False
+        log.info("terminated while loading")
+        answer_queued("cancelled")
+        link.close()
+        logging.shutdown()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     try:
         from worker.engine import TextEngine  # imports MLX: inside, a failure is a load error
@@ -96,16 +101,13 @@ def main(argv=None) -> int:
                             args.prefill_step, loaded.vocab_size)
         _set_wired_limit()
         engine.warmup()
-        loading = False
-    except _Terminated:
-        log.info("terminated while loading")
-        answer_queued("cancelled")
-        link.close()
-        return 0
+        loading[0] = False
     except Exception as e:
-        msg = str(e) if isinstance(e, models.LoadError) else \
-            f"could not load model {args.model}: {type(e).__name__}"
-        if not isinstance(e, models.LoadError):
+        loading[0] = False
+        if isinstance(e, models.LoadError):
+            msg = str(e)
+        else:  # not ours: the type is safe to show, the details go to stderr only
+            msg = f"could not load model {args.model}: {type(e).__name__}"
             log.exception("load failed")
         log.error("load failed: %s", msg)
         link.send(Error(args.epoch, LOAD_FAILED, msg, None))
@@ -118,8 +120,10 @@ def main(argv=None) -> int:
     from worker.scheduler import Scheduler
 
     log.info("ready: %s (context %d, %s)", name, loaded.context_length, loaded.path)
+    memory = mx.get_active_memory(), mx.get_peak_memory()
+    status.publish("ready", (), (), *memory)  # no heartbeat says "loading" after Ready
     link.send(Ready(args.epoch, name, loaded.context_length, os.getpid(), 1,
-                    loaded.random_weights, mx.get_active_memory(), mx.get_peak_memory()))
+                    loaded.random_weights, *memory))
     Scheduler(engine, link, status, log_prompts=args.log_prompts).run()
     log.info("shutting down")
     link.close()

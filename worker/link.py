@@ -114,7 +114,12 @@ class Link:
                     continue
                 if msg is _STOP:
                     break
-                sock.send(msg if isinstance(msg, bytes) else encode(msg))
+                try:
+                    data = msg if isinstance(msg, bytes) else encode(msg)
+                except Exception:  # one bad message must not silence the worker
+                    log.exception("could not encode %s", type(msg).__name__)
+                    continue
+                sock.send(data)
         except Exception:
             log.exception("event sender failed")
             raise

@@ -149,7 +149,9 @@ class Scheduler:
             self._fail(seq)
             return
         seq.prompt_tokens = len(ids)
-        if self.log_prompts or gen.log_prompt:
+        # Prompt text in logs needs both the operator's --log-prompts and the request's
+        # own permission; by default logs carry ids and counts only.
+        if self.log_prompts and gen.log_prompt:
             log.info("rid=%s prompt=%r", seq.rid, gen.messages if gen.messages is not None
                      else gen.prompt)
         seq.it = self.engine.generate(ids, gen)

@@ -252,6 +252,21 @@ def test_demo_model_is_built_and_served(spawn, tmp_path):
     assert events[-1].completion_tokens == len(deltas_of(events))
 
 
+def test_sigterm_while_loading_exits_0_and_answers_queued(spawn, tmp_path):
+    # Building the demo model in a fresh state dir takes about a second: time enough.
+    w = spawn("demo", state_dir=tmp_path / "fresh")
+    w.send(Generate(rid="early", prompt="Hi", max_tokens=3))
+    w.send(StatusRequest(qid=1))  # answered after the Generate was queued (same thread)
+    status = w.recv(timeout=30)
+    assert (status.kind, status.state) == ("status", "loading")
+    w.proc.send_signal(signal.SIGTERM)
+    assert w.proc.wait(10) == 0, w.stderr_text()
+    done = w.recv(timeout=2)
+    assert (done.kind, done.rid, done.finish_reason) == ("done", "early", "cancelled")
+    with pytest.raises(TimeoutError):
+        w.recv(timeout=0.5)  # and nothing else: no Ready, no Started
+
+
 def test_unknown_model_is_a_load_error(spawn):
     w = spawn("mlxd-test/definitely-not-a-model")
     err = w.recv(timeout=60)
