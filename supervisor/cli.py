@@ -32,6 +32,7 @@ OPTIONS = [
     ("--max-context-tokens", "max_context_tokens", int, "cap on prompt + completion tokens (default: the model's context)"),
     ("--prefill-step", "prefill_step", int, "prompt tokens per prefill chunk (cancel is checked between chunks)"),
     ("--heartbeat-interval", "heartbeat_interval", float, "seconds between worker heartbeats"),
+    ("--stream-interval", "stream_interval", float, "seconds: tokens that come faster than this are streamed together (0: every token alone)"),
     ("--restart-backoff", "restart_backoff", float, "first delay before restarting a crashed worker"),
     ("--crash-budget", "crash_budget", int, "crashes within --crash-window before a model is marked broken"),
     ("--crash-window", "crash_window", float, "seconds over which crashes are counted"),

@@ -46,6 +46,10 @@ class Config:
     max_context_tokens: int | None = None
     prefill_step: int = 512
     heartbeat_interval: float = 1.0
+    # Decode steps that come faster than this travel (and stream) together: one message
+    # and one SSE chunk per interval instead of per token. Real models on Apple Silicon
+    # take longer than this per token, so for them every token still goes out at once.
+    stream_interval: float = 0.005
     # Restarts: exponential backoff; more than `crash_budget` crashes within
     # `crash_window` seconds marks the model broken (visible in /health).
     restart_backoff: float = 0.5

@@ -45,8 +45,9 @@ class WorkerLink(abc.ABC):
         """Queue a down message; never blocks."""
 
     @abc.abstractmethod
-    async def recv(self):
-        """The next up message; raises LinkClosed once the link is closed."""
+    async def recv(self) -> list:
+        """The next up messages: at least one, and all others already waiting (one
+        wake-up per burst, not per message). Raises LinkClosed once the link is closed."""
 
     @abc.abstractmethod
     async def wait(self) -> int:
@@ -87,6 +88,7 @@ class ProcessLink(WorkerLink):
         self._endpoints = Endpoints.for_worker(runtime_dir, f"w{os.getpid()}-{name_slug(name)}-{epoch}")
         self._cmd: zmq.asyncio.Socket | None = None
         self._evt: zmq.asyncio.Socket | None = None
+        self._evt_sync: zmq.Socket | None = None
         self._proc: asyncio.subprocess.Process | None = None
         self._stderr = collections.deque(maxlen=self.STDERR_LINES)
         self._stderr_task: asyncio.Task | None = None
@@ -95,6 +97,7 @@ class ProcessLink(WorkerLink):
         # Bind before spawning: the worker's connects then always find a peer, and
         # commands sent before it connects wait in ZMQ's queue (high-water mark off).
         self._evt = pull(self._ctx, self._endpoints.events, bind=True)
+        self._evt_sync = zmq.Socket.shadow(self._evt.underlying)  # same socket, sync calls
         self._cmd = push(self._ctx, self._endpoints.commands, bind=True)
         argv = [self._python, "-m", "worker", "--model", self._model, "--name", self._name,
                 "--commands", self._endpoints.commands, "--events", self._endpoints.events,
@@ -122,20 +125,28 @@ class ProcessLink(WorkerLink):
         # PUSH with no high-water mark never blocks; NOBLOCK makes sure of it.
         self._cmd.send(encode(msg), zmq.NOBLOCK)
 
-    async def recv(self):
+    async def recv(self) -> list:
         while True:
             if self._evt is None:
                 raise LinkClosed("link closed")
             try:
-                frame = await self._evt.recv()
-            except (zmq.ZMQError, asyncio.CancelledError) as e:
-                if isinstance(e, asyncio.CancelledError):
-                    raise
+                frames = [await self._evt.recv()]
+                # Drain what is already queued without a wake-up per frame: at a token
+                # every ~1 ms, per-message event-loop work would cost the worker a core.
+                while True:
+                    frames.append(self._evt_sync.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                pass
+            except zmq.ZMQError as e:
                 raise LinkClosed(str(e)) from None
-            try:
-                return decode_up(frame)
-            except ProtocolError as e:
-                log.warning("dropping a bad frame from worker %s: %s", self._name, e)
+            msgs = []
+            for frame in frames:
+                try:
+                    msgs.append(decode_up(frame))
+                except ProtocolError as e:
+                    log.warning("dropping a bad frame from worker %s: %s", self._name, e)
+            if msgs:
+                return msgs
 
     async def wait(self) -> int:
         assert self._proc is not None
@@ -164,7 +175,7 @@ class ProcessLink(WorkerLink):
         for sock in (self._cmd, self._evt):
             if sock is not None:
                 sock.close(linger=0)
-        self._cmd = self._evt = None
+        self._cmd = self._evt = self._evt_sync = None
         for ep in (self._endpoints.commands, self._endpoints.events):
             try:
                 os.unlink(ep.removeprefix("ipc://"))

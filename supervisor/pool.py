@@ -23,7 +23,8 @@ from supervisor.runner import READY, ModelRunner
 def worker_args(config: Config) -> list[str]:
     """Flags every worker gets from the server's configuration."""
     args = ["--state-dir", str(config.state_dir), "--prefill-step", str(config.prefill_step),
-            "--heartbeat-interval", str(config.heartbeat_interval)]
+            "--heartbeat-interval", str(config.heartbeat_interval),
+            "--stream-interval", str(config.stream_interval)]
     if config.max_context_tokens:
         args += ["--max-context-tokens", str(config.max_context_tokens)]
     if config.log_prompts:

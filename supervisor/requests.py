@@ -10,7 +10,7 @@ new rid (request ids are unique per attempt); once started, a death is a failure
 from __future__ import annotations
 
 import asyncio
-import itertools
+import collections
 import time
 import uuid
 from typing import AsyncIterator, Callable
@@ -23,7 +23,46 @@ MAX_PENDING_EVENTS = 8192
 
 QUEUED, DISPATCHED, STARTED, FINISHED = "queued", "dispatched", "started", "finished"
 
-_serial = itertools.count(1)
+class Inbox:
+    """The events of one request, from the runner's reader to the handler: a deque and at
+    most one waiter future. (An asyncio.Queue plus wait_for costs a task and several
+    callbacks per token, which at ~1 ms a token shows up as lost decode speed.)"""
+
+    def __init__(self):
+        self._items: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put(self, item) -> None:
+        self._items.append(item)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self, timeout: float) -> bool:
+        """Until an item is there (True) or `timeout` seconds pass (False)."""
+        if self._items:
+            return True
+        if timeout <= 0:
+            return False
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self._waiter, timeout)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            self._waiter = None
+        return bool(self._items)
+
+    def popleft(self):
+        return self._items.popleft()
+
+    def drain(self) -> list:
+        items = list(self._items)
+        self._items.clear()
+        return items
 
 
 class RequestHandle:
@@ -42,9 +81,8 @@ class RequestHandle:
         self.failure: APIError | None = None
         self.cancel_requested = False
         self.cancel_sent_at: float | None = None
-        self._events: asyncio.Queue = asyncio.Queue()
+        self._events = Inbox()
         self._on_cancel = on_cancel
-        self.serial = next(_serial)
 
     # ---- fed by the runner -----------------------------------------------------------
     def new_attempt(self) -> str:
@@ -62,21 +100,21 @@ class RequestHandle:
         self.state = STARTED
         self.started_at = time.monotonic()
         self.started_msg = msg
-        self._events.put_nowait(msg)
+        self._events.put(msg)
 
     def on_delta(self, msg: Delta) -> bool:
         """Queue a step's output; False if the client has fallen too far behind."""
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
-        self._events.put_nowait(msg)
-        return self._events.qsize() <= MAX_PENDING_EVENTS
+        self._events.put(msg)
+        return len(self._events) <= MAX_PENDING_EVENTS
 
     def on_done(self, msg: Done) -> None:
         if self.state == FINISHED:
             return
         self.state = FINISHED
         self.done = msg
-        self._events.put_nowait(msg)
+        self._events.put(msg)
 
     def fail(self, error: APIError) -> None:
         """End the request with an error (worker died mid-stream, worker error, ...)."""
@@ -85,7 +123,7 @@ class RequestHandle:
         if self.failure is None:
             self.failure = error
         self.state = FINISHED
-        self._events.put_nowait(error)
+        self._events.put(error)
 
     def set_failure(self, error: APIError) -> None:
         """Record the error a worker reported; its Done follows."""
@@ -102,14 +140,12 @@ class RequestHandle:
 
         Raises the APIError the client should get: context too long (400), waited in
         the queue too long (503), worker failed (503), ..."""
-        try:
-            item = await asyncio.wait_for(self._events.get(), timeout)
-        except asyncio.TimeoutError:
+        if not await self._events.wait(timeout):
             self.cancel()
             raise APIError.overloaded(
                 f"The request waited more than {timeout:g} s for model `{self.model}`; "
-                "the server is busy, please retry.", retry_after_s=max(1, int(timeout // 4))
-            ) from None
+                "the server is busy, please retry.", retry_after_s=max(1, int(timeout // 4)))
+        item = self._events.popleft()
         return self._check_first(item)
 
     def _check_first(self, item) -> Started:
@@ -131,33 +167,27 @@ class RequestHandle:
         while True:
             remaining = deadline - time.monotonic()
             wait = remaining if idle is None else min(remaining, idle)
-            try:
-                item = await asyncio.wait_for(self._events.get(), max(wait, 0))
-            except asyncio.TimeoutError:
+            if not await self._events.wait(wait):
                 if wait < remaining:
                     yield []
                     continue
                 self.cancel()
                 raise APIError.timeout(
-                    "The request exceeded the server's request timeout and was cancelled."
-                ) from None
+                    "The request exceeded the server's request timeout and was cancelled.")
             batch = []
-            while True:
+            for item in self._events.drain():
                 if isinstance(item, Delta):
                     batch.append(item)
-                elif isinstance(item, Done):
-                    if batch:
-                        yield batch
+                    continue
+                if batch:
+                    yield batch
+                    batch = []
+                if isinstance(item, APIError):
+                    raise item
+                if isinstance(item, Done):
                     if item.finish_reason == "error":
                         raise self.failure or APIError.internal()
                     return
-                elif isinstance(item, APIError):
-                    if batch:
-                        yield batch
-                    raise item
-                if self._events.empty():
-                    break
-                item = self._events.get_nowait()
             if batch:
                 yield batch
 

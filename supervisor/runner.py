@@ -207,10 +207,9 @@ class ModelRunner:
     async def _read(self, link: WorkerLink) -> None:
         try:
             while True:
-                msg = await link.recv()
-                if getattr(msg, "epoch", None) != link.epoch:
-                    continue  # a dead incarnation's leftovers
-                self._on_event(link, msg)
+                for msg in await link.recv():
+                    if getattr(msg, "epoch", None) == link.epoch:  # else a dead incarnation's
+                        self._on_event(link, msg)
         except LinkClosed:
             pass
 
@@ -219,11 +218,12 @@ class ModelRunner:
         the socket: take them before judging what the death interrupted."""
         while True:
             try:
-                msg = await asyncio.wait_for(link.recv(), 0.05)
+                msgs = await asyncio.wait_for(link.recv(), 0.05)
             except (asyncio.TimeoutError, LinkClosed):
                 return
-            if getattr(msg, "epoch", None) == link.epoch:
-                self._on_event(link, msg)
+            for msg in msgs:
+                if getattr(msg, "epoch", None) == link.epoch:
+                    self._on_event(link, msg)
 
     def _on_event(self, link: WorkerLink, msg) -> None:
         if isinstance(msg, Delta):

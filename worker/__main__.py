@@ -37,6 +37,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-context-tokens", type=int, default=None)
     p.add_argument("--prefill-step", type=int, default=512)
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--stream-interval", type=float, default=0.0,
+                   help="seconds: decode steps faster than this share one Delta")
     p.add_argument("--log-prompts", action="store_true")
     p.add_argument("--parent-pid", type=int, default=None)
     return p.parse_args(argv)
@@ -124,7 +126,8 @@ def main(argv=None) -> int:
     status.publish("ready", (), (), *memory)  # no heartbeat says "loading" after Ready
     link.send(Ready(args.epoch, name, loaded.context_length, os.getpid(), 1,
                     loaded.random_weights, *memory))
-    Scheduler(engine, link, status, log_prompts=args.log_prompts).run()
+    Scheduler(engine, link, status, log_prompts=args.log_prompts,
+              stream_interval=args.stream_interval).run()
     log.info("shutting down")
     link.close()
     return 0

@@ -2,7 +2,8 @@
 
 Each turn: take new commands (without blocking while there is work; blocking briefly when
 idle) → apply cancels → advance each active sequence by ONE prefill chunk or ONE decode
-step → queue that step's events for the sender thread. So a Cancel or a new request is
+step → queue that step's events for the sender thread (steps faster than the stream
+interval share one Delta). So a Cancel or a new request is
 seen between any two steps, however long the generation.
 
 Guarantees the supervisor relies on:
@@ -39,7 +40,8 @@ _pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, che
 
 
 class Sequence:
-    __slots__ = ("gen", "rid", "it", "prompt_tokens", "completion_tokens", "t0")
+    __slots__ = ("gen", "rid", "it", "prompt_tokens", "completion_tokens", "t0",
+                 "held_text", "held_ids", "sent_at")
 
     def __init__(self, gen: Generate):
         self.gen = gen
@@ -48,11 +50,20 @@ class Sequence:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.t0 = time.monotonic()
+        self.held_text = ""     # output of steps not sent yet (see stream_interval)
+        self.held_ids = b""
+        self.sent_at = 0.0      # when the last Delta left
 
 
 class Scheduler:
-    def __init__(self, engine, link, status, *, log_prompts: bool = False, slots: int = 1):
+    def __init__(self, engine, link, status, *, log_prompts: bool = False, slots: int = 1,
+                 stream_interval: float = 0.0):
         self.engine = engine
+        # Steps that come faster than this share one Delta: at ~1 ms a token, a message
+        # per token wakes the sender thread, the supervisor and the client once a token,
+        # and those wake-ups preempt MLX's compute threads. Slower steps (any real model
+        # on Apple Silicon) still go out one by one, at once.
+        self.stream_interval = stream_interval
         self.link = link
         self.status = status
         self.epoch = status.epoch
@@ -170,13 +181,20 @@ class Scheduler:
         if out is None:  # a prefill chunk: nothing to send
             return
         tok, text, finish = out
-        if tok >= 0:
+        if tok >= 0:  # (EOS comes as -1: no token to report, only text held back)
             seq.completion_tokens += 1
-            self.link.send(Delta(self.epoch, seq.rid, text, _pack1(tok)))
-        elif text:  # EOS: no token to report, only text that was held back
-            self.link.send(Delta(self.epoch, seq.rid, text))
+            seq.held_ids += _pack1(tok)
+        seq.held_text += text
         if finish is not None:
             self._finish(seq, finish)
+        elif seq.held_ids and time.monotonic() - seq.sent_at >= self.stream_interval:
+            self._flush(seq)
+
+    def _flush(self, seq: Sequence) -> None:
+        if seq.held_ids or seq.held_text:
+            self.link.send(Delta(self.epoch, seq.rid, seq.held_text, seq.held_ids))
+            seq.held_text, seq.held_ids = "", b""
+            seq.sent_at = time.monotonic()
 
     def _fail(self, seq: Sequence) -> None:
         """An unexpected error in one request: report it safely, keep serving."""
@@ -191,6 +209,7 @@ class Scheduler:
             seq.it.close()  # runs the generator's cleanup now, not at garbage collection
             seq.it = None
         self.active.pop(seq.rid, None)
+        self._flush(seq)
         self.link.send(Done(self.epoch, seq.rid, reason, seq.prompt_tokens,
                             seq.completion_tokens, 0))
         if log_it:

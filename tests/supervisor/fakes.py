@@ -76,10 +76,13 @@ class FakeLink(WorkerLink):
         if not self.frozen and not self._exit.done():
             self._up.put_nowait(encode(msg))
 
-    async def recv(self):
+    async def recv(self) -> list:
         if self.closed:
             raise LinkClosed("closed")
-        return decode_up(await self._up.get())
+        frames = [await self._up.get()]
+        while not self._up.empty():
+            frames.append(self._up.get_nowait())
+        return [decode_up(f) for f in frames]
 
     async def wait(self) -> int:
         return await self._exit
