@@ -185,7 +185,7 @@ class RequestHandle:
                 if isinstance(item, APIError):
                     raise item
                 if isinstance(item, Done):
-                    if item.finish_reason == "error":
+                    if self.failure is not None or item.finish_reason == "error":
                         raise self.failure or APIError.internal()
                     return
             if batch:

@@ -219,3 +219,21 @@ async def test_quiet_stream_yields_pings_then_the_text():
         assert "".join(d.text for b in batches for d in b) == "w1 w2 "
     finally:
         await runner.stop()
+
+
+async def test_a_client_too_far_behind_is_cancelled(monkeypatch):
+    import supervisor.requests as requests_mod
+    monkeypatch.setattr(requests_mod, "MAX_PENDING_EVENTS", 5)
+    world = FakeWorld(FakeBehaviour(tokens=1000, step_s=0.001))
+    runner = make(world)
+    try:
+        h = runner.submit({"prompt": "a"})
+        await h.started(2)
+        await asyncio.sleep(0.2)  # the handler does not read: events pile up
+        assert any(isinstance(m, Cancel) and m.rid == h.rid for m in world.received)
+        with pytest.raises(APIError) as err:
+            async for _ in h.deltas(time.monotonic() + 5):
+                pass
+        assert err.value.status == 503 and "too slowly" in err.value.message
+    finally:
+        await runner.stop()

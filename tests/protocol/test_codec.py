@@ -1,0 +1,122 @@
+"""The wire format (golden bytes) and the codec's refusal of anything malformed."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+
+import msgpack
+import pytest
+
+from protocol import (PROTOCOL_VERSION, Cancel, Delta, Done, Error, Generate, Heartbeat,
+                      ProtocolError, Ready, Shutdown, Started, Status, StatusRequest,
+                      decode_down, decode_up, encode, pack_ids, unpack_ids)
+from protocol.messages import DOWN, UP
+from protocol.sockets import Endpoints, make_runtime_dir, remove_runtime_dir
+
+# A msgpack map: fixmap header, then key/value pairs ("v", 1), ("type", ...), fields in
+# declaration order. Pinned byte for byte: a change here breaks mixed-version peers.
+GOLDEN = [
+    (Cancel(rid="r1"), b"\x83\xa1v\x01\xa4type\xa6cancel\xa3rid\xa2r1"),
+    (Shutdown(), b"\x82\xa1v\x01\xa4type\xa8shutdown"),
+    (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
+     b"\x86\xa1v\x01\xa4type\xa5delta\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"),
+    (Done(epoch=2, rid="r1", finish_reason="length", prompt_tokens=3, completion_tokens=4),
+     b"\x88\xa1v\x01\xa4type\xa4done\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+     b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"),
+]
+
+
+@pytest.mark.parametrize("msg,wire", GOLDEN, ids=lambda x: type(x).__name__)
+def test_golden_bytes(msg, wire):
+    assert encode(msg) == wire
+    decode = decode_up if type(msg) in UP else decode_down
+    assert decode(wire) == msg
+
+
+def test_every_message_round_trips_with_version():
+    samples = [
+        Generate(rid="a", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                 temperature=0.5, top_p=0.9, top_k=40, min_p=0.1, seed=3,
+                 repetition_penalty=1.1, stop=["x"], template_kwargs={"k": True}),
+        Generate(rid="b", prompt_ids=pack_ids([1, 2, 3])),
+        Cancel(rid="a"), StatusRequest(qid=7), Shutdown(),
+        Ready(epoch=1, model="m", context_length=4096, pid=9, slots=1, random_weights=True),
+        Started(epoch=1, rid="a", prompt_tokens=10, cached_tokens=2),
+        Delta(epoch=1, rid="a", text="x", token_ids=pack_ids([5])),
+        Done(epoch=1, rid="a", finish_reason="stop"),
+        Error(epoch=1, code="context_length_exceeded", message="too long", rid="a", param="messages"),
+        Status(epoch=1, qid=7, state="busy", active=["a"], waiting=["b"], steps=3),
+        Heartbeat(epoch=1, state="ready", steps=4),
+    ]
+    assert {type(m) for m in samples} == set(DOWN) | set(UP)
+    for m in samples:
+        raw = encode(m)
+        assert msgpack.unpackb(raw)["v"] == PROTOCOL_VERSION
+        assert (decode_up if type(m) in UP else decode_down)(raw) == m
+
+
+def test_directions_are_separate():
+    # "status" is a type in both directions; each side only decodes its own.
+    with pytest.raises(ProtocolError):
+        decode_up(encode(Cancel(rid="a")))
+    with pytest.raises(ProtocolError):
+        decode_down(encode(Heartbeat(epoch=1, state="ready")))
+
+
+@pytest.mark.parametrize("frame", [
+    b"", b"\xc1", b"garbage", b"\x93\x01\x02\x03",              # not msgpack / not a map
+    msgpack.packb({"type": "cancel", "rid": "a"}),              # no version
+    msgpack.packb({"v": 99, "type": "cancel", "rid": "a"}),     # wrong version
+    msgpack.packb({"v": 1, "type": "explode"}),                 # unknown type
+    msgpack.packb({"v": 1, "type": "cancel"}),                  # missing field
+    msgpack.packb({"v": 1, "type": "cancel", "rid": 5}),        # wrong type
+    msgpack.packb({"v": 1, "type": "generate", "rid": "a", "max_tokens": "5"}),
+    msgpack.packb({"v": 1, "type": "generate", "rid": "a", "max_tokens": True}),  # bool ≠ int
+    msgpack.packb({"v": 1, "type": "generate", "rid": None}),   # null where not nullable
+    msgpack.packb({1: 2}),                                      # non-string keys
+])
+def test_malformed_frames_are_typed_errors(frame):
+    with pytest.raises(ProtocolError):
+        decode_down(frame)
+
+
+def test_unknown_fields_are_ignored_and_defaults_fill_in():
+    raw = msgpack.packb({"v": 1, "type": "generate", "rid": "a", "future_field": [1, 2]})
+    g = decode_down(raw)
+    assert g == Generate(rid="a") and g.stop == [] and g.max_tokens is None
+
+
+def test_new_fields_have_defaults_at_the_end():
+    # The compatibility rule: after the required fields, every field has a default.
+    for cls in DOWN + UP:
+        seen_default = False
+        for f in dataclasses.fields(cls):
+            has_default = (f.default is not dataclasses.MISSING
+                           or f.default_factory is not dataclasses.MISSING)
+            assert has_default or not seen_default, f"{cls.__name__}.{f.name}"
+            seen_default |= has_default
+
+
+def test_pack_ids_round_trip_and_size():
+    ids = [0, 1, 255, 65_536, 151_000]
+    assert unpack_ids(pack_ids(ids)) == ids
+    assert len(pack_ids(ids)) == 4 * len(ids)
+    raw = encode(Delta(epoch=1, rid="a", text="", token_ids=pack_ids(range(100))))
+    assert isinstance(msgpack.unpackb(raw)["token_ids"], bytes)  # one bin, not 100 ints
+    assert len(raw) < 4 * 100 + 64
+
+
+def test_runtime_dir_is_private_and_paths_fit_af_unix():
+    path = make_runtime_dir()
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+        ep = Endpoints.for_worker(path, "w12345-some-model-3")
+        assert ep.commands.startswith("ipc://") and len(ep.events) - len("ipc://") < 104
+        with pytest.raises(ValueError):
+            Endpoints.for_worker(path, "x" * 200)
+    finally:
+        remove_runtime_dir(path)
+    assert not path.exists()
