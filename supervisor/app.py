@@ -25,12 +25,19 @@ def create_app(config: Config, *, factory_for=None) -> web.Application:
     install(app)
     app[CONFIG] = config
     app.cleanup_ctx.append(_workers(factory_for))
+    app.on_shutdown.append(_cancel_requests)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/health", health)
     return app
+
+
+async def _cancel_requests(app: web.Application) -> None:
+    """Shutdown: before aiohttp waits for handlers, end every request (queued ones at
+    once, running ones through a cancel), so no stream holds the exit up."""
+    app[POOL].begin_shutdown()
 
 
 def _workers(factory_for):

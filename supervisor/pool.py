@@ -72,6 +72,10 @@ class Pool:
             raise APIError.model_not_found(name)
         return runner
 
+    def begin_shutdown(self) -> None:
+        for r in self.runners.values():
+            r.begin_shutdown()
+
     async def stop(self) -> None:
         await asyncio.gather(*(r.stop() for r in self.runners.values()))
 

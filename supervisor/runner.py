@@ -86,17 +86,24 @@ class ModelRunner:
         except asyncio.TimeoutError:
             return False
 
+    def begin_shutdown(self) -> None:
+        """Refuse new requests, end queued ones and cancel running ones, each with a
+        retryable "shutting down" error; the worker keeps running until `stop`."""
+        self._stopping = True
+        shutting_down = APIError.worker_failed("The server is shutting down.")
+        for h in list(self.queue):
+            h.fail(shutting_down)
+        self.queue.clear()
+        for h in list(self.inflight.values()):
+            h.set_failure(shutting_down)
+            self._send_cancel(h)
+
     async def stop(self, grace: float | None = None) -> None:
         """Cancel everything, ask the worker to exit, kill it after `grace`."""
         grace = self.config.cancel_grace if grace is None else grace
-        self._stopping = True
-        for h in list(self.queue):
-            h.fail(APIError.worker_failed("The server is shutting down."))
-        self.queue.clear()
+        self.begin_shutdown()
         link = self.link
         if link is not None and self._task is not None and not self._task.done():
-            for h in list(self.inflight.values()):
-                self._send_cancel(h)
             try:
                 link.send(Shutdown())
             except LinkClosed:

@@ -74,3 +74,20 @@ def test_mlxd_without_a_model_says_so():
     out = subprocess.run([sys.executable, "-m", "supervisor"], cwd=REPO, capture_output=True,
                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
     assert out.returncode != 0 and "--model" in out.stderr
+
+
+def test_sigterm_mid_stream_ends_the_stream_with_an_error_and_exits_quickly(tiny_model):
+    srv = ServerProcess([str(tiny_model)])
+    srv.wait_healthy()
+    body = {"model": str(tiny_model), "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 4000, "stream": True}
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as s:
+            lines = s.iter_lines()
+            next(l for l in lines if l.startswith("data: "))
+            t0 = time.monotonic()
+            srv.proc.terminate()
+            rest = [l for l in lines if l.startswith("data: ")]
+    assert rest and "shutting down" in rest[-1]
+    assert srv.proc.wait(15) == 0 and time.monotonic() - t0 < 10
+    srv.stop()

@@ -33,7 +33,7 @@ class FakeLink:
         return [m.kind for m in self.of(rid)]
 
 
-def serve(engine, commands, on_send=None):
+def serve(engine, commands, on_send=None, **scheduler_kw):
     """Run a scheduler over `commands`; a Shutdown ends it once every rid is done."""
     link, status = FakeLink(), WorkerStatus(epoch=3)
     rids = {c.rid for c in commands if isinstance(c, Generate)}
@@ -50,7 +50,7 @@ def serve(engine, commands, on_send=None):
     link.on_send = hook
     for c in commands:
         link.commands.put(c)
-    Scheduler(engine, link, status).run()
+    Scheduler(engine, link, status, **scheduler_kw).run()
     return link, status
 
 
@@ -182,3 +182,18 @@ def test_duplicate_rid_gets_one_done(engine):
     link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=3),
                              Generate(rid="a", prompt="Hi", max_tokens=3)])
     assert link.kinds("a").count("done") == 1
+
+
+def test_steps_faster_than_the_stream_interval_share_a_delta(engine):
+    gen = Generate(rid="a", prompt="Hi", max_tokens=40, temperature=0.0)
+    one_by_one, _ = serve(engine, [gen])
+    merged, _ = serve(engine, [gen], stream_interval=10.0)  # nothing is that fast
+    singles = [d for d in one_by_one.of("a") if d.kind == "delta"]
+    batched = [d for d in merged.of("a") if d.kind == "delta"]
+    # The first step goes out at once, the rest wait for the interval or the finish.
+    assert len(singles) == 40 and len(batched) == 2
+    assert len(unpack_ids(batched[0].token_ids)) == 1
+    ids = [t for d in batched for t in unpack_ids(d.token_ids)]
+    assert ids == [t for d in singles for t in unpack_ids(d.token_ids)]
+    assert "".join(d.text for d in batched) == "".join(d.text for d in singles)
+    assert merged.kinds("a")[-1] == "done" and merged.of("a")[-1].completion_tokens == 40
