@@ -11,6 +11,7 @@ from protocol.sockets import make_runtime_dir, remove_runtime_dir
 from supervisor.api.chat import chat_completions
 from supervisor.api.completions import completions
 from supervisor.api.models import get_model, health, list_models
+from supervisor.api.responses import routes as responses
 from supervisor.config import Config
 from supervisor.errors import install
 from supervisor.keys import CONFIG, POOL
@@ -31,6 +32,7 @@ def create_app(config: Config, *, factory_for=None) -> web.Application:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
     app.router.add_get("/health", health)
+    responses.setup(app)
     return app
 
 

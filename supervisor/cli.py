@@ -14,7 +14,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from supervisor.config import Config, default_log_dir, default_state_dir
+from supervisor.config import Config, default_log_dir, default_state_dir, size
 
 # (flag, Config field, type, help). Booleans are store_true flags.
 OPTIONS = [
@@ -29,6 +29,15 @@ OPTIONS = [
     ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without a heartbeat before a worker counts as hung"),
     ("--hang-timeout", "hang_timeout", float, "seconds busy without progress before a worker counts as hung"),
     ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 above)"),
+    ("--max-models", "max_models", int, "resident models at most; the least recently used idle one is unloaded for another (0: memory decides)"),
+    ("--memory-budget", "memory_budget", size, "memory the resident models may take in all, e.g. 24G (default: what the OS says is available)"),
+    ("--memory-factor", "memory_factor", float, "a model needs its weights on disk times this, plus --kv-budget"),
+    ("--kv-budget", "kv_budget", size, "memory allowed per model for KV cache and activations, e.g. 2G"),
+    ("--memory-wait", "memory_wait", float, "seconds a load waits for memory to come back before it is refused (507)"),
+    ("--memory-probe", "memory_probe", Path, argparse.SUPPRESS),  # tests: JSON file of readings
+    ("--allow-load-on-request", "allow_load_on_request", bool, "a request naming a local model that is not loaded loads it (default on; --no-allow-load-on-request)"),
+    ("--keep-alive", "keep_alive", float, "seconds idle before a model loaded on request is unloaded (0: never; --model ones stay)"),
+    ("--shutdown-timeout", "shutdown_timeout", float, "SIGTERM/SIGINT: seconds to finish running requests before cancelling them"),
     ("--max-context-tokens", "max_context_tokens", int, "cap on prompt + completion tokens (default: the model's context)"),
     ("--prefill-step", "prefill_step", int, "prompt tokens per prefill chunk (cancel is checked between chunks)"),
     ("--heartbeat-interval", "heartbeat_interval", float, "seconds between worker heartbeats"),
@@ -36,6 +45,9 @@ OPTIONS = [
     ("--restart-backoff", "restart_backoff", float, "first delay before restarting a crashed worker"),
     ("--crash-budget", "crash_budget", int, "crashes within --crash-window before a model is marked broken"),
     ("--crash-window", "crash_window", float, "seconds over which crashes are counted"),
+    ("--store-max-count", "store_max_count", int, "stored responses kept at most (oldest evicted)"),
+    ("--store-max-age", "store_max_age", float, "seconds a stored response is kept"),
+    ("--max-chain-depth", "max_chain_depth", int, "longest previous_response_id chain rebuilt"),
     ("--log-prompts", "log_prompts", bool, "allow prompt text in logs (off by default)"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
 ]
@@ -51,11 +63,16 @@ def build_parser(prog: str = "mlxd") -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=None, metavar="MODEL",
                    help="a local path, a Hugging Face repo id in the local cache, or `demo` "
                         "(random weights, built locally); repeatable [MLXD_MODEL]")
-    for flag, _, typ, help_ in OPTIONS:
+    defaults = {f.name: f.default for f in fields(Config)}
+    for flag, name, typ, help_ in OPTIONS:
+        if help_ is not argparse.SUPPRESS:
+            help_ = f"{help_} [{env_name(flag)}]"
         if typ is bool:
-            p.add_argument(flag, action="store_true", default=None, help=f"{help_} [{env_name(flag)}]")
+            # A flag that is on by default can only be switched off: --no-FLAG.
+            action = argparse.BooleanOptionalAction if defaults.get(name) is True else "store_true"
+            p.add_argument(flag, action=action, default=None, help=help_)
         else:
-            p.add_argument(flag, type=typ, default=None, help=f"{help_} [{env_name(flag)}]")
+            p.add_argument(flag, type=typ, default=None, help=help_)
     return p
 
 

@@ -27,6 +27,22 @@ def default_log_dir(state_dir: Path, explicit_state_dir: bool) -> Path:
     return state_dir / "logs"
 
 
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
+          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+          "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+
+
+def size(text: str) -> int:
+    """Bytes from "12G", "512MiB", "1.5g" or a plain number (binary units: memory is
+    counted in GiB everywhere in mlxd)."""
+    raw = str(text).strip().lower().replace(" ", "")
+    digits = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(digits):]
+    if unit not in _UNITS or not digits:
+        raise ValueError(f"not a size: {text!r}")
+    return int(float(digits) * _UNITS[unit])
+
+
 @dataclass(frozen=True)
 class Config:
     models: tuple[str, ...] = ()
@@ -42,6 +58,16 @@ class Config:
     heartbeat_timeout: float = 15.0  # no heartbeat this long → the worker is hung
     hang_timeout: float = 120.0      # busy with no step progress this long → hung
     max_body_bytes: int = 16 * 1024 * 1024
+    # Resident models and the memory gate (DESIGN.md, "Lifecycle and cancellation").
+    max_models: int = 0              # resident models at most; 0: only memory decides
+    memory_budget: int | None = None # bytes the resident models' estimates may total
+    memory_factor: float = 1.2       # need = weights on disk × this + kv_budget
+    kv_budget: int = 1 << 30         # bytes of KV cache and activations allowed per model
+    memory_wait: float = 30.0        # a load waits this long for memory, then 507
+    memory_probe: Path | None = None # tests: a JSON file whose readings replace the OS's
+    allow_load_on_request: bool = True   # a request may load a local path / cached id
+    keep_alive: float = 300.0        # idle seconds before an on-request model unloads; 0: never
+    shutdown_timeout: float = 30.0   # SIGTERM/SIGINT: drain this long, then cancel the rest
     # Passed to workers.
     max_context_tokens: int | None = None
     prefill_step: int = 512
@@ -56,6 +82,10 @@ class Config:
     restart_backoff_max: float = 30.0
     crash_budget: int = 5
     crash_window: float = 300.0
+    # The Responses API store: bounded by count and age (seconds); chain depth limit.
+    store_max_count: int = 10_000
+    store_max_age: float = 30 * 86400.0
+    max_chain_depth: int = 100
     log_prompts: bool = False
     log_level: str = "info"
 

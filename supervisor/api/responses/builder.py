@@ -1,0 +1,192 @@
+"""One response as it is generated: its output items and its streaming events.
+
+The same builder serves streaming and non-streaming requests (and replay): feed it what
+the worker produced (`text`, `reasoning`, `function_call`), then `finish`; each call
+returns the events to send, with a strictly increasing `sequence_number`, and
+`response()` is the response object at any moment. Shapes follow OpenAI's spec
+(Response, ResponseStreamEvent and its members).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from supervisor.api.responses.items import new_id
+from supervisor.api.responses.request import ResponsesRequest
+
+TERMINAL_EVENTS = {"completed": "response.completed", "incomplete": "response.incomplete",
+                   "failed": "response.failed", "cancelled": "response.failed"}
+
+
+def usage(input_tokens: int, output_tokens: int, cached_tokens: int = 0,
+          reasoning_tokens: int = 0) -> dict:
+    return {"input_tokens": input_tokens,
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": input_tokens + output_tokens}
+
+
+@dataclass
+class ResponseBuilder:
+    req: ResponsesRequest
+    model: str
+    id: str = field(default_factory=lambda: new_id("resp"))
+    created_at: int = field(default_factory=lambda: int(time.time()))
+    status: str = "in_progress"
+    output: list = field(default_factory=list)
+    usage: Optional[dict] = None
+    error: Optional[dict] = None
+    incomplete_reason: Optional[str] = None
+    completed_at: Optional[int] = None
+    _seq: int = 0
+    _open: Optional[dict] = None  # the output item being streamed into
+
+    # ---- the object ------------------------------------------------------------------
+    def response(self) -> dict:
+        r = self.req
+        obj = {
+            "id": self.id, "object": "response", "created_at": self.created_at,
+            "status": self.status, "completed_at": self.completed_at,
+            "error": self.error,
+            "incomplete_details": ({"reason": self.incomplete_reason}
+                                   if self.incomplete_reason else None),
+            "instructions": r.instructions, "max_output_tokens": r.max_output_tokens,
+            "model": self.model, "output": self.output,
+            "parallel_tool_calls": r.parallel_tool_calls,
+            "previous_response_id": r.previous_response_id,
+            "reasoning": r.reasoning or {"effort": None, "summary": None},
+            "store": r.store, "background": r.background,
+            "temperature": 1.0 if r.temperature is None else r.temperature,
+            "top_p": 1.0 if r.top_p is None else r.top_p,
+            "text": {"format": r.text_format},
+            "tool_choice": r.tool_choice, "tools": r.tools,
+            "truncation": "disabled", "metadata": r.metadata,
+            "prompt_cache_key": r.prompt_cache_key,
+        }
+        # Present when known; the spec has no null for these.
+        if self.usage is not None:
+            obj["usage"] = self.usage
+        if r.user is not None:
+            obj["user"] = r.user
+        return obj
+
+    # ---- events ----------------------------------------------------------------------
+    def _event(self, kind: str, **fields) -> dict:
+        ev = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return ev
+
+    def start(self) -> list[dict]:
+        return [self._event("response.created", response=self.response()),
+                self._event("response.in_progress", response=self.response())]
+
+    def queued(self) -> list[dict]:
+        self.status = "queued"
+        return [self._event("response.queued", response=self.response())]
+
+    def text(self, delta: str) -> list[dict]:
+        if not delta:
+            return []
+        events = self._ensure("message")
+        item = self._open
+        item["content"][0]["text"] += delta
+        events.append(self._event("response.output_text.delta", item_id=item["id"],
+                                  output_index=len(self.output) - 1, content_index=0,
+                                  delta=delta, logprobs=[]))
+        return events
+
+    def reasoning(self, delta: str) -> list[dict]:
+        if not delta:
+            return []
+        events = self._ensure("reasoning")
+        item = self._open
+        item["content"][0]["text"] += delta
+        events.append(self._event("response.reasoning_text.delta", item_id=item["id"],
+                                  output_index=len(self.output) - 1, content_index=0,
+                                  delta=delta))
+        return events
+
+    def function_call(self, name: str, arguments: str, call_id: str | None = None) -> list[dict]:
+        """A complete call (the worker parses calls whole): added, arguments, done."""
+        events = self._close()
+        item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
+                "call_id": call_id or new_id("call"), "name": name, "arguments": ""}
+        self.output.append(item)
+        index = len(self.output) - 1
+        events.append(self._event("response.output_item.added", output_index=index,
+                                  item=dict(item)))
+        if arguments:
+            events.append(self._event("response.function_call_arguments.delta",
+                                      item_id=item["id"], output_index=index, delta=arguments))
+        item["arguments"] = arguments
+        events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                  output_index=index, name=name, arguments=arguments))
+        item["status"] = "completed"
+        events.append(self._event("response.output_item.done", output_index=index,
+                                  item=dict(item)))
+        return events
+
+    def _ensure(self, kind: str) -> list[dict]:
+        if self._open is not None and self._open["type"] == kind:
+            return []
+        events = self._close()
+        if kind == "message":
+            item = {"id": new_id("msg"), "type": "message", "role": "assistant",
+                    "status": "in_progress", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        else:
+            item = {"id": new_id("rs"), "type": "reasoning", "status": "in_progress",
+                    "summary": [], "content": []}
+            part = {"type": "reasoning_text", "text": ""}
+        self.output.append(item)
+        index = len(self.output) - 1
+        events.append(self._event("response.output_item.added", output_index=index,
+                                  item=_copy(item)))
+        item["content"].append(part)
+        events.append(self._event("response.content_part.added", item_id=item["id"],
+                                  output_index=index, content_index=0, part=dict(part)))
+        self._open = item
+        return events
+
+    def _close(self, status: str = "completed") -> list[dict]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        index = self.output.index(item)
+        part = item["content"][0]
+        events = []
+        if item["type"] == "message":
+            events.append(self._event("response.output_text.done", item_id=item["id"],
+                                      output_index=index, content_index=0,
+                                      text=part["text"], logprobs=[]))
+            events.append(self._event("response.content_part.done", item_id=item["id"],
+                                      output_index=index, content_index=0, part=dict(part)))
+        else:
+            events.append(self._event("response.reasoning_text.done", item_id=item["id"],
+                                      output_index=index, content_index=0, text=part["text"]))
+            events.append(self._event("response.content_part.done", item_id=item["id"],
+                                      output_index=index, content_index=0, part=dict(part)))
+        item["status"] = status
+        events.append(self._event("response.output_item.done", output_index=index,
+                                  item=_copy(item)))
+        return events
+
+    def finish(self, status: str, *, usage: dict | None = None, error: dict | None = None,
+               incomplete_reason: str | None = None) -> list[dict]:
+        """completed | incomplete (max_output_tokens) | failed (error) | cancelled."""
+        events = self._close("incomplete" if status == "incomplete" else "completed")
+        self.status = status
+        self.usage = usage
+        self.error = error
+        self.incomplete_reason = incomplete_reason
+        if status == "completed":
+            self.completed_at = int(time.time())
+        events.append(self._event(TERMINAL_EVENTS[status], response=self.response()))
+        return events
+
+
+def _copy(item: dict) -> dict:
+    return {**item, "content": [dict(p) for p in item.get("content", [])]}

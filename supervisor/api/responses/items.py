@@ -1,0 +1,181 @@
+"""Input items of the Responses API: normalised for storage, and turned into the chat
+messages the worker templates.
+
+Normalised items are what `GET /v1/responses/{id}/input_items` lists and what a later
+`previous_response_id` replays: every item has an `id` and a `type`, message content is
+always a list of parts.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from supervisor.api.params import invalid_type, invalid_value, unsupported
+
+INPUT_ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text", "text")  # "text" is a common alias
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def normalize_input(value) -> list[dict]:
+    """`input` (a string or a list of items) → normalised items. 400 on anything else."""
+    if isinstance(value, str):
+        return [_message("user", [{"type": "input_text", "text": value}])]
+    if not isinstance(value, list):
+        raise invalid_type("input", "a string or an array", value)
+    return [_item(i, item) for i, item in enumerate(value)]
+
+
+def _message(role: str, content: list, item_id: str | None = None, status: str = "completed") -> dict:
+    return {"id": item_id or new_id("msg"), "type": "message", "role": role,
+            "content": content, "status": status}
+
+
+def _item(i: int, item) -> dict:
+    where = f"input[{i}]"
+    if not isinstance(item, dict):
+        raise invalid_type(where, "an object", item)
+    kind = item.get("type", "message")
+    if kind == "message":
+        return _parse_message(where, item)
+    if kind == "function_call":
+        for key in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(key), str):
+                raise invalid_type(f"{where}.{key}", "a string", item.get(key))
+        return {"id": item.get("id") or new_id("fc"), "type": "function_call",
+                "call_id": item["call_id"], "name": item["name"],
+                "arguments": item["arguments"], "status": "completed"}
+    if kind == "function_call_output":
+        if not isinstance(item.get("call_id"), str):
+            raise invalid_type(f"{where}.call_id", "a string", item.get("call_id"))
+        output = item.get("output")
+        if isinstance(output, list):
+            output = _join_text(f"{where}.output", output)
+        elif not isinstance(output, str):
+            raise invalid_type(f"{where}.output", "a string or an array", output)
+        return {"id": item.get("id") or new_id("fco"), "type": "function_call_output",
+                "call_id": item["call_id"], "output": output, "status": "completed"}
+    if kind == "reasoning":
+        # Accepted and replayed as assistant context; never a reason to fail.
+        return {"id": item.get("id") or new_id("rs"), "type": "reasoning",
+                "summary": [p for p in item.get("summary") or [] if isinstance(p, dict)],
+                "content": [p for p in item.get("content") or [] if isinstance(p, dict)]}
+    if kind == "item_reference":
+        raise unsupported(f"{where}.type", "Item references are not supported by this server; "
+                          "send the item itself or use previous_response_id.")
+    raise invalid_value(f"{where}.type", f"Invalid value: '{kind}'. Supported input item types "
+                        "are: message, function_call, function_call_output, reasoning.")
+
+
+def _parse_message(where: str, item: dict) -> dict:
+    role = item.get("role")
+    if role not in INPUT_ROLES:
+        raise invalid_value(f"{where}.role", f"Invalid value: {role!r}. Supported values are: "
+                            + ", ".join(f"'{r}'" for r in INPUT_ROLES) + ".")
+    content = item.get("content")
+    part_type = "output_text" if role == "assistant" else "input_text"
+    if isinstance(content, str):
+        parts = [_part(f"{where}.content", {"type": part_type, "text": content}, part_type)]
+    elif isinstance(content, list):
+        parts = [_part(f"{where}.content[{j}]", p, part_type) for j, p in enumerate(content)]
+    else:
+        raise invalid_type(f"{where}.content", "a string or an array", content)
+    return _message(role, parts, item.get("id"), item.get("status") or "completed")
+
+
+def _part(where: str, part, part_type: str) -> dict:
+    if not isinstance(part, dict):
+        raise invalid_type(where, "an object", part)
+    kind = part.get("type")
+    if kind in TEXT_PARTS:
+        if not isinstance(part.get("text"), str):
+            raise invalid_type(f"{where}.text", "a string", part.get("text"))
+        out = {"type": part_type, "text": part["text"]}
+        if part_type == "output_text":
+            out["annotations"], out["logprobs"] = [], []
+        return out
+    if kind in ("input_image", "input_file", "input_audio"):
+        raise unsupported(f"{where}.type", f"'{kind}' content is not supported by this server "
+                          "yet: the served model takes text only.")
+    raise invalid_value(f"{where}.type", f"Invalid value: {kind!r}. Supported content part "
+                        "types are: input_text, output_text.")
+
+
+def _join_text(where: str, parts: list) -> str:
+    texts = []
+    for j, p in enumerate(parts):
+        if not isinstance(p, dict) or not isinstance(p.get("text"), str):
+            raise invalid_value(f"{where}[{j}]", "Only text parts are supported here.")
+        texts.append(p["text"])
+    return "".join(texts)
+
+
+def text_of(item: dict) -> str:
+    return "".join(p.get("text", "") for p in item.get("content", []))
+
+
+def to_chat_messages(items: list[dict], instructions: str | None) -> list[dict]:
+    """Conversation items → chat messages for the model's template.
+
+    developer maps to system; every system part, `instructions` first, merges into one
+    leading system message (many templates accept only one, at the start). Consecutive
+    function_call items become one assistant message with `tool_calls` (joined to the
+    assistant text before them); function_call_output becomes a `tool` message; a
+    reasoning item rides on the next assistant message as `reasoning_content`.
+    """
+    system = [instructions] if instructions else []
+    out: list[dict] = []
+    reasoning: list[str] = []
+
+    def assistant() -> dict:
+        if out and out[-1]["role"] == "assistant" and "tool_calls" not in out[-1]:
+            return out[-1]
+        msg = {"role": "assistant", "content": ""}
+        if reasoning:
+            msg["reasoning_content"] = "".join(reasoning)
+            reasoning.clear()
+        out.append(msg)
+        return msg
+
+    for item in items:
+        kind = item["type"]
+        if kind == "message":
+            role = item["role"]
+            if role in ("system", "developer"):
+                system.append(text_of(item))
+            elif role == "assistant":
+                msg = {"role": "assistant", "content": text_of(item)}
+                if reasoning:
+                    msg["reasoning_content"] = "".join(reasoning)
+                    reasoning.clear()
+                out.append(msg)
+            else:
+                out.append({"role": "user", "content": text_of(item)})
+        elif kind == "function_call":
+            msg = out[-1] if out and out[-1]["role"] == "assistant" else assistant()
+            msg.setdefault("tool_calls", []).append({
+                "id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        elif kind == "reasoning":
+            text = "".join(p.get("text", "") for p in item.get("content") or [])
+            text = text or "".join(p.get("text", "") for p in item.get("summary") or [])
+            if text:
+                reasoning.append(text)
+    if system:
+        out.insert(0, {"role": "system", "content": "\n\n".join(s for s in system if s)})
+    return out
+
+
+def output_to_items(output: list[dict]) -> list[dict]:
+    """A response's output items, as conversation items for the next turn."""
+    return [o for o in output if o.get("type") in ("message", "function_call", "reasoning")]
+
+
+def arguments_json(arguments) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)

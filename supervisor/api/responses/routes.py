@@ -1,0 +1,220 @@
+"""The /v1/responses routes, the store's lifecycle and the registry of live runs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from supervisor.api import sse
+from supervisor.api.params import invalid_value, opt_int
+from supervisor.api.responses.builder import ResponseBuilder
+from supervisor.api.responses.items import output_to_items, to_chat_messages
+from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
+from supervisor.api.responses.runs import Run
+from supervisor.errors import APIError, read_json
+from supervisor.keys import CONFIG, POOL
+from supervisor.store import ChainError, ResponseStore
+
+log = logging.getLogger("mlxd.responses")
+
+
+@dataclass
+class Responses:
+    store: ResponseStore
+    max_chain_depth: int
+    runs: dict = field(default_factory=dict)  # id → Run, while generating
+
+
+RESPONSES = web.AppKey("responses", Responses)
+
+
+def setup(app: web.Application) -> None:
+    app.cleanup_ctx.append(_store_ctx)
+    r = app.router
+    r.add_post("/v1/responses", create)
+    r.add_get("/v1/responses/{id}", retrieve)
+    r.add_delete("/v1/responses/{id}", delete)
+    r.add_get("/v1/responses/{id}/input_items", input_items)
+    r.add_post("/v1/responses/{id}/cancel", cancel)
+
+
+async def _store_ctx(app: web.Application):
+    config = app[CONFIG]
+    store = ResponseStore(config.state_dir / "responses.db", max_count=config.store_max_count,
+                          max_age_s=config.store_max_age)
+    failed = await store.open()
+    if failed:
+        log.warning("%d responses were in progress when the server last stopped; marked failed",
+                    failed)
+    app[RESPONSES] = Responses(store, config.max_chain_depth)
+    try:
+        yield
+    finally:
+        runs = list(app[RESPONSES].runs.values())
+        for run in runs:
+            run.cancel()
+        if runs:
+            await asyncio.wait([r.finished.wait() for r in runs], timeout=5)
+        await store.close()
+
+
+async def _conversation(svc: Responses, req: ResponsesRequest) -> list:
+    if req.previous_response_id is None:
+        return list(req.input_items)
+    try:
+        chain = await svc.store.chain(req.previous_response_id, svc.max_chain_depth)
+    except ChainError as e:
+        if e.missing_id is not None:
+            raise APIError(404, str(e), param="previous_response_id",
+                           code="previous_response_not_found") from None
+        raise APIError.bad_request(str(e), "previous_response_id") from None
+    items = []
+    for rec in chain:
+        items += rec.input_items + output_to_items(rec.response.get("output") or [])
+    return items + list(req.input_items)
+
+
+def generate_fields(req: ResponsesRequest, items: list) -> dict:
+    """Generate's keyword arguments for a Responses request."""
+    return {"messages": to_chat_messages(items, req.instructions),
+            "max_tokens": req.max_output_tokens, "temperature": req.temperature,
+            "top_p": req.top_p}
+
+
+async def create(request: web.Request) -> web.StreamResponse:
+    req = parse_responses_request(await read_json(request))
+    config, svc = request.app[CONFIG], request.app[RESPONSES]
+    runner = request.app[POOL].get(req.model)
+    items = await _conversation(svc, req)
+    handle = runner.submit(generate_fields(req, items))
+    run = Run(ResponseBuilder(req, runner.id), handle, svc.store if req.store else None,
+              req.input_items, queue_timeout=config.queue_timeout,
+              request_timeout=config.request_timeout)
+    headers = {}
+    if req.skipped_tools:
+        headers["X-MLXD-Warning"] = ("skipped tools this server cannot run: "
+                                     + ", ".join(sorted(set(req.skipped_tools))))
+    if req.background:
+        return await _background(svc, run, headers)
+    try:
+        await run.wait_started()
+    except BaseException:
+        handle.close()
+        raise
+    await run.save("in_progress")
+    svc.runs[run.id] = run
+    run.task = asyncio.create_task(run.generate())
+    run.task.add_done_callback(lambda _: svc.runs.pop(run.id, None))
+    try:
+        if req.stream:
+            return await _stream(request, run, headers)
+        await asyncio.shield(run.finished.wait())
+        return web.json_response(run.builder.response(), headers=headers)
+    except asyncio.CancelledError:
+        run.cancel()  # a foreground run ends with its client
+        raise
+
+
+async def _background(svc: Responses, run: Run, headers: dict) -> web.Response:
+    """Answer at once with the queued response; generate detached from this connection."""
+    run.builder.status = "queued"
+    await run.save("queued")
+    svc.runs[run.id] = run
+
+    async def detached():
+        try:
+            await run.wait_started()
+        except APIError as e:
+            run.handle.close()
+            await run.fail_before_start(e)
+            return
+        run.builder.status = "in_progress"
+        await run.generate()
+
+    run.task = asyncio.create_task(detached())
+    run.task.add_done_callback(lambda _: svc.runs.pop(run.id, None))
+    return web.json_response(run.builder.response(), headers=headers)
+
+
+async def _stream(request: web.Request, run: Run, headers: dict, start: int = 0):
+    resp = await sse.open_stream(request, headers=headers)
+    async for event in run.follow(start):
+        await resp.write(sse.encode_event(event))
+    await resp.write_eof()
+    return resp
+
+
+async def _stored(request: web.Request):
+    svc = request.app[RESPONSES]
+    rid = request.match_info["id"]
+    rec = await svc.store.get(rid)
+    if rec is None:
+        raise APIError(404, f"Response with id '{rid}' not found.", param="response_id",
+                       code="not_found")
+    return svc, rec
+
+
+async def retrieve(request: web.Request) -> web.StreamResponse:
+    svc, rec = await _stored(request)
+    run = svc.runs.get(rec.id)
+    if request.query.get("stream") in ("true", "1"):
+        if run is None:
+            raise APIError.bad_request("Only a response that is still being generated can be "
+                                       "streamed; this one has finished.", "stream")
+        return await _stream(request, run, {}, _starting_after(request))
+    return web.json_response(run.builder.response() if run is not None else rec.response)
+
+
+def _starting_after(request: web.Request) -> int:
+    raw = request.query.get("starting_after")
+    if raw is None:
+        return 0
+    try:
+        return int(raw) + 1
+    except ValueError:
+        raise invalid_value("starting_after", "expected an integer sequence number.") from None
+
+
+async def delete(request: web.Request) -> web.Response:
+    svc, rec = await _stored(request)
+    run = svc.runs.get(rec.id)
+    if run is not None:
+        run.cancel()
+    await svc.store.delete(rec.id)
+    return web.json_response({"id": rec.id, "object": "response", "deleted": True})
+
+
+async def input_items(request: web.Request) -> web.Response:
+    _, rec = await _stored(request)
+    q = dict(request.query)
+    limit = opt_int({"limit": int(q["limit"]) if q.get("limit", "").isdigit() else q.get("limit")},
+                    "limit", 1, 100) or 20
+    order = q.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise invalid_value("order", "expected 'asc' or 'desc'.")
+    items = list(rec.input_items if order == "asc" else reversed(rec.input_items))
+    if q.get("after"):
+        ids = [i["id"] for i in items]
+        if q["after"] not in ids:
+            raise invalid_value("after", f"No input item with id '{q['after']}'.")
+        items = items[ids.index(q["after"]) + 1:]
+    page = items[:limit]
+    return web.json_response({"object": "list", "data": page,
+                              "first_id": page[0]["id"] if page else None,
+                              "last_id": page[-1]["id"] if page else None,
+                              "has_more": len(items) > limit})
+
+
+async def cancel(request: web.Request) -> web.Response:
+    svc, rec = await _stored(request)
+    if not rec.response.get("background"):
+        raise APIError.bad_request("Only background responses can be cancelled.", "response_id")
+    run = svc.runs.get(rec.id)
+    if run is None:  # already finished: cancelling is a no-op
+        return web.json_response(rec.response)
+    run.cancel()
+    await asyncio.wait_for(asyncio.shield(run.finished.wait()), 10)
+    return web.json_response(run.builder.response())

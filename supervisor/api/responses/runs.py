@@ -1,0 +1,112 @@
+"""A Responses API generation in flight, decoupled from any one connection.
+
+A `Run` drives one RequestHandle to its end and records every streaming event; whoever
+wants them (the creating request's SSE stream, a later `GET ?stream=true`, or nobody for a
+background response being polled) follows the list. Foreground runs are cancelled when
+their client leaves; background runs live until done or `POST .../cancel`. The store is
+updated when a run starts and when it ends, so a poll always finds the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import AsyncIterator
+
+from supervisor.api.responses.builder import ResponseBuilder, usage
+from supervisor.errors import APIError
+from supervisor.store import ResponseStore, StoredResponse
+
+log = logging.getLogger("mlxd.responses")
+
+
+class Run:
+    def __init__(self, builder: ResponseBuilder, handle, store: ResponseStore | None,
+                 input_items: list, *, queue_timeout: float, request_timeout: float):
+        self.builder = builder
+        self.handle = handle
+        self.store = store
+        self.input_items = input_items
+        self.queue_timeout = queue_timeout
+        self.request_timeout = request_timeout
+        self.events: list[dict] = []
+        self.finished = asyncio.Event()
+        self._changed = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    @property
+    def id(self) -> str:
+        return self.builder.id
+
+    def _emit(self, events: list[dict]) -> None:
+        if events:
+            self.events.extend(events)
+            self._changed.set()
+
+    async def wait_started(self):
+        """Until the worker took the prompt: errors before that are plain HTTP errors
+        (400 context too long, 503 busy), not a failed response."""
+        return await self.handle.started(self.queue_timeout)
+
+    async def save(self, status: str | None = None) -> None:
+        if self.store is not None:
+            b = self.builder
+            await self.store.put(StoredResponse(
+                b.id, float(b.created_at), status or b.status, b.response(), self.input_items,
+                b.req.previous_response_id))
+
+    async def generate(self) -> None:
+        """After wait_started(): stream the worker's output into events, then finish."""
+        b, handle = self.builder, self.handle
+        self._emit(b.start())
+        try:
+            async for batch in handle.deltas(time.monotonic() + self.request_timeout):
+                for d in batch:
+                    self._emit(b.text(d.text))
+            done = handle.done
+            u = usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
+            if done.finish_reason == "cancelled":
+                self._emit(b.finish("cancelled", usage=u))
+            elif done.finish_reason == "length":
+                self._emit(b.finish("incomplete", usage=u, incomplete_reason="max_output_tokens"))
+            else:
+                self._emit(b.finish("completed", usage=u))
+        except APIError as e:
+            # Mid-stream failures (worker died: retryable; timeout) end the response.
+            self._emit(b.finish("failed", error={"code": "server_error", "message": e.message}))
+        finally:
+            handle.close()
+            await self._final_save()
+
+    async def _final_save(self) -> None:
+        try:
+            if self.store is not None:
+                await self.store.update(self.id, self.builder.status, self.builder.response())
+        finally:
+            self.finished.set()
+            self._changed.set()
+
+    async def fail_before_start(self, error: APIError) -> None:
+        """A background run whose request was refused (context too long, ...): the
+        response is failed rather than an HTTP error nobody is there to read."""
+        self._emit(self.builder.finish("failed", error={"code": "server_error",
+                                                         "message": error.message}))
+        await self._final_save()
+
+    async def follow(self, start: int = 0) -> AsyncIterator[dict]:
+        """Every event from `start`, as they come, until the run has finished."""
+        i = start
+        while True:
+            while i < len(self.events):
+                yield self.events[i]
+                i += 1
+            if self.finished.is_set():
+                return
+            self._changed.clear()
+            if i < len(self.events):
+                continue
+            await self._changed.wait()
+
+    def cancel(self) -> None:
+        self.handle.cancel()
