@@ -69,6 +69,26 @@ def test_stream_events_lifecycle_and_same_text(http, model_id):
     assert text == create(http, model_id).json()["output"][0]["content"][0]["text"]
 
 
+def test_get_with_stream_replays_the_events(http, model_id):
+    live = stream(http, model_id)
+    rid = live[0]["response"]["id"]
+    with http.stream("GET", f"/v1/responses/{rid}", params={"stream": "true"}) as r:
+        replayed = sse_events(r)
+    final = check_events(replayed)
+
+    def kinds(evs):  # the replay tells each item's text in one delta
+        out = [e["type"] for e in evs]
+        return [k for i, k in enumerate(out) if not (k.endswith(".delta") and out[i - 1] == k)]
+    assert kinds(replayed) == kinds(live)
+    deltas = lambda evs: "".join(e.get("delta", "") for e in evs)  # noqa: E731
+    assert deltas(replayed) == deltas(live)
+    assert final == live[-1]["response"]
+    with http.stream("GET", f"/v1/responses/{rid}",
+                     params={"stream": "true", "starting_after": 3}) as r:
+        tail = sse_events(r)
+    assert tail[0]["sequence_number"] == 4 and tail == replayed[4:]
+
+
 def test_previous_response_chain_and_instructions_not_inherited(http, model_id):
     instructions = "You are a careful assistant who answers in full sentences. " * 4
     t1 = create(http, model_id, instructions=instructions, input="first").json()

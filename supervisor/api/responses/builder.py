@@ -87,10 +87,10 @@ class ResponseBuilder:
         self.status = "queued"
         return [self._event("response.queued", response=self.response())]
 
-    def text(self, delta: str) -> list[dict]:
+    def text(self, delta: str, item_id: str | None = None) -> list[dict]:
         if not delta:
             return []
-        events = self._ensure("message")
+        events = self._ensure("message", item_id)
         item = self._open
         item["content"][0]["text"] += delta
         events.append(self._event("response.output_text.delta", item_id=item["id"],
@@ -98,10 +98,10 @@ class ResponseBuilder:
                                   delta=delta, logprobs=[]))
         return events
 
-    def reasoning(self, delta: str) -> list[dict]:
+    def reasoning(self, delta: str, item_id: str | None = None) -> list[dict]:
         if not delta:
             return []
-        events = self._ensure("reasoning")
+        events = self._ensure("reasoning", item_id)
         item = self._open
         item["content"][0]["text"] += delta
         events.append(self._event("response.reasoning_text.delta", item_id=item["id"],
@@ -109,10 +109,11 @@ class ResponseBuilder:
                                   delta=delta))
         return events
 
-    def function_call(self, name: str, arguments: str, call_id: str | None = None) -> list[dict]:
+    def function_call(self, name: str, arguments: str, call_id: str | None = None,
+                      item_id: str | None = None) -> list[dict]:
         """A complete call (the worker parses calls whole): added, arguments, done."""
         events = self._close()
-        item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
+        item = {"id": item_id or new_id("fc"), "type": "function_call", "status": "in_progress",
                 "call_id": call_id or new_id("call"), "name": name, "arguments": ""}
         self.output.append(item)
         index = len(self.output) - 1
@@ -129,16 +130,16 @@ class ResponseBuilder:
                                   item=dict(item)))
         return events
 
-    def _ensure(self, kind: str) -> list[dict]:
+    def _ensure(self, kind: str, item_id: str | None = None) -> list[dict]:
         if self._open is not None and self._open["type"] == kind:
             return []
         events = self._close()
         if kind == "message":
-            item = {"id": new_id("msg"), "type": "message", "role": "assistant",
+            item = {"id": item_id or new_id("msg"), "type": "message", "role": "assistant",
                     "status": "in_progress", "content": []}
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         else:
-            item = {"id": new_id("rs"), "type": "reasoning", "status": "in_progress",
+            item = {"id": item_id or new_id("rs"), "type": "reasoning", "status": "in_progress",
                     "summary": [], "content": []}
             part = {"type": "reasoning_text", "text": ""}
         self.output.append(item)
@@ -190,3 +191,43 @@ class ResponseBuilder:
 
 def _copy(item: dict) -> dict:
     return {**item, "content": [dict(p) for p in item.get("content", [])]}
+
+
+class _Replay(ResponseBuilder):
+    """A finished stored response, re-told as the events that produced it."""
+
+    def __init__(self, stored: dict):
+        self.stored = stored
+        super().__init__(req=None, model=stored.get("model", ""), id=stored["id"],
+                         created_at=stored.get("created_at", 0))
+
+    def response(self) -> dict:
+        obj = {**self.stored, "status": self.status, "output": self.output}
+        if self.status == "in_progress":  # as it looked before it finished
+            obj.pop("usage", None)
+            obj.update(error=None, incomplete_details=None, completed_at=None)
+        return obj
+
+
+def replay(stored: dict) -> list[dict]:
+    """The streaming events of a finished response, from its stored object (each
+    item's text in one delta: the stored object does not keep the original chunking)."""
+    b = _Replay(stored)
+    events = b.start()
+    for item in stored.get("output") or []:
+        kind = item.get("type")
+        if kind == "message":
+            events += b.text("".join(p.get("text", "") for p in item.get("content") or []),
+                             item.get("id"))
+        elif kind == "reasoning":
+            events += b.reasoning("".join(p.get("text", "") for p in item.get("content") or []),
+                                  item.get("id"))
+        elif kind == "function_call":
+            events += b.function_call(item["name"], item["arguments"], item.get("call_id"),
+                                      item.get("id"))
+    events += b._close("incomplete" if stored["status"] == "incomplete" else "completed")
+    b.output = stored.get("output") or b.output  # the stored items, ids and all
+    b.status = stored["status"]
+    events.append(b._event(TERMINAL_EVENTS.get(stored["status"], "response.completed"),
+                           response=b.response()))
+    return events

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from supervisor.api import sse
 from supervisor.api.params import invalid_value, opt_int
-from supervisor.api.responses.builder import ResponseBuilder
+from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items, to_chat_messages
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
 from supervisor.api.responses.runs import Run
@@ -161,10 +161,14 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     svc, rec = await _stored(request)
     run = svc.runs.get(rec.id)
     if request.query.get("stream") in ("true", "1"):
-        if run is None:
-            raise APIError.bad_request("Only a response that is still being generated can be "
-                                       "streamed; this one has finished.", "stream")
-        return await _stream(request, run, {}, _starting_after(request))
+        start = _starting_after(request)
+        if run is not None:
+            return await _stream(request, run, {}, start)
+        resp = await sse.open_stream(request)
+        for event in replay(rec.response)[start:]:
+            await resp.write(sse.encode_event(event))
+        await resp.write_eof()
+        return resp
     return web.json_response(run.builder.response() if run is not None else rec.response)
 
 
