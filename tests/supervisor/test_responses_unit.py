@@ -1,0 +1,127 @@
+"""Responses API pieces without a server: request parsing, items → chat messages, and
+the event builder checked against OpenAI's spec."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.api.responses.builder import ResponseBuilder, replay, usage
+from supervisor.api.responses.items import normalize_input, output_to_items, to_chat_messages
+from supervisor.api.responses.request import parse_responses_request
+from supervisor.errors import APIError
+from tests.schema import validate
+
+
+def req(**kw):
+    return parse_responses_request({"model": "m", "input": "hi", **kw})
+
+
+def test_builder_events_for_reasoning_text_and_calls_are_valid_and_ordered():
+    b = ResponseBuilder(req(tools=[{"type": "function", "name": "f", "parameters": {}}]), "m")
+    events = b.start()
+    events += b.reasoning("thinking ") + b.reasoning("more")
+    events += b.text("Hello") + b.text(" world")
+    events += b.function_call("f", '{"a": 1}')
+    events += b.function_call("f", '{"a": 2}')
+    events += b.text("after")
+    events += b.finish("completed", usage=usage(5, 9, reasoning_tokens=3))
+    for ev in events:
+        validate(ev, "ResponseStreamEvent")
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    final = events[-1]["response"]
+    validate(final, "Response")
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call",
+                                                    "function_call", "message"]
+    assert final["output"][0]["content"][0]["text"] == "thinking more"
+    assert final["output"][1]["content"][0]["text"] == "Hello world"
+    calls = [o for o in final["output"] if o["type"] == "function_call"]
+    assert len({c["call_id"] for c in calls}) == 2 and calls[1]["arguments"] == '{"a": 2}'
+    kinds = [e["type"] for e in events]
+    assert kinds.count("response.output_item.added") == kinds.count("response.output_item.done") == 5
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 3
+
+
+@pytest.mark.parametrize("status,extra,event", [
+    ("incomplete", {"incomplete_reason": "max_output_tokens"}, "response.incomplete"),
+    ("failed", {"error": {"code": "server_error", "message": "worker died; retry"}},
+     "response.failed"),
+])
+def test_terminal_states(status, extra, event):
+    b = ResponseBuilder(req(), "m")
+    events = b.start() + b.text("x") + b.finish(status, usage=usage(1, 1), **extra)
+    for ev in events:
+        validate(ev, "ResponseStreamEvent")
+    assert events[-1]["type"] == event and events[-1]["response"]["status"] == status
+
+
+def test_replay_retells_a_stored_response():
+    b = ResponseBuilder(req(), "m")
+    live = b.start() + b.reasoning("r") + b.text("a") + b.text("b") + b.function_call("f", "{}")
+    live += b.finish("completed", usage=usage(1, 3))
+    again = replay(live[-1]["response"])
+    for ev in again:
+        validate(ev, "ResponseStreamEvent")
+    assert again[-1]["response"] == live[-1]["response"]
+    assert [e.get("item_id") for e in again] == [e.get("item_id") for e in live
+                                                 if e["type"] != "response.output_text.delta"
+                                                 or e["delta"] == "a"]
+
+
+def test_items_to_chat_messages():
+    items = normalize_input([
+        {"role": "developer", "content": "rule one"},
+        {"role": "system", "content": [{"type": "input_text", "text": "rule two"}]},
+        {"role": "user", "content": "call it"},
+        {"type": "reasoning", "id": "rs_1", "summary": [],
+         "content": [{"type": "reasoning_text", "text": "I should call f"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "g", "arguments": '{"x":1}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "one"},
+        {"type": "function_call_output", "call_id": "c2",
+         "output": [{"type": "input_text", "text": "two"}]},
+        {"role": "assistant", "content": "done"},
+    ])
+    msgs = to_chat_messages(items, "be brief")
+    assert msgs[0] == {"role": "system", "content": "be brief\n\nrule one\n\nrule two"}
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    call = msgs[2]
+    assert call["reasoning_content"] == "I should call f"
+    assert [c["id"] for c in call["tool_calls"]] == ["c1", "c2"]
+    assert call["tool_calls"][1]["function"] == {"name": "g", "arguments": '{"x":1}'}
+    assert msgs[3] == {"role": "tool", "tool_call_id": "c1", "content": "one"}
+    assert msgs[4]["content"] == "two"
+    assert all("id" in i for i in items)
+
+
+def test_output_items_replay_as_input():
+    out = [{"type": "message", "role": "assistant", "content": [{"type": "output_text",
+            "text": "hi", "annotations": [], "logprobs": []}], "id": "m", "status": "completed"},
+           {"type": "function_call", "id": "f", "call_id": "c", "name": "n", "arguments": "{}"}]
+    msgs = to_chat_messages(output_to_items(out), None)
+    assert msgs == [{"role": "assistant", "content": "hi", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "n", "arguments": "{}"}}]}]
+
+
+def test_request_tools_choice_and_formats():
+    r = req(tools=[{"type": "function", "name": "a", "parameters": {"type": "object"}},
+                   {"type": "function", "function": {"name": "b", "description": "nested"}},
+                   {"type": "web_search"}, {"type": "file_search"}],
+            tool_choice={"type": "function", "name": "b"},
+            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+            reasoning={"effort": "low"}, metadata={"k": "v"}, instructions="sys")
+    assert [t["name"] for t in r.tools] == ["a", "b"] and r.tools[1]["description"] == "nested"
+    assert r.skipped_tools == ["web_search", "file_search"]
+    assert r.tool_choice == {"type": "function", "name": "b"}
+    assert r.text_format["type"] == "json_schema" and r.reasoning_effort == "low"
+    with pytest.raises(APIError) as e:
+        req(tool_choice={"type": "function", "name": "missing"})
+    assert e.value.param == "tool_choice.name"
+    with pytest.raises(APIError) as e:
+        req(tool_choice="required")
+    assert e.value.param == "tool_choice"
+    with pytest.raises(APIError) as e:
+        req(text={"format": {"type": "json_schema", "schema": {}}})
+    assert e.value.param == "text.format.name"
+    with pytest.raises(APIError) as e:
+        parse_responses_request({"model": "m"})
+    assert e.value.param == "input"
