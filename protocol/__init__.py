@@ -17,7 +17,10 @@ from protocol.messages import (
     Started,
     Status,
     StatusRequest,
+    ToolCall,
+    pack_floats,
     pack_ids,
+    unpack_floats,
     unpack_ids,
 )
 
@@ -25,5 +28,5 @@ __all__ = [
     "PROTOCOL_VERSION", "ProtocolError", "encode", "decode_down", "decode_up",
     "Generate", "Cancel", "StatusRequest", "Shutdown",
     "Ready", "Started", "Delta", "Done", "Error", "Status", "Heartbeat",
-    "pack_ids", "unpack_ids",
+    "ToolCall", "pack_ids", "unpack_ids", "pack_floats", "unpack_floats",
 ]

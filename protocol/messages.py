@@ -43,6 +43,43 @@ def unpack_ids(data: bytes) -> list[int]:
     return a.tolist()
 
 
+def pack_floats(values) -> bytes:
+    """Logprob arrays travel packed as little-endian float32, like token ids."""
+    a = array("f", values)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+def unpack_floats(data: bytes) -> list[float]:
+    a = array("f")
+    a.frombytes(data)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tolist()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed tool call (not a message: an item of Delta.tool_calls). Independent of
+    any API's JSON shape; chat completions and the Responses API each render it.
+    On the wire it is the list [index, id, name, arguments] (to_wire/from_wire)."""
+    index: int        # 0, 1, ... in the order the model made the calls
+    id: str           # "call_..." (or the model's own id, when its format has one)
+    name: str
+    arguments: str    # a JSON object, as text
+
+    def to_wire(self) -> list:
+        return [self.index, self.id, self.name, self.arguments]
+
+    @classmethod
+    def from_wire(cls, item) -> "ToolCall":
+        if not (isinstance(item, (list, tuple)) and len(item) == 4
+                and isinstance(item[0], int) and all(isinstance(x, str) for x in item[1:])):
+            raise ValueError(f"not a tool call: {item!r}")
+        return cls(item[0], item[1], item[2], item[3])
+
+
 # ---- down: supervisor → worker -------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -66,6 +103,20 @@ class Generate:
     stop: list = field(default_factory=list)  # up to 4 strings, never returned in text
     template_kwargs: Optional[dict] = None
     log_prompt: bool = False              # the worker may log prompt text only if set
+    # Tools, in chat completions' nested form ({"type": "function", "function": {...}}):
+    # rendered by the chat template, read by the tool-call parser and the grammar.
+    tools: Optional[list] = None
+    tool_choice: Optional[str] = None     # "none" | "auto" | "required"; None: auto
+    allowed_tools: Optional[list] = None  # names a call may use (named choice: one); None: all
+    parallel_tool_calls: bool = True
+    response_format: Optional[str] = None  # None | "text" | "json_object" | "json_schema"
+    json_schema: Optional[dict] = None    # the schema of "json_schema"
+    logprobs: bool = False                # per-token logprobs in the Deltas
+    top_logprobs: int = 0                 # alternatives per token (0..20)
+    logit_bias: Optional[list] = None     # [[token id, bias], ...] (msgpack keys are strings)
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    reasoning_effort: Optional[str] = None  # mapped onto the template's thinking switch
 
 
 @dataclass(frozen=True)
@@ -116,12 +167,24 @@ class Started:
 
 @dataclass(frozen=True)
 class Delta:
-    """All output of one decode step for one request."""
+    """All output of one or more decode steps for one request (steps faster than the
+    stream interval share one Delta: text is concatenated, per-token arrays are packed back
+    to back, each aligned with `token_ids`).
+
+    `text` is the answer only: reasoning goes to `reasoning`, tool-call markup never
+    appears in either; each complete call comes once in `tool_calls`."""
     kind: ClassVar[str] = "delta"
     epoch: int
     rid: str
     text: str
     token_ids: bytes = b""  # packed (pack_ids)
+    reasoning: str = ""
+    tool_calls: list = field(default_factory=list)  # ToolCall.to_wire() each
+    logprobs: bytes = b""       # float32 per token (pack_floats); empty unless asked
+    top_ids: bytes = b""        # uint32, Generate.top_logprobs per token
+    top_logprobs: bytes = b""   # float32, aligned with top_ids
+    token_bytes: list = field(default_factory=list)  # per token: its bytes, then its
+    #                                                  alternatives' bytes (1 + top each)
 
 
 @dataclass(frozen=True)
@@ -134,6 +197,7 @@ class Done:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0   # of completion_tokens, those spent reasoning
 
 
 @dataclass(frozen=True)

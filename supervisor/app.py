@@ -1,4 +1,10 @@
-"""The aiohttp application factory."""
+"""The aiohttp application factory.
+
+Middlewares, outermost first: metrics (sees every final status), errors (the OpenAI
+envelope, X-Request-ID), admin auth (only for /admin/*). Shutdown (SIGTERM/SIGINT):
+aiohttp stops listening, then `_drain_then_cancel` lets accepted requests finish for up
+to --shutdown-timeout and cancels the rest, then the pool stops the workers.
+"""
 
 from __future__ import annotations
 
@@ -10,39 +16,50 @@ from aiohttp import web
 from protocol.sockets import make_runtime_dir, remove_runtime_dir
 from supervisor.api.chat import chat_completions
 from supervisor.api.completions import completions
-from supervisor.api.models import get_model, health, list_models
+from supervisor.api.models import health
 from supervisor.api.responses import routes as responses
+from supervisor import admin, listing, metrics
 from supervisor.config import Config
 from supervisor.errors import install
 from supervisor.keys import CONFIG, POOL
+from supervisor.memory import Probe
 from supervisor.pool import Pool, process_link_factory
 
 log = logging.getLogger("mlxd")
 
 
-def create_app(config: Config, *, factory_for=None) -> web.Application:
-    """`factory_for(model) -> LinkFactory` replaces real worker processes (tests)."""
+def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) -> web.Application:
+    """`factory_for(model) -> LinkFactory` replaces real worker processes and `probe`
+    the memory readings (tests)."""
     app = web.Application(client_max_size=config.max_body_bytes)
     install(app)
+    metrics.install(app)
+    admin.setup(app, config)
     app[CONFIG] = config
-    app.cleanup_ctx.append(_workers(factory_for))
-    app.on_shutdown.append(_cancel_requests)
+    app.cleanup_ctx.append(_workers(factory_for, probe))
+    app.on_shutdown.append(_drain_then_cancel)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model:.+}", get_model)
+    listing.setup(app, config)
     app.router.add_get("/health", health)
     responses.setup(app)
     return app
 
 
-async def _cancel_requests(app: web.Application) -> None:
-    """Shutdown: before aiohttp waits for handlers, end every request (queued ones at
-    once, running ones through a cancel), so no stream holds the exit up."""
-    app[POOL].begin_shutdown()
+async def _drain_then_cancel(app: web.Application) -> None:
+    """Shutdown, before aiohttp waits for handlers: refuse new requests, give accepted
+    ones --shutdown-timeout to finish, then end the rest (queued ones at once, running
+    ones through a cancel) so no stream holds the exit up."""
+    pool, timeout = app[POOL], app[CONFIG].shutdown_timeout
+    busy = sum(len(r.queue) + len(r.inflight) for r in pool.all_runners())
+    if busy:
+        log.info("shutting down: letting %d request(s) finish (up to %g s)", busy, timeout)
+    if not await pool.drain(timeout):
+        log.warning("shutting down: requests still running after %g s are cancelled", timeout)
+    pool.begin_shutdown()
 
 
-def _workers(factory_for):
+def _workers(factory_for, probe: Probe | None):
     async def ctx(app: web.Application):
         config = app[CONFIG]
         zctx = runtime_dir = None
@@ -52,10 +69,11 @@ def _workers(factory_for):
             make = lambda model: process_link_factory(config, model, runtime_dir, zctx)  # noqa: E731
         else:
             make = factory_for
-        pool = Pool(config, make)
+        pool = Pool(config, make, probe=probe, observer=app[metrics.METRICS])
         app[POOL] = pool
         for model in config.models:
-            pool.add(model)
+            pool.add(model, pinned=True)
+        pool.start()
         try:
             yield
         finally:

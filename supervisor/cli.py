@@ -50,6 +50,9 @@ OPTIONS = [
     ("--max-chain-depth", "max_chain_depth", int, "longest previous_response_id chain rebuilt"),
     ("--log-prompts", "log_prompts", bool, "allow prompt text in logs (off by default)"),
     ("--log-level", "log_level", str, "debug, info, warning or error"),
+    ("--default-max-tokens", "default_max_tokens", int, "max_tokens for requests that give none (default: up to the context; 16 for /v1/completions)"),
+    ("--default-temperature", "default_temperature", float, "temperature for requests that give none (default 1.0)"),
+    ("--default-repetition-penalty", "default_repetition_penalty", float, "repetition_penalty for requests that give none (default: off)"),
 ]
 
 
@@ -128,8 +131,11 @@ def serve(config: Config) -> None:
     log = logging.getLogger("mlxd")
     log.info("mlxd serving %s on http://%s:%d (state in %s)", ", ".join(config.models),
              config.host, config.port, config.state_dir)
+    # aiohttp's shutdown_timeout is its wait for handlers after our drain has already
+    # cancelled what was left (app._drain_then_cancel): a cancel's grace is enough.
     web.run_app(create_app(config), host=config.host, port=config.port,
-                handler_cancellation=True, print=None, access_log=None)
+                handler_cancellation=True, print=None, access_log=None,
+                shutdown_timeout=config.cancel_grace + 5)
 
 
 def main(argv: list[str] | None = None) -> None:

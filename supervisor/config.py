@@ -88,6 +88,11 @@ class Config:
     max_chain_depth: int = 100
     log_prompts: bool = False
     log_level: str = "info"
+    # Generation defaults for what a request leaves out (None: the endpoint's own
+    # default: up to the context for chat, 16 for legacy completions; 1.0; none).
+    default_max_tokens: int | None = None
+    default_temperature: float | None = None
+    default_repetition_penalty: float | None = None
 
     def logs(self) -> Path:
         return self.log_dir or self.state_dir / "logs"

@@ -1,11 +1,20 @@
-"""`mlxctl`: administer a running mlxd.
+"""`mlxctl`: administer mlxd.
 
-    mlxctl status [--json]      workers, their state and load (from /health)
-    mlxctl serve [MLXD FLAGS]   run the server in the foreground (same as `mlxd`)
+    mlxctl status                      workers: state, memory, load, tokens/s; memory free
+    mlxctl models                      local MLX models with sizes, and which are loaded
+    mlxctl swap MODEL [--drain|--force] [--replace OLD]...
+    mlxctl load MODEL | unload MODEL [--drain|--force]
+    mlxctl kill [MODEL] [--no-restart] hard-cancel everything on a worker (all without MODEL)
+    mlxctl pull MODEL [--revision R]   download from Hugging Face into the local cache
+    mlxctl logs [-f] [-n LINES]        the server's log
+    mlxctl service install [MLXD FLAGS] | uninstall | start | stop | status
+    mlxctl serve [MLXD FLAGS]          run the server in the foreground (same as `mlxd`)
 
-The server is found through --url or MLXD_URL (default http://127.0.0.1:8080).
-Exit codes: 0 ok, 1 the server answered but is not healthy, 2 usage error,
-3 the server is not running (or not reachable).
+The server is found through --url or MLXD_URL (default http://127.0.0.1:8080); the admin
+token is read from the state directory (--state-dir, MLXD_STATE_DIR, or the platform's
+place, as for mlxd). Human tables by default, --json for scripts.
+Exit codes: 0 ok, 1 the server answered with an error or is not healthy, 2 usage error,
+3 the server is not running (or not reachable), 4 refused (admin token missing or wrong).
 """
 
 from __future__ import annotations
@@ -14,76 +23,357 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from supervisor.admin_token import read_token, token_path
+from supervisor.config import default_log_dir, default_state_dir
+from supervisor.ctl_format import format_models, format_status
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_DOWN = 0, 1, 2, 3
+EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_DOWN, EXIT_REFUSED = 0, 1, 2, 3, 4
+HEALTHY = ("ok", "idle")
+# The files mlx-lm's loader uses (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS): a worker finds a
+# pulled model complete in the cache without ever downloading.
+PULL_PATTERNS = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken",
+                 "tiktoken.model", "*.txt", "*.jsonl", "*.jinja"]
 
 
 class ServerDown(Exception):
     pass
 
 
-def get_json(url: str, path: str, timeout: float = 5.0) -> tuple[int, dict]:
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
+class Refused(Exception):
+    pass
+
+
+class Failed(Exception):
+    """The server answered with an error envelope."""
+
+    def __init__(self, status: int, body: dict):
+        err = body.get("error") if isinstance(body, dict) else None
+        msg = err.get("message") if isinstance(err, dict) else None
+        super().__init__(msg or f"HTTP {status}")
+        self.status, self.body = status, body
+
+
+def hf_download(model: str, revision: str | None) -> str:
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(model, revision=revision, allow_patterns=PULL_PATTERNS)
+
+
+@dataclass
+class Deps:
+    """What tests replace: the downloader and the service manager's command runner."""
+    download: Callable[[str, str | None], str] = hf_download
+    service_runner: Callable | None = None
+    home: Path | None = None
+    platform: str = sys.platform
+
+
+@dataclass
+class Client:
+    url: str
+    state_dir: Path
+    timeout: float = 600.0
+    token: str | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        self.token = read_token(self.state_dir)
+
+    def call(self, method: str, path: str, body: dict | None = None,
+             timeout: float | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url.rstrip("/") + path, data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            return e.code, json.load(e)
-        except ValueError:
-            return e.code, {}
-    except (urllib.error.URLError, OSError) as e:
-        raise ServerDown(f"mlxd is not running at {url} ({getattr(e, 'reason', e)}); "
-                         "start it with `mlxctl serve --model MODEL` or `mlxctl service start`") from None
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as e:
+            try:
+                payload = json.load(e)
+            except ValueError:
+                payload = {}
+            if e.code in (401, 403):
+                raise Refused(self._refusal(e.code, payload)) from None
+            raise Failed(e.code, payload) from None
+        except (urllib.error.URLError, OSError) as e:
+            raise ServerDown(f"mlxd is not running at {self.url} ({getattr(e, 'reason', e)}); "
+                             "start it with `mlxctl serve --model MODEL` or "
+                             "`mlxctl service start`") from None
+
+    def _refusal(self, code: int, payload: dict) -> str:
+        msg = (payload.get("error") or {}).get("message", f"HTTP {code}")
+        if code == 403:
+            return f"the server refused: {msg}"
+        where = token_path(self.state_dir)
+        if self.token is None:
+            return (f"no admin token at {where}: is the server using another state "
+                    "directory? (pass --state-dir or set MLXD_STATE_DIR)")
+        return f"the server refused the admin token from {where}: {msg}"
 
 
-def _mib(n) -> str:
-    return f"{n / 2**20:.0f} MiB" if n else "-"
+def emit(args, body: dict, text: str) -> None:
+    print(json.dumps(body, indent=2) if args.json else text)
 
 
-def format_status(body: dict) -> str:
-    rows = [("MODEL", "STATE", "PID", "UPTIME", "QUEUED", "IN-FLIGHT", "RESTARTS", "MLX MEM")]
-    for w in body.get("workers", []):
-        rows.append((w["model"], w["state"], str(w.get("pid") or "-"),
-                     f"{w['uptime_s']:.0f}s" if w.get("uptime_s") is not None else "-",
-                     str(w.get("queued", 0)), str(w.get("in_flight", 0)),
-                     str(w.get("restarts", 0)), _mib(w.get("active_bytes"))))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
-    head = f"status: {body.get('status', '?')}"
-    if body.get("reason"):
-        head += f" ({body['reason']})"
-    return "\n".join([head, *lines])
+# ---- commands --------------------------------------------------------------------------
+
+def cmd_status(args, client: Client, deps: Deps) -> int:
+    body = client.call("GET", "/admin/status", timeout=10)
+    emit(args, body, format_status(body))
+    return EXIT_OK if body.get("status") in HEALTHY else EXIT_UNHEALTHY
 
 
-def cmd_status(args) -> int:
-    code, body = get_json(args.url, "/health")
-    print(json.dumps(body, indent=2) if args.json else format_status(body))
-    return EXIT_OK if code == 200 else EXIT_UNHEALTHY
+def cmd_models(args, client: Client, deps: Deps) -> int:
+    try:
+        body = client.call("GET", "/admin/models", timeout=30)
+    except ServerDown:  # the files are here whether or not the server runs
+        from supervisor import catalog
+        body = {"models": [{**m.to_dict(), "state": "not_loaded"}
+                           for m in catalog.scan(client.state_dir)]}
+    emit(args, body, format_models(body))
+    return EXIT_OK
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["serve"]:  # everything after `serve` belongs to mlxd
-        from supervisor.cli import main as serve_main
-        serve_main(argv[1:])
-        return EXIT_OK
+def cmd_swap(args, client: Client, deps: Deps) -> int:
+    body = client.call("POST", "/admin/swap", {"model": args.model, "mode": args.mode,
+                                               "replace": args.replace or None})
+    replaced = ", ".join(body["replaced"]) or "nothing"
+    emit(args, body, f"swapped to {body['model']} ({body['mode']}) in {body['seconds']:.2f} s; "
+                     f"unloaded: {replaced}")
+    return EXIT_OK
+
+
+def cmd_load(args, client: Client, deps: Deps) -> int:
+    body = client.call("POST", "/admin/load", {"model": args.model})
+    emit(args, body, f"{body['model']}: {body['state']} (context {body['context_length']})")
+    return EXIT_OK
+
+
+def cmd_unload(args, client: Client, deps: Deps) -> int:
+    body = client.call("POST", "/admin/unload", {"model": args.model, "mode": args.mode})
+    emit(args, body, f"{body['model']}: unloaded")
+    return EXIT_OK
+
+
+def cmd_kill(args, client: Client, deps: Deps) -> int:
+    req = {"restart": not args.no_restart}
+    if args.model:
+        req["model"] = args.model
+    body = client.call("POST", "/admin/kill", req)
+    lines = [f"{k['model']}: killed, {k['cancelled']} request(s) cancelled, "
+             + ("restarting" if k["restarted"] else "not restarted") for k in body["killed"]]
+    emit(args, body, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_pull(args, client: Client, deps: Deps) -> int:
+    print(f"downloading {args.model} from Hugging Face ...", file=sys.stderr)
+    try:
+        path = deps.download(args.model, args.revision)
+    except Exception as e:  # network, auth, unknown repo: say it plainly
+        print(f"mlxctl: could not download {args.model}: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    from supervisor import catalog
+    mlx = catalog.is_mlx_model(Path(path), args.model)
+    body = {"model": args.model, "path": str(path), "mlx": mlx,
+            "size_bytes": catalog.weights_bytes(Path(path))}
+    text = f"{args.model}: {path}"
+    if not mlx:
+        text += ("\nwarning: this does not look like an MLX model; look for an MLX version "
+                 "(e.g. under mlx-community/) or convert it with `mlx_lm.convert`")
+    emit(args, body, text)
+    return EXIT_OK
+
+
+def _log_file(args, client: Client) -> Path:
+    """The running server's log file, or where a server with this state dir logs."""
+    try:
+        return Path(client.call("GET", "/admin/status", timeout=3)["server"]["log_file"])
+    except (ServerDown, Refused, Failed, KeyError):
+        explicit = args.state_dir is not None or bool(os.environ.get("MLXD_STATE_DIR"))
+        return default_log_dir(client.state_dir, explicit) / "mlxd.log"
+
+
+def tail(path: Path, n: int) -> tuple[list[str], int]:
+    """The last `n` lines and the offset after them."""
+    with open(path, "rb") as f:
+        data = f.read()
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[-n:] if n > 0 else [], len(data)
+
+
+def follow(path: Path, offset: int, *, poll_s: float = 0.25, out=sys.stdout) -> None:
+    """Print what is appended, reopening the file when the logger rotates it."""
+    f = open(path, "rb")
+    f.seek(offset)
+    try:
+        while True:
+            chunk = f.read()
+            if chunk:
+                out.write(chunk.decode("utf-8", "replace"))
+                out.flush()
+                continue
+            time.sleep(poll_s)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if st.st_ino != os.fstat(f.fileno()).st_ino or st.st_size < f.tell():
+                f.close()
+                f = open(path, "rb")
+    finally:
+        f.close()
+
+
+def cmd_logs(args, client: Client, deps: Deps) -> int:
+    path = _log_file(args, client)
+    try:
+        lines, offset = tail(path, args.lines)
+    except FileNotFoundError:
+        print(f"mlxctl: no log at {path} yet", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    for line in lines:
+        print(line)
+    sys.stdout.flush()
+    if args.follow:
+        try:
+            follow(path, offset)
+        except KeyboardInterrupt:
+            pass
+    return EXIT_OK
+
+
+def cmd_service(args, client: Client, deps: Deps) -> int:
+    from supervisor.service import Service, ServiceError, run_command, spec_for
+
+    svc = Service(platform=deps.platform, home=deps.home,
+                  run=deps.service_runner or run_command)
+    try:
+        if args.action == "install":
+            spec = spec_for(args.mlxd_flags, home=deps.home, platform=deps.platform)
+            path = svc.install(spec)
+            emit(args, {"installed": str(path), "program": spec.program},
+                 f"installed {path}\nrunning: {' '.join(spec.program)}\nlogs: {spec.log_dir}")
+        elif args.action == "uninstall":
+            emit(args, {"uninstalled": str(svc.uninstall())}, f"uninstalled {svc.path}")
+        elif args.action in ("start", "stop"):
+            getattr(svc, args.action)()
+            emit(args, {args.action: True}, f"mlxd service: {args.action} ok")
+        else:
+            running, detail = svc.status()
+            emit(args, {"installed": svc.path.exists(), "running": running, "path": str(svc.path),
+                        "detail": detail}, detail)
+            return EXIT_OK if running else EXIT_UNHEALTHY
+    except ServiceError as e:
+        print(f"mlxctl: {e}", file=sys.stderr)
+        return EXIT_UNHEALTHY
+    return EXIT_OK
+
+
+# ---- arguments -------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlxctl", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=os.environ.get("MLXD_URL", DEFAULT_URL))
-    sub = p.add_subparsers(dest="command", required=True)
-    st = sub.add_parser("status", help="workers and their state")
-    st.add_argument("--json", action="store_true")
-    st.set_defaults(func=cmd_status)
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help="the server's state directory, where the admin token is [MLXD_STATE_DIR]")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds to wait for the server (swaps and loads take a while)")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name, func, help_):
+        sp = sub.add_parser(name, parents=[common], help=help_)
+        sp.set_defaults(func=func)
+        return sp
+
+    def mode(sp):
+        g = sp.add_mutually_exclusive_group()
+        g.add_argument("--drain", dest="mode", action="store_const", const="drain",
+                       help="finish running requests first (default)")
+        g.add_argument("--force", dest="mode", action="store_const", const="force",
+                       help="cancel running requests and kill the worker")
+        sp.set_defaults(mode="drain")
+
+    add("status", cmd_status, "workers, memory and load")
+    add("models", cmd_models, "local MLX models with sizes")
+    sp = add("swap", cmd_swap, "load MODEL, then unload the others")
+    sp.add_argument("model")
+    sp.add_argument("--replace", action="append", metavar="MODEL",
+                    help="unload only this model (repeatable; default: every other one)")
+    mode(sp)
+    add("load", cmd_load, "load MODEL and keep it loaded").add_argument("model")
+    sp = add("unload", cmd_unload, "unload MODEL")
+    sp.add_argument("model")
+    mode(sp)
+    sp = add("kill", cmd_kill, "hard-cancel everything on a worker and kill it")
+    sp.add_argument("model", nargs="?")
+    sp.add_argument("--no-restart", action="store_true", help="leave it unloaded")
+    sp = add("pull", cmd_pull, "download a model from Hugging Face")
+    sp.add_argument("model")
+    sp.add_argument("--revision", default=None)
+    sp = add("logs", cmd_logs, "print the server's log")
+    sp.add_argument("-f", "--follow", action="store_true")
+    sp.add_argument("-n", "--lines", type=int, default=50)
+    sp = add("service", cmd_service, "run mlxd as a launchd agent / systemd user service")
+    sp.add_argument("action", choices=["install", "uninstall", "start", "stop", "status"])
+    sp.set_defaults(mlxd_flags=[])
     sub.add_parser("serve", help="run the server in the foreground (flags as mlxd)")
-    args = p.parse_args(argv)
+    return p
+
+
+def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """`serve ...` and `service install ...`: what follows belongs to mlxd."""
+    for i, word in enumerate(argv):
+        if not word.startswith("-") and (i == 0 or argv[i - 1] not in ("--url", "--state-dir",
+                                                                      "--timeout")):
+            if word == "serve":
+                return argv[:i + 1], argv[i + 1:]
+            if word == "service" and argv[i + 1:i + 2] == ["install"]:
+                return argv[:i + 2], argv[i + 2:]
+            return argv, None
+    return argv, None
+
+
+def main(argv: list[str] | None = None, deps: Deps | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    deps = deps or Deps()
+    argv, passthrough = _split_passthrough(argv)
+    if passthrough is not None and argv[-1] == "serve":
+        from supervisor.cli import main as serve_main
+        serve_main(passthrough)
+        return EXIT_OK
+    args = build_parser().parse_args(argv)
+    if passthrough is not None:
+        flags = [f for f in passthrough if f != "--json"]
+        args.json = args.json or len(flags) != len(passthrough)
+        args.mlxd_flags = flags
+    state_dir = args.state_dir or Path(os.environ.get("MLXD_STATE_DIR") or default_state_dir())
+    client = Client(args.url, Path(state_dir).expanduser(), args.timeout)
     try:
-        return args.func(args)
+        return args.func(args, client, deps)
     except ServerDown as e:
         print(f"mlxctl: {e}", file=sys.stderr)
         return EXIT_DOWN
+    except Refused as e:
+        print(f"mlxctl: {e}", file=sys.stderr)
+        return EXIT_REFUSED
+    except Failed as e:
+        if getattr(args, "json", False):
+            print(json.dumps(e.body, indent=2))
+        print(f"mlxctl: {e} (HTTP {e.status})", file=sys.stderr)
+        return EXIT_UNHEALTHY
 
 
 def run() -> None:

@@ -1,23 +1,46 @@
-"""The resident models: API model id → ModelRunner.
+"""The resident models: API model id → ModelRunner, and when models come and go.
 
 A model's id in the API is the name it was given: `demo`, a Hugging Face repo id, or a
 path exactly as given; for a path, its last component is accepted as an alias.
+
+- Loading: `add` starts a runner whose first step is `_admit`, the memory gate: the
+  model's estimated need against what the OS says is available. Short of memory (or of
+  `--max-models` slots) it unloads the least recently used idle model and waits, bounded
+  by `--memory-wait`, for the memory to come back; then it refuses with 507.
+- Load on request: `get` (what the API handlers call) loads a model a request names if
+  it is on this machine and `--allow-load-on-request` is on.
+- Keep-alive: a model loaded on request that has been idle `--keep-alive` seconds is
+  unloaded. `pinned` models (`--model`, `mlxctl load`, swap targets) stay.
+- Swap: load the new model behind the gate, then retire the old one (drain or force).
+- Retiring a runner takes it out of routing at once; requests it never started are
+  routed again by their model name, so none is dropped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq.asyncio
 
+from supervisor import catalog
 from supervisor.config import Config
 from supervisor.errors import APIError
+from supervisor.gate import MemoryGate
 from supervisor.link import LinkFactory, ProcessLink
-from supervisor.runner import READY, ModelRunner
+from supervisor.memory import CRITICAL, Probe, probe_for
+from supervisor.requests import RequestHandle
+from supervisor.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, STARTING,
+                               STOPPED, ModelRunner, RunnerObserver)
+
+log = logging.getLogger("mlxd.pool")
+
+GATE_POLL_S = 0.25
 
 
 def worker_args(config: Config) -> list[str]:
@@ -48,17 +71,75 @@ def aliases(model: str) -> list[str]:
     return []
 
 
+class PoolObserver(RunnerObserver):
+    """Pool events for metrics; the base class ignores them."""
+
+    def model_unloaded(self, runner: ModelRunner, reason: str) -> None:
+        pass
+
+    def model_refused(self, runner: ModelRunner) -> None:
+        pass
+
+    def swapped(self, mode: str, outcome: str, seconds: float) -> None:
+        pass
+
+
+@dataclass
+class SwapResult:
+    model: str
+    mode: str
+    replaced: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "mode": self.mode, "replaced": self.replaced,
+                "seconds": round(self.seconds, 3)}
+
+
 class Pool:
-    def __init__(self, config: Config, factory_for):
+    def __init__(self, config: Config, factory_for, *, probe: Probe | None = None,
+                 observer: PoolObserver | None = None, clock=time.monotonic):
         """`factory_for(model) -> LinkFactory`: how a model's workers are made."""
         self.config = config
         self._factory_for = factory_for
-        self.runners: dict[str, ModelRunner] = {}
+        self._clock = clock
+        self.gate = MemoryGate(config, probe or probe_for(config.memory_probe))
+        self.observer = observer or PoolObserver()
+        self.runners: dict[str, ModelRunner] = {}   # routing: resident and loading models
+        self.retiring: set[ModelRunner] = set()     # out of routing, still stopping
         self._aliases: dict[str, str] = {}
         self.created: dict[str, int] = {}  # for /v1/models
+        self.last_refusal: str | None = None
+        self._replaces: dict[ModelRunner, tuple[list[ModelRunner], str]] = {}
+        self._admission = asyncio.Lock()   # one load decision at a time
+        self._swaps = asyncio.Lock()
+        self._reaper: asyncio.Task | None = None
+        self._shutting_down = False
 
-    def add(self, model: str) -> ModelRunner:
-        runner = ModelRunner(model, self.config, self._factory_for(model))
+    # ---- routing ---------------------------------------------------------------------
+    def find(self, name: str) -> ModelRunner | None:
+        return self.runners.get(name) or self.runners.get(self._aliases.get(name, ""))
+
+    def get(self, name: str) -> ModelRunner:
+        """The runner for a request's `model`, loading the model if it may be."""
+        runner = self.find(name)
+        if runner is not None:
+            return runner
+        if self._shutting_down:
+            raise APIError.worker_failed("The server is shutting down.")
+        if self.config.allow_load_on_request and catalog.loadable(name, self.config.state_dir):
+            log.info("loading %s on request", name)
+            return self.add(name)
+        raise APIError.model_not_found(name)
+
+    def all_runners(self) -> list[ModelRunner]:
+        return [*self.runners.values(), *self.retiring]
+
+    def add(self, model: str, *, pinned: bool = False) -> ModelRunner:
+        runner = ModelRunner(model, self.config, self._factory_for(model), clock=self._clock,
+                             admit=self._admit, observer=self.observer,
+                             on_refused=self._on_refused)
+        runner.pinned = pinned
         self.runners[model] = runner
         for a in aliases(model):
             self._aliases.setdefault(a, model)
@@ -66,34 +147,267 @@ class Pool:
         runner.start()
         return runner
 
-    def get(self, name: str) -> ModelRunner:
-        runner = self.runners.get(name) or self.runners.get(self._aliases.get(name, ""))
+    def _unroute(self, runner: ModelRunner) -> None:
+        if self.runners.get(runner.id) is runner:
+            del self.runners[runner.id]
+            self._aliases = {a: m for a, m in self._aliases.items() if m != runner.id}
+
+    def _on_refused(self, runner: ModelRunner) -> None:
+        self.last_refusal = f"{runner.id}: {runner.last_error}"
+        self._unroute(runner)
+        self._replaces.pop(runner, None)
+        self.observer.model_refused(runner)
+
+    # ---- the memory gate -------------------------------------------------------------
+    async def _admit(self, runner: ModelRunner) -> None:
+        """Admit `runner`'s load, unloading idle models (LRU) while it does not fit;
+        raise 507 (or 503 with every slot busy) once `--memory-wait` has passed."""
+        need = await asyncio.to_thread(self.gate.need, runner.id)
+        deadline = self._clock() + self.config.memory_wait
+        async with self._admission:
+            while True:
+                if not self._slot_free(runner):
+                    refusal = APIError.overloaded(
+                        f"{self.config.max_models} model(s) are loaded (--max-models) and "
+                        f"none is idle; `{runner.id}` cannot be loaded now.", 5)
+                    why = "max-models"
+                else:
+                    reading = await asyncio.to_thread(self.gate.probe)
+                    verdict = self.gate.judge(need, reading, reserved=self._reserved(runner),
+                                              committed=self._committed(runner))
+                    if verdict.fits:
+                        runner.need_bytes = need
+                        self._replaces.pop(runner, None)
+                        log.info("model %s admitted: needs %.2f GiB, %.2f GiB free",
+                                 runner.id, need / 2**30, verdict.free_bytes / 2**30)
+                        return
+                    refusal = APIError.insufficient_memory(verdict.need_bytes, verdict.free_bytes)
+                    why = "memory"
+                    log.info("model %s waits for memory: %s", runner.id, verdict.describe())
+                    if not self._eviction_could_help(runner, verdict, reading.pressure):
+                        why = ""  # unloading everything would not make room: keep them
+                victim, mode, kind = self._victim(runner, why) if why else (None, DRAIN, "")
+                if victim is not None:
+                    # Shielded: if this load is called off meanwhile, the victim's
+                    # retirement still completes rather than stopping half way.
+                    await asyncio.shield(self._retire(victim, mode, f"making room for {runner.id}",
+                                                      kind=kind))
+                    continue  # then look again: the memory may take a moment to come back
+                if self._clock() >= deadline:
+                    raise refusal
+                await asyncio.sleep(GATE_POLL_S)
+
+    def _slot_free(self, runner: ModelRunner) -> bool:
+        if not self.config.max_models:
+            return True
+        others = [r for r in self.runners.values() if r is not runner]
+        return len(others) < self.config.max_models
+
+    def _reserved(self, runner: ModelRunner) -> int:
+        """Admitted loads whose memory the OS does not show as used yet."""
+        return sum(r.need_bytes for r in self.all_runners()
+                   if r is not runner and r.state in (STARTING, RESTARTING))
+
+    def _committed(self, runner: ModelRunner) -> int:
+        return sum(r.need_bytes for r in self.all_runners() if r is not runner)
+
+    def _eviction_could_help(self, runner: ModelRunner, verdict, pressure: str | None) -> bool:
+        """Whether unloading every candidate could make room. Under critical pressure
+        any unload helps; otherwise, by the estimates, the bytes must add up."""
+        if pressure == CRITICAL:
+            return True
+        olds, _ = self._replaces.get(runner, ([], DRAIN))
+        candidates = {r for r in self.runners.values()
+                      if r is not runner and (r.evictable or r in olds)}
+        return verdict.free_bytes + sum(r.need_bytes for r in candidates) >= verdict.need_bytes
+
+    def _victim(self, runner: ModelRunner, why: str) -> tuple[ModelRunner | None, str, str]:
+        """(model, mode, kind) to unload for `runner`: the models a swap replaces first
+        (in the swap's mode, busy or not), then the least recently used idle model."""
+        olds, mode = self._replaces.get(runner, ([], DRAIN))
+        for old in olds:
+            if old in self.runners.values():
+                return old, mode, "swap"
+        idle = [r for r in self.runners.values() if r is not runner and r.evictable]
+        if not idle:
+            return None, DRAIN, why
+        return min(idle, key=lambda r: r.last_used), DRAIN, why
+
+    # ---- unloading -------------------------------------------------------------------
+    async def _retire(self, runner: ModelRunner, mode: str, reason: str, *, kind: str,
+                      reroute: bool = True) -> None:
+        """Unload `runner`. `kind` (swap, memory, max-models, keep-alive, admin) labels
+        the metric; `reason` goes into messages and logs."""
+        self._unroute(runner)
+        self._replaces.pop(runner, None)
+        self.retiring.add(runner)
+        try:
+            leftovers = await runner.retire(mode, timeout=self.config.shutdown_timeout,
+                                            reason=reason)
+        finally:
+            self.retiring.discard(runner)
+        self.observer.model_unloaded(runner, kind)
+        for h in leftovers:
+            self._reroute(h, runner.id, reroute)
+
+    def _reroute(self, h: RequestHandle, model: str, reroute: bool) -> None:
+        """A request the retired runner never started: served by whichever runner its
+        model names now (loading it again if need be), never dropped silently."""
+        if h.finished:
+            return
+        if h.cancel_requested:
+            h.fail(APIError.worker_failed("The request was cancelled."))
+            return
+        if not reroute:
+            h.fail(APIError.worker_failed(f"Model `{model}` was stopped; please retry."))
+            return
+        try:
+            self.get(model).adopt(h)
+        except APIError as e:
+            h.fail(e)
+
+    async def unload(self, name: str, mode: str = DRAIN, reason: str = "unloaded by admin") -> str:
+        runner = self.find(name)
         if runner is None:
             raise APIError.model_not_found(name)
+        await self._retire(runner, mode, reason, kind="admin")
+        return runner.id
+
+    async def kill(self, name: str, *, restart: bool = True) -> dict:
+        """mlxctl kill: hard-cancel everything on the worker; restart it or not."""
+        runner = self.find(name)
+        if runner is None:
+            raise APIError.model_not_found(name)
+        if restart:
+            ended = runner.kill()
+        else:
+            ended = len(runner.inflight)
+            await self._retire(runner, FORCE, "killed by admin", kind="admin", reroute=False)
+        return {"model": runner.id, "cancelled": ended, "restarted": restart}
+
+    async def load(self, name: str) -> ModelRunner:
+        """mlxctl load: load (pinned) and wait until it is ready or refused."""
+        if not catalog.loadable(name, self.config.state_dir) and self.find(name) is None:
+            raise APIError.model_not_found(name)
+        runner = self.find(name) or self.add(name, pinned=True)
+        runner.pinned = True
+        await self._loaded(runner)
         return runner
 
+    async def _loaded(self, runner: ModelRunner) -> None:
+        """Wait for a runner's load to end; raise its refusal or load failure."""
+        await runner.wait_loaded()
+        if runner.refused is not None:
+            raise runner.refused
+        if runner.state in (BROKEN, STOPPED):
+            raise APIError(503, f"Model `{runner.id}` could not be loaded: {runner.last_error}",
+                           "server_error", None, "model_load_failed")
+
+    async def swap(self, name: str, mode: str = DRAIN, replace: list[str] | None = None) -> SwapResult:
+        """Load `name` behind the memory gate, then retire the models it replaces (by
+        default every other resident model) in `mode`. The old ones keep serving while
+        the new one loads, unless the gate needs their memory first."""
+        if mode not in (DRAIN, FORCE):
+            raise APIError.bad_request("mode must be `drain` or `force`.", "mode")
+        t0 = self._clock()
+        async with self._swaps:
+            new = self.find(name)
+            if replace:
+                olds = []
+                for n in replace:
+                    old = self.find(n)
+                    if old is None:
+                        raise APIError.model_not_found(n)
+                    olds.append(old)
+            else:
+                olds = [r for r in self.runners.values() if r is not new]
+            olds = [o for o in olds if o is not new]
+            try:
+                if new is None:
+                    if not catalog.loadable(name, self.config.state_dir):
+                        raise APIError.model_not_found(name)
+                    new = self.add(name, pinned=True)
+                    # Before its gate runs (no await since add): the gate may retire these.
+                    self._replaces[new] = (olds, mode)
+                new.pinned = True  # the admin chose it: keep-alive leaves it alone
+                await self._loaded(new)
+                await asyncio.gather(*(self._retire(o, mode, f"swapped for {new.id}", kind="swap")
+                                       for o in olds if o in self.runners.values()))
+            except APIError:
+                self.observer.swapped(mode, "failed", self._clock() - t0)
+                raise
+            seconds = self._clock() - t0
+            self.observer.swapped(mode, "ok", seconds)
+            log.info("swapped to %s (%s) in %.2f s, replacing %s", new.id, mode, seconds,
+                     ", ".join(o.id for o in olds) or "nothing")
+            return SwapResult(new.id, mode, [o.id for o in olds], seconds)
+
+    # ---- keep-alive ------------------------------------------------------------------
+    def start(self) -> None:
+        if self.config.keep_alive > 0:
+            self._reaper = asyncio.create_task(self._reap(), name="pool:keep-alive")
+
+    async def _reap(self) -> None:
+        period = min(1.0, self.config.keep_alive / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = self._clock()
+            for r in list(self.runners.values()):
+                if (not r.pinned and r.evictable
+                        and now - r.last_used >= self.config.keep_alive):
+                    log.info("model %s idle for %.0f s: unloading (keep-alive)", r.id,
+                             now - r.last_used)
+                    try:
+                        await self._retire(r, DRAIN, "idle past --keep-alive", kind="keep-alive")
+                    except Exception:  # the reaper must outlive any one unload
+                        log.exception("model %s: keep-alive unload failed", r.id)
+
+    # ---- shutdown --------------------------------------------------------------------
+    async def drain(self, timeout: float) -> bool:
+        """Shutdown, first phase: refuse new requests and give the accepted ones up to
+        `timeout` seconds to finish. True if everything finished."""
+        self._shutting_down = True
+        runners = self.all_runners()
+        for r in runners:
+            r.begin_drain()
+        done = await asyncio.gather(*(r.wait_idle(timeout) for r in runners))
+        return all(done)
+
     def begin_shutdown(self) -> None:
-        for r in self.runners.values():
+        self._shutting_down = True
+        for r in self.all_runners():
             r.begin_shutdown()
 
     async def stop(self) -> None:
-        await asyncio.gather(*(r.stop() for r in self.runners.values()))
+        self._shutting_down = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        await asyncio.gather(*(r.stop() for r in self.all_runners()))
 
+    # ---- health ----------------------------------------------------------------------
     def health(self) -> tuple[int, dict]:
         """(status, body): 200 while a worker is ready, 503 with a reason otherwise."""
-        workers = [r.snapshot() for r in self.runners.values()]
-        ready = [w for w in workers if w["state"] == READY]
-        if not workers:
-            return 503, {"status": "unavailable", "reason": "no model configured", "workers": []}
+        workers = [r.snapshot() for r in self.all_runners()]
+        routed = [r.snapshot() for r in self.runners.values() if r.state != STOPPED]
+        ready = [w for w in routed if w["state"] == READY]
+        if not routed:
+            reason = "no model loaded"
+            if self.last_refusal:
+                reason += f"; last refused: {self.last_refusal}"
+            if self.config.allow_load_on_request and not self._shutting_down:
+                return 200, {"status": "idle", "reason": reason + "; models load on request",
+                             "workers": workers}
+            return 503, {"status": "unavailable", "reason": reason, "workers": workers}
         if ready:
-            status = "ok" if len(ready) == len(workers) else "degraded"
-            reasons = [f"{w['model']}: {w['state']}" for w in workers if w["state"] != READY]
+            status = "ok" if len(ready) == len(routed) else "degraded"
+            reasons = [f"{w['model']}: {w['state']}" for w in routed if w["state"] != READY]
             body = {"status": status, "workers": workers}
             if reasons:
                 body["reason"] = "; ".join(reasons)
             return 200, body
         reasons = []
-        for w in workers:
+        for w in routed:
             why = f"model {w['model']} is {w['state']}"
             if w["last_error"]:
                 why += f": {w['last_error']}"

@@ -76,6 +76,7 @@ class RequestHandle:
         self.created = time.monotonic()
         self.started_at: float | None = None
         self.first_token_at: float | None = None
+        self.last_token_at: float | None = None   # with first_token_at: inter-token latency
         self.started_msg: Started | None = None
         self.done: Done | None = None
         self.failure: APIError | None = None
@@ -96,6 +97,11 @@ class RequestHandle:
         self.rid = None
         self.cancel_sent_at = None
 
+    def rebind(self, on_cancel: Callable[["RequestHandle"], None]) -> None:
+        """Another runner of the same model takes this never-started request over."""
+        self.requeue()
+        self._on_cancel = on_cancel
+
     def on_started(self, msg: Started) -> None:
         self.state = STARTED
         self.started_at = time.monotonic()
@@ -104,8 +110,10 @@ class RequestHandle:
 
     def on_delta(self, msg: Delta) -> bool:
         """Queue a step's output; False if the client has fallen too far behind."""
+        now = time.monotonic()
         if self.first_token_at is None:
-            self.first_token_at = time.monotonic()
+            self.first_token_at = now
+        self.last_token_at = now
         self._events.put(msg)
         return len(self._events) <= MAX_PENDING_EVENTS
 

@@ -7,6 +7,11 @@ noticed at once through `link.wait()`), heartbeats, and step progress while busy
 Requests not yet started when a worker dies are re-queued on the next incarnation;
 started ones fail with a retryable 503. Crash restarts back off exponentially and a
 crash loop marks the model broken.
+
+Before its first worker spawns, the runner waits on the pool's memory gate (`admit`); a
+refusal ends it, failing what was queued with the gate's 507. Leaving service is
+`retire`: drain (serve what was accepted, then stop) or force (fail what runs, kill);
+requests that never reached a worker are handed back for the pool to route again.
 """
 
 from __future__ import annotations
@@ -15,44 +20,59 @@ import asyncio
 import collections
 import logging
 import time
-from dataclasses import dataclass
+from typing import Awaitable, Callable
 
 from protocol import (Cancel, Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown,
                       Started, Status, StatusRequest)
 from supervisor.config import Config
 from supervisor.errors import APIError
 from supervisor.link import LinkClosed, LinkFactory, WorkerLink
+from supervisor.liveness import Liveness
 from supervisor.requests import QUEUED, STARTED, RequestHandle
+from supervisor.throughput import TokenRate
 
 log = logging.getLogger("mlxd.runner")
 
-# Runner states, as /health shows them.
+# Runner states, as /health shows them. WAITING: for the memory gate, before the first
+# spawn. DRAINING: retiring, serving what it had accepted before it stops.
 STARTING, READY, RESTARTING, BROKEN, STOPPED = "starting", "ready", "restarting", "broken", "stopped"
+WAITING, DRAINING = "waiting", "draining"
+DRAIN, FORCE = "drain", "force"
 
 
-@dataclass
-class Liveness:
-    """What the last heartbeat said, and when step progress was last seen."""
-    heartbeat_at: float = 0.0
-    steps: int = 0
-    steps_changed_at: float = 0.0
-    worker_state: str = "starting"
-    active: int = 0
-    waiting: int = 0
-    active_bytes: int = 0
-    peak_bytes: int = 0
+class RunnerObserver:
+    """What metrics want to hear from a runner. The base class ignores everything."""
+
+    def request_done(self, runner: "ModelRunner", handle: RequestHandle, done: Done) -> None:
+        pass
+
+    def worker_restarted(self, runner: "ModelRunner", cause: str) -> None:
+        pass
+
+
+Admit = Callable[["ModelRunner"], Awaitable[None]]
 
 
 class ModelRunner:
     MONITOR_INTERVAL = 0.25
 
     def __init__(self, model_id: str, config: Config, link_factory: LinkFactory, *,
-                 clock=time.monotonic):
+                 clock=time.monotonic, admit: Admit | None = None,
+                 observer: RunnerObserver | None = None,
+                 on_refused: Callable[["ModelRunner"], None] | None = None):
         self.id = model_id
         self.config = config
         self._factory = link_factory
         self._clock = clock
+        self._admit = admit
+        self._on_refused = on_refused
+        self.observer = observer or RunnerObserver()
         self.state = STOPPED
+        self.pinned = False              # never unloaded for keep-alive (--model, swaps, loads)
+        self.need_bytes = 0              # the memory gate's estimate, once admitted
+        self.last_used = clock()         # for LRU eviction and keep-alive
+        self.tokens = TokenRate()        # completion tokens, for tokens/s over a minute
+        self.refused: APIError | None = None
         self.link: WorkerLink | None = None
         self.epoch = 0
         self.queue: collections.deque[RequestHandle] = collections.deque()
@@ -69,6 +89,10 @@ class ModelRunner:
         self._kill_reason: str | None = None
         self._load_error: str | None = None
         self._stopping = False
+        self._retiring = False           # out of the pool: accept nothing new
+        self._draining = False           # server shutdown: accept nothing new, finish the rest
+        self._admin_kill = False
+        self._worker_alive = False       # a worker process may exist right now
         self._ready = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._status_waiters: dict[int, asyncio.Future] = {}
@@ -77,6 +101,7 @@ class ModelRunner:
     # ---- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
         self._stopping = False
+        self.state = WAITING if self._admit is not None else STARTING
         self._task = asyncio.create_task(self._supervise(), name=f"runner:{self.id}")
 
     async def wait_ready(self, timeout: float | None = None) -> bool:
@@ -85,6 +110,14 @@ class ModelRunner:
             return True
         except asyncio.TimeoutError:
             return False
+
+    async def wait_loaded(self) -> None:
+        """Until a worker is ready or the runner has ended (refused, broken, stopped)."""
+        ready = asyncio.ensure_future(self._ready.wait())
+        try:
+            await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
 
     def begin_shutdown(self) -> None:
         """Refuse new requests, end queued ones and cancel running ones, each with a
@@ -102,21 +135,95 @@ class ModelRunner:
         """Cancel everything, ask the worker to exit, kill it after `grace`."""
         grace = self.config.cancel_grace if grace is None else grace
         self.begin_shutdown()
+        await self._end_worker(grace)
+        shutting_down = APIError.worker_failed("The server is shutting down.")
+        for h in list(self.queue):  # dispatched ones the exit put back
+            h.fail(shutting_down)
+        self.queue.clear()
+        self.state = STOPPED
+
+    async def _end_worker(self, grace: float) -> None:
+        """Ask the worker to exit (Shutdown, SIGTERM), SIGKILL it after `grace`, and wait
+        for the supervise task. With no worker alive (waiting for memory, or sleeping
+        before a restart) there is nothing to stop: the task is cancelled."""
+        task = self._task
+        if task is None or task.done():
+            return
+        self._stopping = True
         link = self.link
-        if link is not None and self._task is not None and not self._task.done():
+        if self._worker_alive and link is not None:
             try:
                 link.send(Shutdown())
             except LinkClosed:
                 pass
             link.terminate()
-            done, _ = await asyncio.wait({self._task}, timeout=grace)
-            if not done:
-                link.kill()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({task}, timeout=grace)
+        while not task.done():
+            if self._worker_alive and self.link is not None:
+                self.link.kill()
+            else:
+                task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+        await asyncio.gather(task, return_exceptions=True)
+
+    def is_idle(self) -> bool:
+        return not self.queue and not self.inflight
+
+    @property
+    def evictable(self) -> bool:
+        """Idle and loaded (or broken): unloading it interrupts nothing."""
+        return self.is_idle() and self.state in (READY, BROKEN) and not self._retiring
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Until nothing is queued or running (True), or `timeout` passes (False)."""
+        deadline = self._clock() + timeout
+        while not self.is_idle():
+            if self._clock() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    def begin_drain(self) -> None:
+        """Server shutdown, first phase: refuse new requests, keep serving the others."""
+        self._draining = True
+
+    async def retire(self, mode: str, *, timeout: float, reason: str) -> list[RequestHandle]:
+        """Leave service. `drain`: serve what is running and queued (up to `timeout`),
+        then stop the worker; `force`: fail what has started, SIGKILL the worker.
+        Returns the requests that never started, for the pool to route again."""
+        self._retiring = True
+        if self.state == READY:
+            self.state = DRAINING
+        gone = APIError.worker_failed(
+            f"The model `{self.id}` was unloaded ({reason}) while this request ran; please retry.")
+        if mode == DRAIN and not await self.wait_idle(timeout):
+            log.warning("model %s: drain timed out after %g s; cancelling %d request(s)",
+                        self.id, timeout, len(self.inflight))
+        leftovers = list(self.queue)
+        self.queue.clear()
+        self._stopping = True
+        for h in list(self.inflight.values()):
+            if mode == FORCE and h.state == STARTED:
+                h.fail(gone)
+            elif mode == DRAIN:
+                h.set_failure(gone)
+                self._send_cancel(h)
+        # Force, or nothing left on the worker: SIGKILL at once. An idle worker has no
+        # request to answer, exit is what frees its memory either way, and a cooperative
+        # exit (threads, sockets, interpreter teardown) costs a swap ~0.3 s for nothing.
+        if (mode == FORCE or not self.inflight) and self._worker_alive and self.link is not None:
+            self._kill_reason = f"killed: {reason}"
+            self.link.kill()
+        await self._end_worker(self.config.cancel_grace)
+        leftovers += [h for h in self.queue if not h.finished]  # dispatched, never started
+        self.queue.clear()
         self.state = STOPPED
+        log.info("model %s unloaded (%s, %s)", self.id, mode, reason)
+        return leftovers
 
     async def _supervise(self) -> None:
+        if self._admit is not None and not await self._pass_gate():
+            return
         backoff = self.config.restart_backoff
         while not self._stopping:
             self.epoch += 1
@@ -126,6 +233,7 @@ class ModelRunner:
             self._kill_reason = self._load_error = None
             now = self._clock()
             self.live = Liveness(heartbeat_at=now, steps_changed_at=now)
+            self._worker_alive = True
             try:
                 await link.start()
             except Exception as e:  # could not even spawn: count as a crash
@@ -141,6 +249,7 @@ class ModelRunner:
                 await asyncio.gather(reader, monitor, return_exceptions=True)
                 await self._drain(link)
                 cause = self._kill_reason or self._load_error or f"exited with code {code}"
+            self._worker_alive = False
             link.close()
             was_ready_for = (self._clock() - self.ready_at) if self.ready_at else 0.0
             self._ready.clear()
@@ -155,7 +264,14 @@ class ModelRunner:
                 self._mark_broken(f"failed to load: {self._load_error}")
                 return
             self.restarts += 1
-            self.restart_causes[self._cause_kind(cause)] += 1
+            if self._admin_kill:  # mlxctl kill: respawn at once, not a crash
+                self._admin_kill = False
+                self.restart_causes["admin"] += 1
+                self.observer.worker_restarted(self, "admin")
+                continue
+            kind = self._cause_kind(cause)
+            self.restart_causes[kind] += 1
+            self.observer.worker_restarted(self, kind)
             now = self._clock()
             self._crashes.append(now)
             while self._crashes and now - self._crashes[0] > self.config.crash_window:
@@ -170,6 +286,28 @@ class ModelRunner:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.config.restart_backoff_max)
         self.state = STOPPED
+
+    async def _pass_gate(self) -> bool:
+        """Wait for the memory gate. A refusal (507, or too many busy models) ends the
+        runner: what was queued gets the refusal, and the pool forgets the model."""
+        self.state = WAITING
+        try:
+            await self._admit(self)
+        except Exception as e:
+            if not isinstance(e, APIError):
+                log.exception("model %s: the memory gate failed", self.id)
+                e = APIError.internal()
+            self.refused = e
+            self.last_error = e.message
+            self.state = STOPPED
+            log.warning("model %s not loaded: %s", self.id, e.message)
+            for h in list(self.queue):
+                h.fail(e)
+            self.queue.clear()
+            if self._on_refused is not None:
+                self._on_refused(self)
+            return False
+        return True
 
     @staticmethod
     def _cause_kind(cause: str) -> str:
@@ -235,7 +373,9 @@ class ModelRunner:
     def _on_event(self, link: WorkerLink, msg) -> None:
         if isinstance(msg, Delta):
             h = self.inflight.get(msg.rid)
-            self._progress()
+            now = self._clock()
+            self.live.steps_changed_at = now
+            self.tokens.add(len(msg.token_ids) >> 2, now)  # packed uint32 ids
             if h is not None and not h.on_delta(msg):
                 h.set_failure(APIError.overloaded(
                     "The client read the stream too slowly; the request was cancelled.", 1))
@@ -244,21 +384,18 @@ class ModelRunner:
             h = self.inflight.pop(msg.rid, None)
             if h is not None:
                 h.on_done(msg)
+                self.last_used = self._clock()
+                self.observer.request_done(self, h, msg)
             self._pump()
         elif isinstance(msg, Started):
             h = self.inflight.get(msg.rid)
-            self._progress()
+            self.live.steps_changed_at = self._clock()  # prefill began: progress
             if h is not None:
                 h.on_started(msg)
         elif isinstance(msg, Heartbeat):
-            lv = self.live
-            lv.heartbeat_at = self._clock()
-            if msg.steps != lv.steps:
-                lv.steps, lv.steps_changed_at = msg.steps, lv.heartbeat_at
-            lv.worker_state, lv.active, lv.waiting = msg.state, msg.active, msg.waiting
-            lv.active_bytes, lv.peak_bytes = msg.active_bytes, msg.peak_bytes
+            self.live.on_heartbeat(msg, self._clock())
         elif isinstance(msg, Ready):
-            self.state = READY
+            self.state = DRAINING if self._retiring else READY
             self.slots = max(1, msg.slots)
             self.context_length = msg.context_length
             self.random_weights = msg.random_weights
@@ -278,27 +415,15 @@ class ModelRunner:
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
-    def _progress(self) -> None:
-        self.live.steps_changed_at = self._clock()
-
     async def _monitor(self, link: WorkerLink) -> None:
         """Kill a worker that stopped beating, stopped making progress while busy, or
         left a cancel unanswered past the grace period. The exit does the rest."""
-        cfg = self.config
         while True:
             await asyncio.sleep(self.MONITOR_INTERVAL)
-            now = self._clock()
-            reason = None
-            if now - self.live.heartbeat_at > cfg.heartbeat_timeout:
-                reason = f"no heartbeat for {cfg.heartbeat_timeout:g} s"
-            elif (self.inflight and self.state == READY
-                  and now - self.live.steps_changed_at > cfg.hang_timeout):
-                reason = f"hung: busy with no progress for {cfg.hang_timeout:g} s"
-            else:
-                for h in self.inflight.values():
-                    if h.cancel_sent_at is not None and now - h.cancel_sent_at > cfg.cancel_grace:
-                        reason = f"cancel unanswered for {cfg.cancel_grace:g} s"
-                        break
+            reason = self.live.verdict(
+                self._clock(), self.config,
+                busy=bool(self.inflight) and self.state in (READY, DRAINING),
+                cancels_sent_at=[h.cancel_sent_at for h in self.inflight.values()])
             if reason:
                 log.warning("model %s: killing worker pid %s: %s", self.id, link.pid, reason)
                 self._kill_reason = "killed: " + reason
@@ -309,22 +434,33 @@ class ModelRunner:
     def submit(self, fields: dict) -> RequestHandle:
         if self.state == BROKEN:
             raise self._unavailable()
-        if self._stopping:
+        if self._stopping or self._draining:
             raise APIError.worker_failed("The server is shutting down.")
+        if self._retiring:
+            raise APIError.worker_failed(f"Model `{self.id}` is being unloaded; please retry.")
         if len(self.queue) >= self.config.max_queue:
             raise APIError.overloaded(
                 f"Too many requests are waiting for model `{self.id}`; please retry.", 1)
         h = RequestHandle(self.id, fields, on_cancel=self._cancel)
         self.queue.append(h)
+        self.last_used = self._clock()
         self._pump()
         return h
+
+    def adopt(self, h: RequestHandle) -> None:
+        """Take over a request that another runner of this model never started (it was
+        retired): it joins the queue and cancels through this runner from now on."""
+        h.rebind(self._cancel)
+        self.queue.append(h)
+        self.last_used = self._clock()
+        self._pump()
 
     def _pump(self) -> None:
         """Dispatch queued requests while the worker has free slots. A request whose
         cancel was sent no longer holds a slot: the worker applies cancels before it
         starts the next request, so the next one may go down at once."""
         link = self.link
-        if self.state != READY or link is None:
+        if self.state not in (READY, DRAINING) or link is None:
             return
         busy = sum(1 for h in self.inflight.values() if h.cancel_sent_at is None)
         while self.queue and busy < self.slots:
@@ -358,7 +494,7 @@ class ModelRunner:
             pass
 
     async def worker_status(self, timeout: float = 2.0) -> Status:
-        if self.link is None or self.state != READY:
+        if self.link is None or self.state not in (READY, DRAINING):
             raise self._unavailable() if self.state == BROKEN else APIError.worker_failed(
                 f"Model `{self.id}` is {self.state}.")
         self._qid += 1
@@ -370,10 +506,21 @@ class ModelRunner:
         finally:
             self._status_waiters.pop(self._qid, None)
 
-    def kill(self, reason: str = "killed by admin") -> None:
-        if self.link is not None:
+    def kill(self, reason: str = "killed by mlxctl kill") -> int:
+        """Hard-cancel everything on the worker: what it runs ends with a retryable
+        error, the process is SIGKILLed and respawned at once (not counted as a crash);
+        requests still queued here wait for the new worker. Returns how many ended."""
+        err = APIError.worker_failed(f"The request was cancelled: the worker was {reason}.")
+        ended = 0
+        for h in list(self.inflight.values()):
+            if not h.finished:
+                h.fail(err)
+                ended += 1
+        if self.link is not None and self._worker_alive:
             self._kill_reason = reason
+            self._admin_kill = True
             self.link.kill()
+        return ended
 
     def snapshot(self) -> dict:
         """State for /health and status: cached, never asks the worker."""
@@ -388,4 +535,9 @@ class ModelRunner:
             "restarts": self.restarts, "restart_causes": dict(self.restart_causes),
             "last_error": self.last_error,
             "uptime_s": round(self._clock() - self.ready_at, 1) if self.ready_at else None,
+            "pinned": self.pinned, "need_bytes": self.need_bytes,
+            "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
+            "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
+            # Prompt-prefix caching is not reported by workers yet (DESIGN.md: worker/cache).
+            "cached_prompts": 0,
         }

@@ -24,3 +24,15 @@ def tiny_model(models_dir) -> Path:
     from worker.demo import build_model
 
     return build_model(models_dir / "tiny", "tiny").path
+
+
+@pytest.fixture(scope="session")
+def family_model(models_dir):
+    """family_model(name) -> path of a tiny model with a real tool-calling family's chat
+    template and special tokens (worker.demo.FAMILIES), built once per session."""
+    from worker.demo import build_model
+
+    def get(family: str) -> Path:
+        return build_model(models_dir / f"tiny-{family}", "tiny", family=family).path
+
+    return get

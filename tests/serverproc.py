@@ -40,7 +40,10 @@ class ServerProcess:
             argv += ["--model", m]
         argv += list(args)
         self._log = open(self.log_path, "wb")
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
+        # Hermetic: an empty Hugging Face cache unless a test brings one, so /v1/models
+        # lists only what the test made, whatever this machine has downloaded.
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1",
+                    "HF_HUB_CACHE": str(state_dir / "hf-cache"), **(env or {})}
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=full_env)
 

@@ -36,6 +36,79 @@ CHATML_TEMPLATE = (
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
+# Chat templates of real tool-calling families, compact but rendering exactly the
+# families' formats, so mlx-lm infers the same tool parser and thinking markers as for
+# the real models (worker/tool_formats.py). Each: (template, added special tokens).
+_SYSTEM = ("{% if messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}"
+           "<|im_end|>\n{% endif %}")
+_TOOLS_INTRO = ("{% if tools %}<|im_start|>system\n# Tools\n\nYou may call one or more "
+                "functions to assist with the user query.\n<tools>{% for tool in tools %}\n"
+                "{{ tool | tojson }}{% endfor %}\n</tools>\n")
+_TURNS = (
+    "{% for message in messages %}"
+    "{% if message.role == 'system' and loop.first %}"
+    "{% elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{% if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n"
+    "{% endif %}{{ message.content or '' }}"
+    "{% for tool_call in message.tool_calls or [] %}"
+    "{% if tool_call.function %}{% set tool_call = tool_call.function %}{% endif %}"
+    "{{ CALL }}"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}"
+    "\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+)
+_GEN = "{% if add_generation_prompt %}<|im_start|>assistant\n{{ THINK }}{% endif %}"
+_ARGS_JSON = "{{ tool_call.arguments | tojson if tool_call.arguments is not string else tool_call.arguments }}"
+
+FAMILIES = {
+    # Hermes / Qwen2.5 / Qwen3: <tool_call>{json}</tool_call>, <think>…</think>; the
+    # generation prompt opens <think> unless enable_thinking is false (Qwen3-thinking,
+    # DeepSeek-R1 style), so the answer starts as reasoning.
+    "qwen": (
+        _TOOLS_INTRO + "Return each call as <tool_call>\n{\"name\": <function-name>, "
+        "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n{% else %}" + _SYSTEM
+        + "{% endif %}" + _TURNS.replace(
+            "{{ CALL }}", "\n<tool_call>\n{\"name\": \"{{ tool_call.name }}\", "
+            "\"arguments\": " + _ARGS_JSON + "}\n</tool_call>")
+        + _GEN.replace("{{ THINK }}", "{% if enable_thinking is defined and enable_thinking "
+                       "is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"),
+        ["<tool_call>", "</tool_call>", "<think>", "</think>"]),
+    # Qwen3-Coder: <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...
+    "qwen3_coder": (
+        _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(
+            # (HF renders with trim_blocks: a newline right after a tag is dropped, so
+            # newlines next to tags are written as expressions.)
+            "{{ CALL }}", "\n<tool_call>\n<function={{ tool_call.name }}>"
+            "{% for k, v in tool_call.arguments.items() %}{{ '\\n' }}<parameter={{ k }}>\n"
+            "{{ v if v is string else v | tojson }}\n</parameter>{% endfor %}{{ '\\n' }}"
+            "</function>\n</tool_call>") + _GEN.replace("{{ THINK }}", ""),
+        ["<tool_call>", "</tool_call>"]),
+    # Llama 3.1+: a bare {"name": ..., "parameters": {...}} answer is a call.
+    "llama3": (
+        _TOOLS_INTRO + "Respond in the format {\"name\": function name, \"parameters\": "
+        "dictionary of argument name and its value}.<|im_end|>\n{% else %}" + _SYSTEM
+        + "{% endif %}" + _TURNS.replace(
+            "{{ CALL }}", "{\"name\": \"{{ tool_call.name }}\", \"parameters\": "
+            + _ARGS_JSON + "}") + _GEN.replace("{{ THINK }}", ""),
+        []),
+    # Mistral (v11+ templates): [TOOL_CALLS]name[ARGS]{json}
+    "mistral": (
+        _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(
+            "{{ CALL }}", "[TOOL_CALLS]{{ tool_call.name }}[ARGS]" + _ARGS_JSON)
+        + _GEN.replace("{{ THINK }}", ""),
+        ["[TOOL_CALLS]", "[ARGS]"]),
+    # LFM2-style pythonic: <|tool_call_start|>[name(k=v, ...)]<|tool_call_end|>
+    "pythonic": (
+        _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(
+            "{{ CALL }}", "<|tool_call_start|>[{{ tool_call.name }}("
+            "{% for k, v in tool_call.arguments.items() %}{{ k }}={{ v | tojson }}"
+            "{{ ', ' if not loop.last }}{% endfor %})]<|tool_call_end|>")
+        + _GEN.replace("{{ THINK }}", ""),
+        ["<|tool_call_start|>", "<|tool_call_end|>"]),
+}
+
 # Training text for the tokenizer: varied enough that merges cover common English and JSON.
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -62,16 +135,17 @@ def is_random_weights(path: str | Path) -> bool:
     return (Path(path) / MARKER).exists()
 
 
-def _train_tokenizer(vocab_size: int):
+def _train_tokenizer(vocab_size: int, family: str = "chatml"):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    template, extra = FAMILIES[family] if family != "chatml" else (CHATML_TEMPLATE, [])
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size - len(SPECIAL_TOKENS),
-        special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size - len(SPECIAL_TOKENS) - len(extra),
+        special_tokens=SPECIAL_TOKENS + extra,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -81,14 +155,17 @@ def _train_tokenizer(vocab_size: int):
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         bos_token=None,
+        additional_special_tokens=extra or None,
     )
-    fast.chat_template = CHATML_TEMPLATE
+    fast.chat_template = template
     return fast
 
 
 def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
-                context_length: int = 4096) -> BuiltModel:
-    """Build a random-weight model at `path` (atomically; reused if already there)."""
+                context_length: int = 4096, family: str = "chatml") -> BuiltModel:
+    """Build a random-weight model at `path` (atomically; reused if already there).
+    `family` picks the chat template and added special tokens: "chatml" (plain ChatML,
+    no tools) or one of FAMILIES (a real tool-calling format)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen2
@@ -99,7 +176,7 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
         meta = json.loads((path / MARKER).read_text())
         return BuiltModel(path, meta["context_length"], meta["vocab_size"])
 
-    tokenizer = _train_tokenizer(arch["vocab_size"])
+    tokenizer = _train_tokenizer(arch["vocab_size"], family)
     vocab_size = max(arch["vocab_size"], len(tokenizer))
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = {
@@ -133,7 +210,8 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(str(tmp))
-        meta = {"preset": preset, "seed": seed, "context_length": context_length,
+        meta = {"preset": preset, "family": family, "seed": seed,
+                "context_length": context_length,
                 "vocab_size": vocab_size, "note": "random weights: output is meaningless"}
         (tmp / MARKER).write_text(json.dumps(meta, indent=2))
         try:

@@ -1,88 +1,67 @@
 """The text engine: prompt preparation and one generator per request (mlx-lm models).
 
 `prepare` turns a Generate into prompt token ids and checks it against the context
-BEFORE any compute, raising RequestError with an OpenAI-style code and message.
+BEFORE any compute, raising RequestError with an OpenAI-style code and message; it also
+builds the request's grammar (worker/constraints.py: a bad schema is a 400 here, before
+any token) and its output splitter (worker/channels.py: reasoning and tool calls).
 `generate` is one generator in the style of mlx-lm's `generate_step`/`stream_generate`:
 it yields `None` after every prefill chunk (a point where the scheduler can cancel or
-look at new commands) and one `(token, text, finish)` tuple per decode step.
+look at new commands) and one `(token, text, finish, extra)` tuple per decode step.
 
 The decode loop is the hot path. It keeps ONE step in flight (`mx.async_eval` of the next
 step before `.item()` of the current one), so the Python work of a step (detokenizing,
 stop strings, building the Delta) overlaps the computation of the next one. Per step it
-does no logging, no extra syncs and as few allocations as it can.
+does no logging, no extra syncs and as few allocations as it can. Plain requests take
+`_decode_plain`, untouched by the features of `_decode_full` (grammar, reasoning and
+tool-call splitting, logprobs).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, unpack_ids
+from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, ToolCall, unpack_ids
+from worker import prompt as chat_prompt
+from worker import sampling, tool_formats
+from worker.channels import REASONING, OutputSplitter
+from worker.constraints import Constraint, GrammarError, Grammars
+from worker.prompt import RequestError  # noqa: F401  (re-exported: callers catch it here)
 from worker.stops import StopMatcher
 
 # mlx-lm clears the buffer cache every 256 tokens: often enough to bound the cache,
 # rarely enough to cost nothing measurable.
 _CLEAR_CACHE_EVERY = 256
 
-# Rendering for models without a chat template (what mlx-lm's server does).
-_FALLBACK_ROLES = {
-    "system": "ASSISTANT's RULE: ",
-    "user": "USER: ",
-    "assistant": "ASSISTANT: ",
-}
-_FALLBACK_PREAMBLE = ("A chat between a curious user and an artificial intelligence "
-                      "assistant. The assistant follows the given rules no matter what.\n")
+
+@dataclass
+class Prepared:
+    """A request checked and ready to generate: prompt ids and its output machinery."""
+    gen: object                                  # the Generate
+    ids: list
+    constraint: Optional[Constraint] = None      # the grammar, if any
+    splitter: Optional[OutputSplitter] = None    # reasoning / tool-call parsing, if any
+    banned: tuple = ()                           # token ids never to sample
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
-class RequestError(Exception):
-    """A request the worker refuses; the message is safe to show to the client."""
+class StepExtra:
+    """What a decode step produced besides answer text (only for requests that need it)."""
+    __slots__ = ("reasoning", "tool_calls", "in_reasoning", "logprob", "top", "token_bytes")
 
-    def __init__(self, code: str, message: str, param: str | None = None,
-                 prompt_tokens: int = 0):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.param = param
-        self.prompt_tokens = prompt_tokens
-
-
-def _plain_content(content) -> str:
-    """OpenAI content may be a list of parts; only text parts are supported here."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if not (isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text")
-                    and isinstance(p.get("text"), str)):
-                raise RequestError(INVALID_REQUEST, "only text content parts are supported",
-                                   "messages")
-            parts.append(p["text"])
-        return "".join(parts)
-    raise RequestError(INVALID_REQUEST, "message content must be a string or a list of parts",
-                       "messages")
-
-
-def _normalize_messages(messages) -> list[dict]:
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise RequestError(INVALID_REQUEST, "each message needs a string 'role'", "messages")
-        m = dict(m)  # never mutate the request
-        m["content"] = _plain_content(m.get("content"))
-        out.append(m)
-    return out
-
-
-def render_plain_chat(messages: list[dict]) -> str:
-    text = _FALLBACK_PREAMBLE
-    for m in messages:
-        text += f"{_FALLBACK_ROLES.get(m['role'], '')}{m['content']}\n"
-    return text + _FALLBACK_ROLES["assistant"].rstrip()
+    def __init__(self, reasoning: str = "", tool_calls: tuple = (), in_reasoning: bool = False):
+        self.reasoning = reasoning
+        self.tool_calls: tuple[ToolCall, ...] = tool_calls
+        self.in_reasoning = in_reasoning      # the token was spent reasoning
+        self.logprob: Optional[float] = None  # None: logprobs were not asked for
+        self.top: list = []                   # [(id, logprob)] best first
+        self.token_bytes: list = []           # the token's bytes, then each top entry's
 
 
 class TextEngine:
@@ -94,14 +73,18 @@ class TextEngine:
         self.prefill_step = max(1, prefill_step)
         self.vocab_size = vocab_size or len(tokenizer)
         self._eos = frozenset(tokenizer.eos_token_ids)
+        self.tool_format = tool_formats.detect(tokenizer)
+        self.grammars = Grammars(tokenizer, self.vocab_size, self.tool_format)
+        self._token_bytes: dict[int, bytes] = {}
 
     # ---- preparation (no MLX compute) -----------------------------------------------
 
-    def prepare(self, gen) -> list[int]:
-        """Prompt token ids for `gen`, checked against the context length."""
+    def prepare(self, gen) -> Prepared:
+        """Prompt ids for `gen`, checked against the context length, and the request's
+        grammar and output splitter. Raises RequestError (shown to the client)."""
         if gen.messages is not None:
             param = "messages"
-            ids = self._chat_ids(gen)
+            ids = chat_prompt.chat_ids(self.tokenizer, gen)
         elif gen.prompt_ids is not None:
             param = "prompt"
             ids = unpack_ids(gen.prompt_ids)
@@ -123,24 +106,30 @@ class TextEngine:
             raise RequestError(INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens",
                                len(ids))
         self._check_context(len(ids), gen.max_tokens, param)
-        return ids
+        sampling.check_logit_bias(gen, self.vocab_size)
+        return self._outputs(gen, ids)
 
-    def _chat_ids(self, gen) -> list[int]:
-        if not isinstance(gen.messages, list) or not gen.messages:
-            raise RequestError(INVALID_REQUEST, "messages must be a non-empty list", "messages")
-        messages = _normalize_messages(gen.messages)
-        tok = self.tokenizer
-        if not tok.has_chat_template:
-            return tok.encode(render_plain_chat(messages))
+    def _outputs(self, gen, ids: list[int]) -> Prepared:
+        """The grammar and the splitter a request needs (none for plain completions)."""
+        prep = Prepared(gen, ids)
+        chat = gen.messages is not None
+        reasoning_first = chat and chat_prompt.starts_in_reasoning(self.tokenizer, ids)
+        may_think = chat and not chat_prompt.thinking_closed(self.tokenizer, ids)
         try:
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True,
-                                          **(gen.template_kwargs or {}))
-        except Exception as e:
-            # Templates reject conversations they cannot render (roles out of order,
-            # unknown kwargs); their message explains it and holds no secrets.
-            raise RequestError(INVALID_REQUEST, f"the chat template rejected the messages: {e}",
-                               "messages") from None
-        return list(ids)
+            prep.constraint = self.grammars.constraint(gen, reasoning_first, may_think)
+        except GrammarError as e:
+            raise RequestError(e.code, e.message, e.param, len(ids)) from None
+        fmt = self.tool_format
+        calls = bool(gen.tools) and gen.tool_choice != "none"
+        if chat and gen.tools and gen.tool_choice == "none" and fmt is not None and fmt.start:
+            # "none" means no calls: the marker that opens one cannot be sampled.
+            start = self.tokenizer.encode(fmt.start, add_special_tokens=False)
+            if len(start) == 1:
+                prep.banned = (start[0],)
+        if chat and (self.tokenizer.has_thinking or (calls and fmt is not None)):
+            prep.splitter = OutputSplitter(self.tokenizer, fmt if calls else None, gen.tools,
+                                           REASONING if reasoning_first else "normal")
+        return prep
 
     def _check_context(self, n: int, max_tokens: int | None, param: str) -> None:
         ctx = self.context_length
@@ -161,40 +150,39 @@ class TextEngine:
 
     # ---- generation -------------------------------------------------------------------
 
-    def generate(self, ids: list[int], gen):
-        """Yield None per prefill chunk, then (token, text, finish) per decode step.
+    def generate(self, prep: Prepared):
+        """Yield None per prefill chunk, then (token, text, finish, extra) per decode step.
 
         token is -1 on the final step when it ends on EOS (no token to report; `text`
         may still carry text the detokenizer or the stop matcher held back). finish is
-        None until the last yield, then "stop" or "length".
+        None until the last yield, then "stop", "length" or "tool_calls". `text` is the
+        answer; `extra` (a StepExtra, or None for plain requests) carries reasoning,
+        tool calls and logprobs.
         """
+        gen, ids = prep.gen, prep.ids
         n = len(ids)
         budget = self.context_length - n
         if gen.max_tokens is not None:
             budget = min(budget, gen.max_tokens)
-        temp = 1.0 if gen.temperature is None else gen.temperature
-        sampler = make_sampler(temp, top_p=gen.top_p or 0.0, min_p=gen.min_p or 0.0,
-                               top_k=gen.top_k or 0)
-        rp = gen.repetition_penalty
-        processors = make_logits_processors(repetition_penalty=rp) if rp not in (None, 1.0) else []
+        sampler = sampling.sampler_for(gen)
+        processors = sampling.processors_for(gen, prep.banned)
         if gen.seed is not None:
             mx.random.seed(gen.seed)  # one sequence at a time: this makes it reproducible
 
-        model, stream, eos = self.model, generation_stream, self._eos
+        model, stream = self.model, generation_stream
         cache = make_prompt_cache(model)
         prompt = mx.array(ids, dtype=mx.uint32)
-        history = None  # the tokens the logits processors see (repetition penalty)
+        history = None  # the tokens the logits processors see (penalties)
 
-        def step(tokens):
+        def logits_of(tokens):
+            """The next logits (call inside `mx.stream(generation_stream)`)."""
             nonlocal history
-            with mx.stream(stream):
-                logits = model(tokens[None], cache=cache)[:, -1, :]
-                if processors:
-                    history = mx.concatenate([history, tokens])
-                    for p in processors:
-                        logits = p(history, logits)
-                # Log-probabilities as mlx-lm samples them (top_p/min_p expect them).
-                return sampler(logits - mx.logsumexp(logits, keepdims=True))
+            logits = model(tokens[None], cache=cache)[:, -1, :]
+            if processors:
+                history = mx.concatenate([history, tokens])
+                for p in processors:
+                    logits = p(history, logits)
+            return logits
 
         # Prefill all but the last prompt token, one chunk per yield.
         pos, chunk = 0, self.prefill_step
@@ -208,12 +196,27 @@ class TextEngine:
             yield None
 
         if processors:
-            history = prompt[:pos]  # step() appends what it feeds the model
-        y = step(prompt[pos:])
-        mx.async_eval(y)
-
+            history = prompt[:pos]  # logits_of() appends what it feeds the model
         detok = self.tokenizer.detokenizer
         stops = StopMatcher(gen.stop) if gen.stop else None
+        if prep.constraint is None and prep.splitter is None and not gen.logprobs:
+            yield from self._decode_plain(prompt[pos:], logits_of, sampler, budget, detok, stops)
+        else:
+            yield from self._decode_full(prep, prompt[pos:], logits_of, sampler, budget,
+                                         detok, stops)
+
+    def _decode_plain(self, first, logits_of, sampler, budget, detok, stops):
+        """The hot path: no grammar, no splitting, no logprobs. ONE step in flight."""
+        eos = self._eos
+
+        def step(tokens):
+            with mx.stream(generation_stream):
+                logits = logits_of(tokens)
+                # Log-probabilities as mlx-lm samples them (top_p/min_p expect them).
+                return sampler(logits - mx.logsumexp(logits, keepdims=True))
+
+        y = step(first)
+        mx.async_eval(y)
         produced = 0
         while True:
             produced += 1
@@ -223,24 +226,126 @@ class TextEngine:
             tok = y.item()
             if tok in eos:
                 detok.finalize()
-                yield -1, self._tail(detok.last_segment, stops)[0], "stop"
+                yield -1, self._tail(detok.last_segment, stops)[0], "stop", None
                 return
             detok.add_token(tok)
             text = detok.last_segment
             if stops is not None:
                 text, hit = stops.feed(text)
                 if hit:
-                    yield tok, text, "stop"
+                    yield tok, text, "stop", None
                     return
             if produced >= budget:
                 detok.finalize()
                 tail, hit = self._tail(detok.last_segment, stops)
-                yield tok, text + tail, "stop" if hit else "length"
+                yield tok, text + tail, "stop" if hit else "length", None
                 return
-            yield tok, text, None
+            yield tok, text, None, None
             if produced % _CLEAR_CACHE_EVERY == 0:
                 mx.clear_cache()
             y = next_y
+
+    def _decode_full(self, prep, first, logits_of, sampler, budget, detok, stops):
+        """Grammar, reasoning/tool-call splitting and/or logprobs.
+
+        With a grammar the next token's mask depends on this token, so its sampling waits
+        for it. The rest stays in flight: as soon as a token is known and consumed, the
+        next mask is computed (llguidance, native, GIL released) while MLX runs the
+        forward pass already queued on the lazily sampled token; then the next sample
+        and the forward pass after it are queued, and only then does the Python work of
+        this token (detokenizing, splitting, the Delta) run."""
+        gen, eos = prep.gen, self._eos
+        constraint, splitter = prep.constraint, prep.splitter
+        k = gen.top_logprobs if gen.logprobs else -1
+        neg_inf = mx.array(-mx.inf)
+
+        def sample(logits):
+            mask = constraint.mask() if constraint is not None else None
+            with mx.stream(generation_stream):
+                if mask is not None:
+                    logits = mx.where(mask, logits, neg_inf)
+                logprobs = logits - mx.logsumexp(logits, keepdims=True)
+                y = sampler(logprobs)
+                lp = sampling.logprob_arrays(logprobs, y, k) if k >= 0 else ()
+            mx.async_eval(y, *lp)
+            return y, lp
+
+        def forward(y):
+            with mx.stream(generation_stream):
+                logits = logits_of(y)
+            mx.async_eval(logits)
+            return logits
+
+        y, lp = sample(forward(first))
+        logits = forward(y) if budget > 1 else None
+        produced = 0
+        while True:
+            produced += 1
+            tok = y.item()
+            if tok in eos:
+                yield -1, *self._finish(detok, stops, splitter, "stop")
+                return
+            if constraint is not None and not constraint.consume(tok):
+                raise RuntimeError(f"the grammar rejected token {tok}: {constraint.error}")
+            done = constraint is not None and constraint.done
+            if produced < budget and not done:
+                next_y, next_lp = sample(logits)
+                if produced + 1 < budget:
+                    logits = forward(next_y)
+            extra = StepExtra(in_reasoning=splitter is not None and splitter.reasoning)
+            if k >= 0:
+                extra.logprob, extra.top = sampling.read_logprobs(lp)
+                extra.token_bytes = [self.token_bytes(tok)] + [self.token_bytes(t)
+                                                              for t, _ in extra.top]
+            detok.add_token(tok)
+            text = detok.last_segment
+            if stops is not None:
+                text, hit = stops.feed(text)
+                if hit:
+                    yield tok, *self._split(text, splitter, extra, "stop", final=True)
+                    return
+            if done or produced >= budget:
+                # done: the grammar is complete, only EOS could follow, so end here.
+                detok.finalize()
+                tail, hit = self._tail(detok.last_segment, stops)
+                finish = "stop" if done or hit else "length"
+                yield tok, *self._split(text + tail, splitter, extra, finish, final=True)
+                return
+            yield tok, *self._split(text, splitter, extra, None)
+            if produced % _CLEAR_CACHE_EVERY == 0:
+                mx.clear_cache()
+            y, lp = next_y, next_lp
+
+    @staticmethod
+    def _split(text, splitter, extra, finish, final=False):
+        """(answer text, finish, extra) of a step: reasoning and calls split off."""
+        if splitter is None:
+            return text, finish, extra
+        content, reasoning, calls = splitter.feed(text)
+        if final:
+            c2, r2, k2 = splitter.finish()
+            content, reasoning, calls = content + c2, reasoning + r2, calls + k2
+        extra.reasoning, extra.tool_calls = reasoning, calls
+        if finish == "stop" and splitter.made_calls:
+            finish = "tool_calls"
+        return content, finish, extra
+
+    def _finish(self, detok, stops, splitter, finish):
+        """The EOS step: flush the detokenizer, the stop matcher and the splitter."""
+        detok.finalize()
+        text = self._tail(detok.last_segment, stops)[0]
+        return self._split(text, splitter, StepExtra(), finish, final=True)
+
+    def token_bytes(self, tok: int) -> bytes:
+        """A token's exact bytes (logprobs' `bytes`; may be part of a UTF-8 character)."""
+        b = self._token_bytes.get(tok)
+        if b is None:
+            try:
+                b = self.grammars.ll_tokenizer.decode_bytes([tok])
+            except GrammarError:  # a slow tokenizer: its text is the best we have
+                b = self.tokenizer.decode([tok]).encode("utf-8")
+            self._token_bytes[tok] = b
+        return b
 
     @staticmethod
     def _tail(text: str, stops: StopMatcher | None) -> tuple[str, bool]:
@@ -255,7 +360,7 @@ class TextEngine:
         """One tiny forward pass and a sample, so the first request pays no setup."""
         from protocol.messages import Generate
 
-        for _ in self.generate([0], Generate(rid="warmup", prompt="", max_tokens=2,
-                                             temperature=0.0)):
+        gen = Generate(rid="warmup", prompt="", max_tokens=2, temperature=0.0)
+        for _ in self.generate(Prepared(gen, [0])):
             pass
         mx.clear_cache()

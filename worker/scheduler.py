@@ -29,6 +29,7 @@ import mlx.core as mx
 
 from protocol.messages import (
     INTERNAL, Cancel, Delta, Done, Error, Generate, Shutdown, Started, StatusRequest,
+    pack_floats, pack_ids,
 )
 from worker.engine import RequestError
 
@@ -41,7 +42,7 @@ _pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, che
 
 class Sequence:
     __slots__ = ("gen", "rid", "it", "prompt_tokens", "completion_tokens", "t0",
-                 "held_text", "held_ids", "sent_at")
+                 "held_text", "held_ids", "sent_at", "held", "reasoning_tokens")
 
     def __init__(self, gen: Generate):
         self.gen = gen
@@ -53,6 +54,39 @@ class Sequence:
         self.held_text = ""     # output of steps not sent yet (see stream_interval)
         self.held_ids = b""
         self.sent_at = 0.0      # when the last Delta left
+        self.held: Held | None = None  # held reasoning, calls, logprobs (if any)
+        self.reasoning_tokens = 0
+
+
+class Held:
+    """What steps not sent yet produced besides text and ids, for the next Delta."""
+    __slots__ = ("reasoning", "tool_calls", "logprobs", "top_ids", "top_logprobs",
+                 "token_bytes")
+
+    def __init__(self):
+        self.reasoning = ""
+        self.tool_calls: list = []
+        self.logprobs: list = []
+        self.top_ids: list = []
+        self.top_logprobs: list = []
+        self.token_bytes: list = []
+
+    def add(self, extra) -> None:
+        self.reasoning += extra.reasoning
+        for call in extra.tool_calls:
+            self.tool_calls.append(call.to_wire())
+        if extra.logprob is not None:
+            self.logprobs.append(extra.logprob)
+            for tok, lp in extra.top:
+                self.top_ids.append(tok)
+                self.top_logprobs.append(lp)
+            self.token_bytes.extend(extra.token_bytes)
+
+    def fields(self) -> dict:
+        return {"reasoning": self.reasoning, "tool_calls": self.tool_calls,
+                "logprobs": pack_floats(self.logprobs), "top_ids": pack_ids(self.top_ids),
+                "top_logprobs": pack_floats(self.top_logprobs),
+                "token_bytes": self.token_bytes}
 
 
 class Scheduler:
@@ -149,7 +183,7 @@ class Scheduler:
         seq = self.waiting.popleft()
         gen = seq.gen
         try:
-            ids = self.engine.prepare(gen)
+            prep = self.engine.prepare(gen)
         except RequestError as e:
             seq.prompt_tokens = e.prompt_tokens
             self.link.send(Error(self.epoch, e.code, e.message, seq.rid, e.param))
@@ -159,13 +193,13 @@ class Scheduler:
         except Exception:
             self._fail(seq)
             return
-        seq.prompt_tokens = len(ids)
+        seq.prompt_tokens = len(prep.ids)
         # Prompt text in logs needs both the operator's --log-prompts and the request's
         # own permission; by default logs carry ids and counts only.
         if self.log_prompts and gen.log_prompt:
             log.info("rid=%s prompt=%r", seq.rid, gen.messages if gen.messages is not None
                      else gen.prompt)
-        seq.it = self.engine.generate(ids, gen)
+        seq.it = self.engine.generate(prep)
         self.active[seq.rid] = seq
         self.link.send(Started(self.epoch, seq.rid, seq.prompt_tokens, 0))
         self._publish()
@@ -180,18 +214,32 @@ class Scheduler:
         self.status.steps += 1
         if out is None:  # a prefill chunk: nothing to send
             return
-        tok, text, finish = out
+        tok, text, finish, extra = out
         if tok >= 0:  # (EOS comes as -1: no token to report, only text held back)
             seq.completion_tokens += 1
             seq.held_ids += _pack1(tok)
         seq.held_text += text
+        if extra is not None:
+            if seq.held is None:
+                seq.held = Held()
+            seq.held.add(extra)
+            if extra.in_reasoning and tok >= 0:
+                seq.reasoning_tokens += 1
         if finish is not None:
             self._finish(seq, finish)
         elif seq.held_ids and time.monotonic() - seq.sent_at >= self.stream_interval:
             self._flush(seq)
 
     def _flush(self, seq: Sequence) -> None:
-        if seq.held_ids or seq.held_text:
+        held = seq.held
+        if held is not None:
+            if seq.held_ids or seq.held_text or held.reasoning or held.tool_calls:
+                self.link.send(Delta(self.epoch, seq.rid, seq.held_text, seq.held_ids,
+                                     **held.fields()))
+                seq.held = None
+                seq.held_text, seq.held_ids = "", b""
+                seq.sent_at = time.monotonic()
+        elif seq.held_ids or seq.held_text:
             self.link.send(Delta(self.epoch, seq.rid, seq.held_text, seq.held_ids))
             seq.held_text, seq.held_ids = "", b""
             seq.sent_at = time.monotonic()
@@ -211,7 +259,7 @@ class Scheduler:
         self.active.pop(seq.rid, None)
         self._flush(seq)
         self.link.send(Done(self.epoch, seq.rid, reason, seq.prompt_tokens,
-                            seq.completion_tokens, 0))
+                            seq.completion_tokens, 0, seq.reasoning_tokens))
         if log_it:
             dt = time.monotonic() - seq.t0
             log.info("rid=%s done: %s, %d prompt + %d completion tokens in %.2fs", seq.rid,

@@ -4,8 +4,9 @@ Messages are normalized for the worker's chat template: `developer` becomes `sys
 (templates know only system), content becomes one string (text parts joined with "\\n", as
 vLLM does, so separate parts stay separate blocks), and every other key of a message
 (name, tool_calls, tool_call_id, ...) is carried through untouched for the template.
-Features the server cannot honour yet (images, audio, tools, logprobs, JSON modes) are
-400s naming the param, never silently dropped.
+Tools, tool_choice and response_format are validated by supervisor/api/tools.py (shared
+with the Responses API). Features the server cannot honour (images, audio, the
+deprecated `functions`) are 400s naming the param, never silently dropped.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from supervisor.api import tools as tooling
 from supervisor.api.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
-    opt_object, parse_common, unsupported,
+    opt_object, opt_str, parse_common, unsupported,
 )
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -26,6 +28,12 @@ class ChatRequest(CommonParams):
     messages: tuple = ()                   # normalized message dicts
     parallel_tool_calls: Optional[bool] = None
     template_kwargs: Optional[dict] = None  # body's chat_template_kwargs (not OpenAI)
+    tools: tuple = ()                      # nested chat form (tools.normalize_tools)
+    tool_choice: tooling.ToolChoice = tooling.ToolChoice()
+    response_format: tooling.ResponseFormat = tooling.ResponseFormat()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    reasoning_effort: Optional[str] = None
 
     def to_generate_fields(self) -> dict:
         """Keyword arguments of protocol.messages.Generate, except rid and log_prompt."""
@@ -35,6 +43,11 @@ class ChatRequest(CommonParams):
             "prompt_ids": None,
             **self.sampling_fields(),
             "template_kwargs": self.template_kwargs,
+            **tooling.generate_fields(self.tools, self.tool_choice, self.response_format,
+                                      self.parallel_tool_calls),
+            "logprobs": self.logprobs,
+            "top_logprobs": self.top_logprobs if self.logprobs else 0,
+            "reasoning_effort": self.reasoning_effort,
         }
 
 
@@ -46,13 +59,36 @@ def parse_chat_request(body: dict) -> ChatRequest:
     mct = opt_int(body, "max_completion_tokens", minimum=1)
     mt = opt_int(body, "max_tokens", minimum=1)
     _reject_unsupported(body)
+    tools = tooling.normalize_tools(body.get("tools"))
+    logprobs = bool(opt_bool(body, "logprobs"))
+    top = opt_int(body, "top_logprobs", 0, 20)
+    if top and not logprobs:
+        raise invalid_value("top_logprobs", "'logprobs' must be true to use top_logprobs.")
     return ChatRequest(
         **common,
         max_tokens=mct if mct is not None else mt,
         messages=messages,
         parallel_tool_calls=opt_bool(body, "parallel_tool_calls"),
         template_kwargs=opt_object(body, "chat_template_kwargs"),
+        tools=tools,
+        tool_choice=tooling.parse_tool_choice(body.get("tool_choice"), tools),
+        response_format=tooling.parse_response_format(body.get("response_format")),
+        logprobs=logprobs,
+        top_logprobs=top or 0,
+        reasoning_effort=parse_reasoning_effort(body),
     )
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def parse_reasoning_effort(body: dict, key: str = "reasoning_effort",
+                           param: Optional[str] = None) -> Optional[str]:
+    effort = opt_str(body, key, param)
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise invalid_value(param or key, f"'{effort}'. Supported values are: "
+                            + ", ".join(f"'{e}'" for e in REASONING_EFFORTS) + ".")
+    return effort
 
 
 # ---- messages ------------------------------------------------------------------------
@@ -143,43 +179,20 @@ def _parse_content(where: str, role: str, msg: dict) -> Optional[str]:
     return "\n".join(texts)
 
 
-# ---- features not served yet ---------------------------------------------------------
+# ---- features not served -----------------------------------------------------------
 
 def _reject_unsupported(body: dict) -> None:
-    if opt_bool(body, "logprobs"):
-        raise unsupported("logprobs", "logprobs are not supported by this server yet.")
-    if opt_int(body, "top_logprobs", 0, 20):
-        raise unsupported("top_logprobs", "logprobs are not supported by this server yet.")
-
-    for key in ("tools", "functions"):
-        if opt_list(body, key):
-            raise unsupported(key, "tools are not supported by this server yet.")
-    _check_choice(body, "tool_choice", ("none", "auto", "required"))
-    _check_choice(body, "function_call", ("none", "auto"))
-
-    fmt = opt_object(body, "response_format")
-    if fmt is not None:
-        kind = fmt.get("type")
-        if kind is None:
-            raise missing("response_format.type")
-        if kind in ("json_object", "json_schema"):
-            raise unsupported("response_format", f"response_format '{kind}' is not "
-                              "supported by this server yet.", "unsupported_value")
-        if kind != "text":
-            raise invalid_value("response_format.type", f"'{kind}'. Supported values are: "
-                                "'text', 'json_object', 'json_schema'.")
-
-
-def _check_choice(body: dict, key: str, allowed: tuple) -> None:
-    """Without tools only "none"/"auto" mean anything, and both mean "answer in text"."""
-    value = body.get(key)
+    if opt_list(body, "functions"):
+        raise unsupported("functions", "The deprecated 'functions' parameter is not supported "
+                          "by this server; use 'tools'.")
+    value = body.get("function_call")
     if value is None or value in ("none", "auto"):
         return
     if isinstance(value, str):
-        if value not in allowed:
-            raise invalid_value(key, f"'{value}'. Supported values are: "
-                                + ", ".join(f"'{a}'" for a in allowed) + ".")
-    elif not isinstance(value, dict):
-        raise invalid_type(key, "a string or an object", value)
-    raise unsupported(key, "tools are not supported by this server yet.")
+        raise invalid_value("function_call", f"'{value}'. Supported values are: 'none', "
+                            "'auto'.")
+    if not isinstance(value, dict):
+        raise invalid_type("function_call", "a string or an object", value)
+    raise unsupported("function_call", "The deprecated 'function_call' parameter is not "
+                      "supported by this server; use 'tool_choice'.")
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from protocol.messages import pack_ids
+from supervisor.api import tools as tooling
 from supervisor.api.params import (
     CommonParams, invalid_type, invalid_value, is_int, missing, opt_bool, opt_int, opt_str,
     parse_common, unsupported,
@@ -24,6 +25,10 @@ _UINT32 = 2 ** 32  # token ids travel as packed uint32 (protocol.pack_ids)
 class CompletionRequest(CommonParams):
     prompt: Optional[str] = None
     prompt_ids: Optional[tuple] = None      # token ids, when the client sent ids
+    logprobs: Optional[int] = None          # alternatives per token (0..5); None: off
+    # OpenAI's max_tokens default for this endpoint, used when neither the client nor
+    # the server (--default-max-tokens) sets one.
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
 
     def to_generate_fields(self) -> dict:
         """Keyword arguments of protocol.messages.Generate, except rid and log_prompt."""
@@ -33,6 +38,10 @@ class CompletionRequest(CommonParams):
             "prompt_ids": pack_ids(self.prompt_ids) if self.prompt_ids is not None else None,
             **self.sampling_fields(),
             "template_kwargs": None,
+            "logprobs": self.logprobs is not None,
+            "top_logprobs": self.logprobs or 0,
+            **tooling.generate_fields((), tooling.ToolChoice(), tooling.ResponseFormat()),
+            "reasoning_effort": None,
         }
 
 
@@ -45,9 +54,10 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     _reject_unsupported(body)
     return CompletionRequest(
         **common,
-        max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+        max_tokens=max_tokens,  # None: the server's default, else DEFAULT_MAX_TOKENS
         prompt=prompt,
         prompt_ids=prompt_ids,
+        logprobs=opt_int(body, "logprobs", 0, 5),
     )
 
 
@@ -87,9 +97,6 @@ def _token_ids(ids: list, param: str) -> tuple:
 
 
 def _reject_unsupported(body: dict) -> None:
-    # logprobs here is an int 0..5 (how many alternatives); any value asks for logprobs.
-    if opt_int(body, "logprobs", 0, 5) is not None:
-        raise unsupported("logprobs", "logprobs are not supported by this server yet.")
     if opt_bool(body, "echo"):
         raise unsupported("echo", "echo is not supported by this server yet.")
     if opt_str(body, "suffix"):

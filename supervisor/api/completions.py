@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from supervisor.api import generation, shapes
+from supervisor.api.output import Output, Part
 from supervisor.api.validation import parse_completion_request
 from supervisor.errors import read_json
 
@@ -17,12 +18,19 @@ class CompletionShapes:
     id: str
     created: int
     model: str
+    logprobs: bool = False
+    sent: int = 0  # characters streamed so far (logprobs' text_offset)
 
     def first_chunk(self):
         return None  # legacy completions have no role chunk
 
-    def text_chunk(self, text):
-        return shapes.completion_chunk(self.id, self.created, self.model, text)
+    def chunks(self, part: Part) -> list[dict]:
+        if not (part.text or part.logprobs):
+            return []
+        logprobs = shapes.text_logprobs(part.logprobs, self.sent) if self.logprobs else None
+        self.sent += len(part.text)
+        return [shapes.completion_chunk(self.id, self.created, self.model, part.text,
+                                        logprobs=logprobs)]
 
     def final_chunk(self, finish_reason):
         return shapes.completion_chunk(self.id, self.created, self.model, "", finish_reason)
@@ -30,11 +38,13 @@ class CompletionShapes:
     def usage_chunk(self, usage):
         return shapes.completion_usage_chunk(self.id, self.created, self.model, usage)
 
-    def body(self, text, finish_reason, usage):
-        return shapes.text_completion(self.id, self.created, self.model, text, finish_reason, usage)
+    def body(self, output: Output, finish_reason, usage):
+        logprobs = shapes.text_logprobs(output.logprobs) if self.logprobs else None
+        return shapes.text_completion(self.id, self.created, self.model, output.content,
+                                      finish_reason, usage, logprobs=logprobs)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_completion_request(await read_json(request))
     return await generation.run(request, parsed, lambda model, created: CompletionShapes(
-        shapes.new_completion_id(), created, model))
+        shapes.new_completion_id(), created, model, parsed.logprobs is not None))

@@ -1,9 +1,11 @@
 """The one request flow behind /v1/chat/completions and /v1/completions.
 
 Admission → wait for `started` (errors before the first byte get their real HTTP
-status: 400 context too long, 503 queue full/timeout) → stream SSE chunks or collect
-one body. Leaving for any reason (done, error, client gone: aiohttp cancels the handler)
-closes the handle, which cancels the worker's sequence if it is still running.
+status: 400 context too long or a bad schema, 503 queue full/timeout) → stream SSE
+chunks or collect one body. Leaving for any reason (done, error, client gone: aiohttp
+cancels the handler) closes the handle, which cancels the worker's sequence if it is
+still running. The server's defaults (--default-max-tokens, --default-temperature,
+--default-repetition-penalty) fill what the client left out, here, for every surface.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Callable, Protocol
 from aiohttp import web
 
 from supervisor.api import shapes, sse
+from supervisor.api.output import Output, Part
 from supervisor.errors import APIError, get_request_id
 from supervisor.keys import CONFIG, POOL
 
@@ -25,10 +28,27 @@ class Shapes(Protocol):
     """What differs between chat and legacy completions: the objects of one response."""
 
     def first_chunk(self) -> dict | None: ...
-    def text_chunk(self, text: str) -> dict: ...
+    def chunks(self, part: Part) -> list[dict]: ...
     def final_chunk(self, finish_reason: str) -> dict: ...
     def usage_chunk(self, usage: dict) -> dict: ...
-    def body(self, text: str, finish_reason: str, usage: dict) -> dict: ...
+    def body(self, output: Output, finish_reason: str, usage: dict) -> dict: ...
+
+
+def apply_defaults(fields: dict, config, default_max_tokens: int | None = None) -> dict:
+    """Generate fields with the server's defaults where the client gave nothing.
+    `default_max_tokens`: the endpoint's own default (legacy completions: 16), used when
+    the server has none."""
+    if fields.get("max_tokens") is None:
+        fields["max_tokens"] = getattr(config, "default_max_tokens", None) or default_max_tokens
+    for key in ("temperature", "repetition_penalty"):
+        if fields.get(key) is None:
+            fields[key] = getattr(config, f"default_{key}", None)
+    return fields
+
+
+def usage_of(done) -> dict:
+    return shapes.usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
+                        done.reasoning_tokens)
 
 
 async def run(request: web.Request, parsed,
@@ -36,7 +56,9 @@ async def run(request: web.Request, parsed,
     """`make_shapes(model, created)` gives the response's object builders."""
     config = request.app[CONFIG]
     runner = request.app[POOL].get(parsed.model)
-    handle = runner.submit(parsed.to_generate_fields())
+    fields = apply_defaults(parsed.to_generate_fields(), config,
+                            getattr(parsed, "default_max_tokens", None))
+    handle = runner.submit(fields)
     model = runner.id
     objects = make_shapes(model, int(time.time()))
     t0 = time.monotonic()
@@ -45,14 +67,15 @@ async def run(request: web.Request, parsed,
         await handle.started(config.queue_timeout)
         deadline = time.monotonic() + config.request_timeout
         if parsed.stream:
-            resp = await _stream(request, parsed, objects, handle, deadline)
+            resp = await _stream(request, parsed, objects, handle, deadline,
+                                 bool(fields.get("logprobs")))
         else:
-            text = []
+            output = Output()
+            logprobs = bool(fields.get("logprobs"))
             async for batch in handle.deltas(deadline):
-                text.extend(d.text for d in batch)
+                output.add(Part.of(batch, logprobs))
             done = handle.done
-            usage = shapes.usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
-            resp = web.json_response(objects.body("".join(text), done.finish_reason, usage))
+            resp = web.json_response(objects.body(output, done.finish_reason, usage_of(done)))
         outcome = handle.done.finish_reason if handle.done else "error"
         return resp
     finally:
@@ -67,7 +90,8 @@ async def run(request: web.Request, parsed,
                  (time.monotonic() - t0) * 1000)
 
 
-async def _stream(request, parsed, objects: Shapes, handle, deadline: float) -> web.StreamResponse:
+async def _stream(request, parsed, objects: Shapes, handle, deadline: float,
+                  logprobs: bool) -> web.StreamResponse:
     resp = await sse.open_stream(request)
     first = objects.first_chunk()
     if first is not None:
@@ -77,9 +101,8 @@ async def _stream(request, parsed, objects: Shapes, handle, deadline: float) -> 
             if not batch:
                 await resp.write(sse.PING)
                 continue
-            text = "".join(d.text for d in batch)
-            if text:
-                await resp.write(sse.encode_event(objects.text_chunk(text)))
+            for chunk in objects.chunks(Part.of(batch, logprobs)):
+                await resp.write(sse.encode_event(chunk))
     except APIError as e:
         # The status line has gone out: the error travels as the stream's last event.
         await resp.write(sse.error_event(e))
@@ -87,8 +110,7 @@ async def _stream(request, parsed, objects: Shapes, handle, deadline: float) -> 
     done = handle.done
     await resp.write(sse.encode_event(objects.final_chunk(done.finish_reason)))
     if parsed.include_usage:
-        usage = shapes.usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
-        await resp.write(sse.encode_event(objects.usage_chunk(usage)))
+        await resp.write(sse.encode_event(objects.usage_chunk(usage_of(done))))
     await resp.write(sse.DONE)
     await resp.write_eof()
     return resp

@@ -239,9 +239,9 @@ class CommonParams:
     repetition_penalty: Optional[float] = None  # > 0; not OpenAI
     stop: tuple = ()
     n: int = 1
-    presence_penalty: Optional[float] = None    # validated, not applied yet
-    frequency_penalty: Optional[float] = None   # validated, not applied yet
-    logit_bias: Optional[dict] = None           # validated, not applied yet
+    presence_penalty: Optional[float] = None    # -2..2, over the last 20 tokens (mlx-lm)
+    frequency_penalty: Optional[float] = None   # -2..2, over the last 20 tokens (mlx-lm)
+    logit_bias: Optional[dict] = None           # {token id: -100..100}
     user: Optional[str] = None
     metadata: Optional[dict] = None
     store: Optional[bool] = None
@@ -259,6 +259,11 @@ class CommonParams:
             "seed": self.seed,
             "repetition_penalty": self.repetition_penalty,
             "stop": list(self.stop),
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            # msgpack map keys are strings on the wire: pairs keep the ids ints.
+            "logit_bias": [[t, b] for t, b in self.logit_bias.items()] if self.logit_bias
+            else None,
         }
 
 

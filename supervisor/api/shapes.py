@@ -53,13 +53,54 @@ def new_completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+          reasoning_tokens: int = 0) -> dict:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
+
+
+# ---- tool calls and logprobs (from supervisor.api.output's neutral items) -----------
+
+def tool_call(call) -> dict:
+    """A protocol.ToolCall as a chat message's tool call."""
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def tool_call_deltas(call) -> list[dict]:
+    """A complete call as the stream deltas OpenAI sends: the id and name first (with
+    empty arguments), then the arguments (here in one fragment)."""
+    return [
+        {"tool_calls": [{"index": call.index, "id": call.id, "type": "function",
+                         "function": {"name": call.name, "arguments": ""}}]},
+        {"tool_calls": [{"index": call.index, "function": {"arguments": call.arguments}}]},
+    ]
+
+
+def chat_logprobs(tokens) -> dict:
+    """ChatCompletion choices[].logprobs from TokenLogprob items."""
+    return {"content": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes,
+                         "top_logprobs": [{"token": a, "logprob": lp, "bytes": b}
+                                          for a, lp, b in t.top]}
+                        for t in tokens],
+            "refusal": None}
+
+
+def text_logprobs(tokens, offset: int = 0) -> dict:
+    """Legacy completions choices[].logprobs; `offset`: characters already sent."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for t in tokens:
+        out["tokens"].append(t.token)
+        out["token_logprobs"].append(t.logprob)
+        out["top_logprobs"].append({a: lp for a, lp, _ in t.top})
+        out["text_offset"].append(offset)
+        offset += len(t.token)
+    return out
 
 
 # ---- chat completions ----------------------------------------------------------------
@@ -67,9 +108,18 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 def chat_completion(id: str, created: int, model: str, content: Optional[str],
                     finish_reason: str, usage: Optional[dict], *,
                     tool_calls: Optional[list] = None,
+                    reasoning: Optional[str] = None,
+                    logprobs: Optional[dict] = None,
                     system_fingerprint: Optional[str] = None) -> dict:
-    """A whole (non-streamed) chat completion. `usage` from usage()."""
+    """A whole (non-streamed) chat completion. `usage` from usage(); `tool_calls` from
+    tool_call(); `logprobs` from chat_logprobs(). Reasoning goes in
+    `message.reasoning_content` (not OpenAI's; what vLLM, DeepSeek and most local
+    servers send, so clients that show thinking find it)."""
+    if tool_calls and not content:
+        content = None  # OpenAI: a turn that only calls tools has null content
     message = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
     body = {
@@ -80,7 +130,7 @@ def chat_completion(id: str, created: int, model: str, content: Optional[str],
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": chat_finish_reason(finish_reason),
         }],
         "usage": usage,
@@ -94,6 +144,7 @@ def chat_completion(id: str, created: int, model: str, content: Optional[str],
 
 def chat_chunk(id: str, created: int, model: str, delta: dict,
                finish_reason: Optional[str] = None, *, include_usage: bool = False,
+               logprobs: Optional[dict] = None,
                system_fingerprint: Optional[str] = None) -> dict:
     """One streamed chat chunk. `delta` is e.g. {"content": "text"}; the last chunk has
     delta {} and a finish_reason. With include_usage every chunk but the usage chunk
@@ -106,7 +157,7 @@ def chat_chunk(id: str, created: int, model: str, delta: dict,
         "choices": [{
             "index": 0,
             "delta": delta,
-            "logprobs": None,
+            "logprobs": logprobs,
             "finish_reason": None if finish_reason is None else chat_finish_reason(finish_reason),
         }],
     }
@@ -137,14 +188,14 @@ def chat_usage_chunk(id: str, created: int, model: str, usage: dict, *,
 # ---- text completions ----------------------------------------------------------------
 
 def text_completion(id: str, created: int, model: str, text: str, finish_reason: str,
-                    usage: Optional[dict], *,
+                    usage: Optional[dict], *, logprobs: Optional[dict] = None,
                     system_fingerprint: Optional[str] = None) -> dict:
     body = {
         "id": id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None,
+        "choices": [{"text": text, "index": 0, "logprobs": logprobs,
                      "finish_reason": text_finish_reason(finish_reason)}],
     }
     if usage is not None:
@@ -155,7 +206,7 @@ def text_completion(id: str, created: int, model: str, text: str, finish_reason:
 
 
 def completion_chunk(id: str, created: int, model: str, text: str,
-                     finish_reason: Optional[str] = None, *,
+                     finish_reason: Optional[str] = None, *, logprobs: Optional[dict] = None,
                      system_fingerprint: Optional[str] = None) -> dict:
     """One streamed text completion chunk; OpenAI streams these with the same object as
     the whole response ("text_completion") and finish_reason null until the last one.
@@ -167,7 +218,7 @@ def completion_chunk(id: str, created: int, model: str, text: str,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": None,
+        "choices": [{"text": text, "index": 0, "logprobs": logprobs,
                      "finish_reason": None if finish_reason is None
                      else text_finish_reason(finish_reason)}],
     }

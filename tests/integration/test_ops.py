@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.serverproc import REPO, ServerProcess, free_port
+from tests.serverproc import REPO, ServerProcess
 
 
 def _all_logs(srv: ServerProcess) -> str:
@@ -49,45 +50,58 @@ def test_sigterm_stops_workers_and_exits_zero(tiny_model):
         pass
 
 
-def mlxctl(*args, url):
-    return subprocess.run([sys.executable, "-m", "supervisor.ctl", "--url", url, *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
-
-
-def test_mlxctl_status_text_and_json(server, model_id):
-    out = mlxctl("status", url=server.url)
-    assert out.returncode == 0, out.stderr
-    assert "status: ok" in out.stdout and model_id in out.stdout and "ready" in out.stdout
-    js = mlxctl("status", "--json", url=server.url)
-    assert js.returncode == 0
-    body = json.loads(js.stdout)
-    assert body["workers"][0]["model"] == model_id
-
-
-def test_mlxctl_says_when_the_server_is_not_running():
-    out = mlxctl("status", url=f"http://127.0.0.1:{free_port()}")
-    assert out.returncode == 3
-    assert "not running" in out.stderr and "Traceback" not in out.stderr
-
-
 def test_mlxd_without_a_model_says_so():
     out = subprocess.run([sys.executable, "-m", "supervisor"], cwd=REPO, capture_output=True,
                          text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
     assert out.returncode != 0 and "--model" in out.stderr
 
 
-def test_sigterm_mid_stream_ends_the_stream_with_an_error_and_exits_quickly(tiny_model):
+def test_sigterm_drains_running_requests_then_exits_zero(tiny_model):
     srv = ServerProcess([str(tiny_model)])
     srv.wait_healthy()
-    body = {"model": str(tiny_model), "messages": [{"role": "user", "content": "x"}],
-            "max_tokens": 4000, "stream": True}
+    pid = srv.worker_pids()[0]
+    # Greedy on this prompt runs to max_tokens (no stop token comes): ~3 s of decoding.
+    body = {"model": str(tiny_model), "messages": [{"role": "user", "content": "Go on"}],
+            "temperature": 0, "max_tokens": 2000, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as s:
+            lines = s.iter_lines()
+            next(l for l in lines if l.startswith("data: "))
+            srv.proc.terminate()
+            # Not accepting any more: the listening socket closes first.
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    httpx.get(srv.url + "/health", timeout=1)
+                except httpx.TransportError:
+                    break
+                assert time.monotonic() < deadline, "still accepting after SIGTERM"
+                time.sleep(0.02)
+            rest = [l for l in lines if l.startswith("data: ")]
+    # The running request finished whole.
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][6:])["usage"]["completion_tokens"] == 2000
+    assert srv.proc.wait(30) == 0
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert "letting 1 request(s) finish" in _all_logs(srv)
+    srv.stop()
+
+
+def test_sigint_past_the_drain_timeout_ends_the_stream_with_an_error(tiny_model):
+    # SIGINT (Ctrl-C) takes the same path as SIGTERM; this stream outlasts the drain.
+    srv = ServerProcess([str(tiny_model)], "--shutdown-timeout", "0.5")
+    srv.wait_healthy()
+    body = {"model": str(tiny_model), "messages": [{"role": "user", "content": "Go on"}],
+            "temperature": 0, "max_tokens": 4000, "stream": True}
     with httpx.Client(base_url=srv.url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as s:
             lines = s.iter_lines()
             next(l for l in lines if l.startswith("data: "))
             t0 = time.monotonic()
-            srv.proc.terminate()
+            srv.proc.send_signal(signal.SIGINT)
             rest = [l for l in lines if l.startswith("data: ")]
     assert rest and "shutting down" in rest[-1]
+    assert time.monotonic() - t0 >= 0.5  # it had its drain first
     assert srv.proc.wait(15) == 0 and time.monotonic() - t0 < 10
     srv.stop()

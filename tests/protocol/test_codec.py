@@ -11,7 +11,8 @@ import pytest
 
 from protocol import (PROTOCOL_VERSION, Cancel, Delta, Done, Error, Generate, Heartbeat,
                       ProtocolError, Ready, Shutdown, Started, Status, StatusRequest,
-                      decode_down, decode_up, encode, pack_ids, unpack_ids)
+                      ToolCall, decode_down, decode_up, encode, pack_floats, pack_ids,
+                      unpack_floats, unpack_ids)
 from protocol.messages import DOWN, UP
 from protocol.sockets import Endpoints, make_runtime_dir, remove_runtime_dir
 
@@ -21,12 +22,44 @@ GOLDEN = [
     (Cancel(rid="r1"), b"\x83\xa1v\x01\xa4type\xa6cancel\xa3rid\xa2r1"),
     (Shutdown(), b"\x82\xa1v\x01\xa4type\xa8shutdown"),
     (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
-     b"\x86\xa1v\x01\xa4type\xa5delta\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
-     b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"),
+     b"\x8c\xa1v\x01\xa4type\xa5delta\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"
+     b"\xa9reasoning\xa0\xaatool_calls\x90\xa8logprobs\xc4\x00\xa7top_ids\xc4\x00"
+     b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90"),
     (Done(epoch=2, rid="r1", finish_reason="length", prompt_tokens=3, completion_tokens=4),
-     b"\x88\xa1v\x01\xa4type\xa4done\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
-     b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"),
+     b"\x89\xa1v\x01\xa4type\xa4done\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+     b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"
+     b"\xb0reasoning_tokens\x00"),
 ]
+
+# The same two messages as an older peer (before reasoning, tool calls and logprobs)
+# sent them: the fields added since decode to their defaults.
+OLD_WIRE = [
+    (b"\x86\xa1v\x01\xa4type\xa5delta\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00", GOLDEN[2][0]),
+    (b"\x88\xa1v\x01\xa4type\xa4done\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+     b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
+]
+
+
+@pytest.mark.parametrize("wire,msg", OLD_WIRE, ids=["Delta", "Done"])
+def test_an_older_peers_messages_still_decode(wire, msg):
+    assert decode_up(wire) == msg
+
+
+def test_tool_calls_and_logprobs_travel_packed():
+    call = ToolCall(0, "call_1", "get_weather", '{"city": "Paris"}')
+    d = Delta(epoch=1, rid="a", text="", token_ids=pack_ids([7, 8]), reasoning="hm",
+              tool_calls=[call.to_wire()], logprobs=pack_floats([-0.5, -1.25]),
+              top_ids=pack_ids([7, 3, 8, 2]), top_logprobs=pack_floats([-0.5, -2.0, -1.25, -3.0]),
+              token_bytes=[b"a", b"b", b"c", b"\xe2", b"d", b"e"])
+    back = decode_up(encode(d))
+    assert back == d
+    assert [ToolCall.from_wire(c) for c in back.tool_calls] == [call]
+    assert unpack_floats(back.logprobs) == [-0.5, -1.25]
+    assert unpack_ids(back.top_ids) == [7, 3, 8, 2]
+    with pytest.raises(ValueError):
+        ToolCall.from_wire([0, "id", "name"])
 
 
 @pytest.mark.parametrize("msg,wire", GOLDEN, ids=lambda x: type(x).__name__)
@@ -106,7 +139,7 @@ def test_pack_ids_round_trip_and_size():
     assert len(pack_ids(ids)) == 4 * len(ids)
     raw = encode(Delta(epoch=1, rid="a", text="", token_ids=pack_ids(range(100))))
     assert isinstance(msgpack.unpackb(raw)["token_ids"], bytes)  # one bin, not 100 ints
-    assert len(raw) < 4 * 100 + 64
+    assert len(raw) < 4 * 100 + 128  # the ids, plus the names of the fields
 
 
 def test_runtime_dir_is_private_and_paths_fit_af_unix():

@@ -4,7 +4,9 @@ worker: fast checks of the paths that need a misbehaving worker."""
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -12,15 +14,22 @@ from aiohttp.test_utils import TestClient, TestServer
 from protocol import Cancel
 from supervisor.app import create_app
 from supervisor.config import Config
+from supervisor.memory import MemoryReading
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 
 
-async def client_for(world: FakeWorld, **cfg) -> TestClient:
-    config = Config(models=("fake",), restart_backoff=0.01, **cfg)
-    app = create_app(config, factory_for=world.factory)
+async def client_for(world: FakeWorld | None, *, probe=None, factory_for=None, **cfg) -> TestClient:
+    cfg.setdefault("state_dir", Path(tempfile.mkdtemp(prefix="mlxd-app-")))
+    cfg.setdefault("models", ("fake",))
+    config = Config(**{"restart_backoff": 0.01, "shutdown_timeout": 2.0, **cfg})
+    app = create_app(config, factory_for=factory_for or world.factory, probe=probe or plenty)
     client = TestClient(TestServer(app, handler_cancellation=True))
     await client.start_server()
     return client
+
+
+def plenty() -> MemoryReading:
+    return MemoryReading(64 << 30, 128 << 30, "normal", "test")
 
 
 async def wait_health(client, predicate, timeout=5.0):
@@ -39,7 +48,7 @@ async def test_health_is_503_while_loading_then_200():
     try:
         r = await client.get("/health")
         body = await r.json()
-        assert r.status == 503 and "starting" in body["reason"]
+        assert r.status == 503 and body["workers"][0]["state"] in ("waiting", "starting")
         status, body = await wait_health(client, lambda s, b: s == 200)
         assert body["status"] == "ok" and body["workers"][0]["state"] == "ready"
     finally:

@@ -22,9 +22,9 @@ def gen(**kw) -> Generate:
 
 def run(engine, g: Generate):
     """Run a request to the end: (prefill chunks, tokens, text, finish, steps)."""
-    ids = engine.prepare(g)
+    prep = engine.prepare(g)
     prefill, steps = 0, []
-    for out in engine.generate(ids, g):
+    for out in engine.generate(prep):
         if out is None:
             assert not steps, "a prefill chunk after the first token"
             prefill += 1
@@ -32,7 +32,7 @@ def run(engine, g: Generate):
         steps.append(out)
     assert steps and steps[-1][2] is not None, "the last step carries the finish reason"
     assert all(s[2] is None for s in steps[:-1])
-    tokens = [t for t, _, _ in steps if t >= 0]
+    tokens = [t for t, *_ in steps if t >= 0]
     return prefill, tokens, "".join(s[1] for s in steps), steps[-1][2], steps
 
 
@@ -43,7 +43,7 @@ def test_greedy_is_deterministic_and_matches_mlx_lm(engine):
     assert a == b and text_a == text_b
     assert len(a) == 40
     # The same tokens and text as mlx-lm's own generator (greedy is its default sampler).
-    ids = engine.prepare(g)
+    ids = engine.prepare(g).ids
     ref = list(stream_generate(engine.model, engine.tokenizer, ids, max_tokens=40))
     assert [r.token for r in ref] == a
     assert "".join(r.text for r in ref) == text_a
@@ -159,7 +159,7 @@ def test_chat_uses_the_chat_template(engine):
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": [{"type": "text", "text": "Hello"},
                                              {"type": "text", "text": " there"}]}]
-    ids = engine.prepare(gen(messages=messages, max_tokens=5))
+    ids = engine.prepare(gen(messages=messages, max_tokens=5)).ids
     expected = engine.tokenizer.apply_chat_template(
         [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
         add_generation_prompt=True)
@@ -181,7 +181,7 @@ class _NoTemplate:
 
 def test_chat_without_a_template_falls_back_to_plain_text(engine):
     engine.tokenizer = _NoTemplate(engine.tokenizer)
-    ids = engine.prepare(gen(messages=[{"role": "user", "content": "Hello"}], max_tokens=5))
+    ids = engine.prepare(gen(messages=[{"role": "user", "content": "Hello"}], max_tokens=5)).ids
     text = engine.tokenizer.decode(ids)
     assert "USER: Hello" in text and text.endswith("ASSISTANT:")
 

@@ -132,14 +132,14 @@ def test_request_error_gives_error_then_done(engine):
 def test_exception_inside_generation_is_contained(engine, monkeypatch, caplog):
     real = engine.generate
 
-    def broken(ids, gen):
-        if gen.rid == "a":
-            for out in real(ids, gen):
+    def broken(prep):
+        if prep.gen.rid == "a":
+            for out in real(prep):
                 yield out
                 if out is not None:  # one token out, then fail
                     break
             raise RuntimeError("boom: secret internals")
-        yield from real(ids, gen)
+        yield from real(prep)
 
     monkeypatch.setattr(engine, "generate", broken)
     link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=5),

@@ -1,0 +1,116 @@
+"""Constrained decoding cost: json_schema decode speed ÷ unconstrained, and grammar build
+time for a 20-tool request, in-process on the engine (no HTTP: this measures the engine).
+
+    python bench/constrained.py [--preset small|tiny] [--model PATH] [--tokens N] [--rounds R]
+
+Prints:
+- decode tokens/s with a json_schema constraint ÷ without (goal ≥ 0.9 on `small`). The
+  schema asks for an array of more strings than a run can write, so the constraint is
+  live for the whole run (every token is masked; none ends it early);
+- time to build the grammar (llguidance matcher) for a tool_choice "required" request
+  with 20 tools, median of the rounds (the llguidance tokenizer is built once, before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.make_model import MODELS_DIR  # noqa: E402
+
+# More items than any run writes: the constraint is live on every token of every run.
+SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"},
+                                                     "minItems": 100_000}},
+          "required": ["notes"]}
+GOAL = 0.9
+
+
+def tools(n: int) -> list:
+    return [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": f"Tool number {i}.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1,
+                                                    "maximum": 100},
+            "mode": {"type": "string", "enum": ["fast", "slow"]},
+            "filters": {"type": "array", "items": {"type": "string"}}},
+            "required": ["query"]}}} for i in range(n)]
+
+
+def decode_rate(engine, gen) -> tuple[float, int]:
+    prep = engine.prepare(gen)
+    first = last = None
+    n = 0
+    for out in engine.generate(prep):
+        if out is None:
+            continue
+        now = time.perf_counter()
+        first = first or now
+        last = now
+        n += out[0] >= 0
+    return (n - 1) / (last - first), n
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=["tiny", "small"], default="small")
+    p.add_argument("--model", help="a local model directory instead of a preset")
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+
+    from protocol.messages import Generate
+    from worker import models
+    from worker.demo import build_model
+    from worker.engine import TextEngine
+
+    path = Path(args.model) if args.model else build_model(
+        MODELS_DIR / f"{args.preset}-qwen", args.preset, family="qwen").path
+    loaded = models.load(str(path), path.parent)
+    engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 512,
+                        loaded.vocab_size)
+    engine.warmup()
+    base = dict(rid="b", messages=[{"role": "user", "content": "Write notes."}],
+                max_tokens=args.tokens, temperature=0.0,
+                template_kwargs={"enable_thinking": False})
+    plain = Generate(**base)
+    constrained = Generate(**base, response_format="json_schema", json_schema=SCHEMA)
+    decode_rate(engine, plain)
+    decode_rate(engine, constrained)  # warm-up; also builds the llguidance tokenizer
+    p_rates, c_rates = [], []
+    for _ in range(args.rounds):  # alternate, so drift on a noisy machine hits both
+        p_rates.append(decode_rate(engine, plain)[0])
+        rate, n_c = decode_rate(engine, constrained)
+        c_rates.append(rate)
+    ratio = statistics.median(c_rates) / statistics.median(p_rates)
+
+    twenty = Generate(**{**base, "max_tokens": 10}, tools=tools(20), tool_choice="required")
+    builds = []
+    for _ in range(args.rounds):
+        t0 = time.perf_counter()
+        engine.grammars.constraint(twenty)
+        builds.append((time.perf_counter() - t0) * 1000)
+
+    rows = [
+        ("model", f"{args.model or args.preset} ({path})", ""),
+        ("tokens per run / rounds", f"{args.tokens} / {args.rounds} (constrained made {n_c})", ""),
+        ("unconstrained decode tok/s (median)", f"{statistics.median(p_rates):.1f}", ""),
+        ("json_schema decode tok/s (median)", f"{statistics.median(c_rates):.1f}", ""),
+        ("constrained / unconstrained", f"{ratio:.3f}",
+         f"goal >= {GOAL}: {'PASS' if ratio >= GOAL else 'MISS'}"),
+        ("grammar build, 20 tools (median ms)", f"{statistics.median(builds):.1f}", ""),
+    ]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    print(f"\nbench/constrained.py --preset {args.preset}")
+    for a, b, c in rows:
+        print(f"  {a.ljust(w0)}  {b.ljust(w1)}  {c}")
+
+
+if __name__ == "__main__":
+    main()

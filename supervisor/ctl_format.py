@@ -1,0 +1,68 @@
+"""mlxctl's human output: aligned tables and sizes. (`--json` prints the server's JSON.)"""
+
+from __future__ import annotations
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    s = int(s)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def table(header: tuple[str, ...], rows: list[tuple]) -> str:
+    cells = [tuple(header), *(tuple("-" if c is None else str(c) for c in r) for r in rows)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()
+                     for r in cells)
+
+
+def format_status(body: dict) -> str:
+    head = f"status: {body.get('status', '?')}"
+    if body.get("reason"):
+        head += f" ({body['reason']})"
+    lines = [head]
+    server = body.get("server") or {}
+    if server:
+        lines.append(f"server: pid {server.get('pid')}, up {human_seconds(server.get('uptime_s'))}, "
+                     f"RSS {human_bytes(server.get('rss_bytes'))}, version {server.get('version')}")
+    mem = body.get("memory")
+    if mem:
+        pressure = mem.get("pressure") or "n/a"
+        lines.append(f"memory: {human_bytes(mem.get('available_bytes'))} available of "
+                     f"{human_bytes(mem.get('total_bytes'))}, pressure {pressure}")
+    rows = []
+    for w in body.get("workers", []):
+        rows.append((w["model"], w["state"], w.get("pid"), human_seconds(w.get("uptime_s")),
+                     human_bytes(w.get("rss_bytes")), human_bytes(w.get("active_bytes")),
+                     human_bytes(w.get("peak_bytes")), w.get("queued", 0), w.get("in_flight", 0),
+                     f"{w.get('tokens_per_s', 0.0):.1f}", w.get("cached_prompts", 0),
+                     w.get("restarts", 0)))
+    if rows:
+        lines.append(table(("MODEL", "STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK",
+                            "QUEUED", "IN-FLIGHT", "TOK/S (1m)", "CACHED", "RESTARTS"), rows))
+    else:
+        lines.append("no model loaded")
+    return "\n".join(lines)
+
+
+def format_models(body: dict) -> str:
+    rows = [(m["id"], human_bytes(m.get("size_bytes")), m.get("context_length"),
+             m.get("state"), m.get("source")) for m in body.get("models", [])]
+    if not rows:
+        return ("no local MLX models: `mlxctl pull mlx-community/MODEL` downloads one "
+                "into the Hugging Face cache")
+    return table(("MODEL", "SIZE", "CONTEXT", "STATE", "SOURCE"), rows)

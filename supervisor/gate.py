@@ -1,0 +1,58 @@
+"""The memory gate's arithmetic: how much a model needs and whether it fits now.
+
+need = weights on disk × `memory_factor` + `kv_budget` (DESIGN.md). It fits when the OS
+reports that much available beyond what loads already admitted but not yet resident will
+take (`reserved`), the pressure level is not critical, and, with `--memory-budget`, the
+estimates of the resident models plus this one stay within the budget. What to do when it
+does not fit (evict, wait, 507) is the pool's loop; this module only judges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from supervisor import catalog
+from supervisor.config import Config
+from supervisor.memory import CRITICAL, MemoryReading, Probe
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    need_bytes: int
+    free_bytes: int     # what this load could have: available less reservations, or budget left
+    reason: str = ""
+
+    def describe(self) -> str:
+        gib = 1024 ** 3
+        return (f"{self.reason}: need {self.need_bytes / gib:.2f} GiB, "
+                f"free {self.free_bytes / gib:.2f} GiB")
+
+
+class MemoryGate:
+    def __init__(self, config: Config, probe: Probe):
+        self.config = config
+        self.probe = probe
+
+    def need(self, model: str) -> int:
+        """Estimated bytes `model` takes once loaded (blocking: reads the disk)."""
+        weights = catalog.weights_bytes(catalog.resolve(model, Path(self.config.state_dir)))
+        return int(weights * self.config.memory_factor) + self.config.kv_budget
+
+    def judge(self, need: int, reading: MemoryReading, *, reserved: int = 0,
+              committed: int = 0) -> Verdict:
+        """`reserved`: bytes admitted loads will still take; `committed`: the estimates of
+        every model resident or loading (for the budget)."""
+        free = max(0, reading.available_bytes - reserved)
+        budget = self.config.memory_budget
+        if budget:
+            left = max(0, budget - committed)
+            if need > left:
+                return Verdict(False, need, min(free, left), "over --memory-budget")
+            free = min(free, left)
+        if reading.pressure == CRITICAL:
+            return Verdict(False, need, free, "memory pressure is critical")
+        if need > free:
+            return Verdict(False, need, free, "not enough available memory")
+        return Verdict(True, need, free)

@@ -1,0 +1,89 @@
+"""GET /v1/models and /v1/models/{id}: the loaded models and the local MLX models.
+
+Loaded models carry their runner's state and context length; models on this machine that
+are not loaded (the Hugging Face cache, `demo` once built) are listed with state
+`not_loaded`, so a client can pick one and load-on-request does the rest. The disk scan
+runs in a thread and is cached for a few seconds: clients poll this endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from aiohttp import web
+
+from supervisor import catalog
+from supervisor.api import shapes
+from supervisor.catalog import LocalModel
+from supervisor.config import Config
+from supervisor.errors import APIError
+from supervisor.keys import POOL
+from supervisor.pool import Pool
+from supervisor.runner import ModelRunner
+
+NOT_LOADED = "not_loaded"
+
+
+class LocalModels:
+    TTL_S = 10.0
+
+    def __init__(self, config: Config):
+        self.config = config
+        self._at = -1e9
+        self._models: list[LocalModel] = []
+        self._lock = asyncio.Lock()
+
+    async def all(self) -> list[LocalModel]:
+        async with self._lock:
+            if time.monotonic() - self._at > self.TTL_S:
+                self._models = await asyncio.to_thread(
+                    catalog.scan, self.config.state_dir, self.config.max_context_tokens)
+                self._at = time.monotonic()
+            return self._models
+
+    async def one(self, name: str) -> LocalModel | None:
+        if not await asyncio.to_thread(catalog.loadable, name, self.config.state_dir):
+            return None
+        return await asyncio.to_thread(catalog.describe, name, self.config.state_dir,
+                                       self.config.max_context_tokens)
+
+
+LOCAL_MODELS = web.AppKey("local_models", LocalModels)
+
+
+def loaded_object(pool: Pool, runner: ModelRunner) -> dict:
+    return shapes.model_object(runner.id, pool.created.get(runner.id, 0), "mlxd",
+                               state=runner.state, context_length=runner.context_length,
+                               random_weights=runner.random_weights)
+
+
+def local_object(model: LocalModel) -> dict:
+    return shapes.model_object(model.id, model.modified, "mlxd", state=NOT_LOADED,
+                               context_length=model.context_length, size_bytes=model.size_bytes)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    pool = request.app[POOL]
+    data = [loaded_object(pool, r) for r in pool.runners.values()]
+    data += [local_object(m) for m in await request.app[LOCAL_MODELS].all()
+             if pool.find(m.id) is None]
+    return web.json_response(shapes.model_list(data))
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """Never loads: asking about a model is not using it."""
+    pool, name = request.app[POOL], request.match_info["model"]
+    runner = pool.find(name)
+    if runner is not None:
+        return web.json_response(loaded_object(pool, runner))
+    local = await request.app[LOCAL_MODELS].one(name)
+    if local is None:
+        raise APIError.model_not_found(name)
+    return web.json_response(local_object(local))
+
+
+def setup(app: web.Application, config: Config) -> None:
+    app[LOCAL_MODELS] = LocalModels(config)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)

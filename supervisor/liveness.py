@@ -1,0 +1,48 @@
+"""Is a worker alive? What its heartbeats said, and the verdict that kills it.
+
+Three signals (DESIGN.md): process exit (the runner sees it through `link.wait()`),
+heartbeats (sent by the worker's I/O thread, so they flow even inside a long step), and
+step progress while busy. A cancel left unanswered past the grace period also condemns
+the worker: only a kill makes the cancel real then.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from protocol import Heartbeat
+from supervisor.config import Config
+
+
+@dataclass
+class Liveness:
+    """What the last heartbeat said, and when step progress was last seen."""
+    heartbeat_at: float = 0.0
+    steps: int = 0
+    steps_changed_at: float = 0.0
+    worker_state: str = "starting"
+    active: int = 0
+    waiting: int = 0
+    active_bytes: int = 0
+    peak_bytes: int = 0
+
+    def on_heartbeat(self, msg: Heartbeat, now: float) -> None:
+        self.heartbeat_at = now
+        if msg.steps != self.steps:
+            self.steps, self.steps_changed_at = msg.steps, now
+        self.worker_state, self.active, self.waiting = msg.state, msg.active, msg.waiting
+        self.active_bytes, self.peak_bytes = msg.active_bytes, msg.peak_bytes
+
+    def verdict(self, now: float, config: Config, *, busy: bool,
+                cancels_sent_at: Iterable[float | None]) -> str | None:
+        """Why the worker must be killed now, or None. `busy`: it has requests and is
+        serving (a worker still loading makes no steps and is not hung)."""
+        if now - self.heartbeat_at > config.heartbeat_timeout:
+            return f"no heartbeat for {config.heartbeat_timeout:g} s"
+        if busy and now - self.steps_changed_at > config.hang_timeout:
+            return f"hung: busy with no progress for {config.hang_timeout:g} s"
+        for sent in cancels_sent_at:
+            if sent is not None and now - sent > config.cancel_grace:
+                return f"cancel unanswered for {config.cancel_grace:g} s"
+        return None

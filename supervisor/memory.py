@@ -1,0 +1,158 @@
+"""What the OS says about memory: available bytes and how hard it is pressed.
+
+A `MemoryReading` is one sample. It comes from a probe: `SystemProbe` asks psutil, plus the
+macOS memory-pressure level (`sysctl kern.memorystatus_vm_pressure_level`) or Linux PSI
+(`/proc/pressure/memory`) where present; `FileProbe` reads a JSON file instead, so the
+memory gate's decisions can be tested on any OS and in a real server (the hidden
+`--memory-probe FILE` flag). The parsers are pure functions over the tools' text.
+
+Probes may block (a subprocess, a file read): call them from a thread, not the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+log = logging.getLogger("mlxd.memory")
+
+# Pressure levels, worst last. "critical" refuses every load whatever the byte count says:
+# the OS is already compressing or swapping, and new weights would make it thrash.
+NORMAL, WARN, CRITICAL = "normal", "warn", "critical"
+_RANK = {NORMAL: 0, WARN: 1, CRITICAL: 2}
+
+# kern.memorystatus_vm_pressure_level: the kernel's own levels (sys/kern_memorystatus.h).
+_MACOS_LEVELS = {1: NORMAL, 2: WARN, 4: CRITICAL}
+
+# Linux PSI, share of the last 10 s that tasks stalled on memory: `some` (at least one
+# task) and `full` (all of them). These thresholds are where reclaim visibly costs latency.
+PSI_WARN_SOME_PCT = 10.0
+PSI_CRITICAL_FULL_PCT = 10.0
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    available_bytes: int
+    total_bytes: int
+    pressure: str | None = None     # normal | warn | critical; None where the OS has no signal
+    source: str = "psutil"
+
+    def to_dict(self) -> dict:
+        return {"available_bytes": self.available_bytes, "total_bytes": self.total_bytes,
+                "pressure": self.pressure, "source": self.source}
+
+
+Probe = Callable[[], MemoryReading]
+
+
+def worse(a: str | None, b: str | None) -> str | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return a if _RANK[a] >= _RANK[b] else b
+
+
+def parse_macos_pressure(text: str) -> str | None:
+    """`sysctl kern.memorystatus_vm_pressure_level` (or `sysctl -n ...`) output → level."""
+    value = text.strip().rsplit(":", 1)[-1].strip()
+    try:
+        return _MACOS_LEVELS.get(int(value))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class PSI:
+    some_avg10: float
+    full_avg10: float | None
+
+
+def parse_psi(text: str) -> PSI | None:
+    """`/proc/pressure/memory` text → the avg10 percentages (None if unreadable)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        for field in rest.split():
+            key, _, num = field.partition("=")
+            if key == "avg10":
+                try:
+                    values[kind] = float(num)
+                except ValueError:
+                    return None
+    if "some" not in values:
+        return None
+    return PSI(values["some"], values.get("full"))
+
+
+def psi_level(psi: PSI | None) -> str | None:
+    if psi is None:
+        return None
+    if psi.full_avg10 is not None and psi.full_avg10 >= PSI_CRITICAL_FULL_PCT:
+        return CRITICAL
+    if psi.some_avg10 >= PSI_WARN_SOME_PCT:
+        return WARN
+    return NORMAL
+
+
+class SystemProbe:
+    """The real readings, each source guarded by platform and failing soft (a missing
+    pressure signal is no reason to refuse a load)."""
+
+    PSI_PATH = Path("/proc/pressure/memory")
+
+    def __init__(self, platform: str = sys.platform):
+        self.platform = platform
+
+    def __call__(self) -> MemoryReading:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return MemoryReading(int(vm.available), int(vm.total), self._pressure(),
+                             source=f"psutil+{self.platform}")
+
+    def _pressure(self) -> str | None:
+        if self.platform == "darwin":
+            try:
+                out = subprocess.run(["sysctl", "kern.memorystatus_vm_pressure_level"],
+                                     capture_output=True, text=True, timeout=2)
+                return parse_macos_pressure(out.stdout) if out.returncode == 0 else None
+            except (OSError, subprocess.SubprocessError):
+                return None
+        if self.platform.startswith("linux"):
+            try:
+                return psi_level(parse_psi(self.PSI_PATH.read_text()))
+            except OSError:  # no PSI in this kernel or container
+                return None
+        return None
+
+
+class FileProbe:
+    """Readings from a JSON file: `{"available_bytes": N, "total_bytes": M, "pressure":
+    "normal"}`. Keys left out come from the system. Read on every call, so a test can
+    rewrite it while a load waits for memory."""
+
+    def __init__(self, path: Path, fallback: Probe | None = None):
+        self.path = Path(path)
+        self.fallback = fallback or SystemProbe()
+
+    def __call__(self) -> MemoryReading:
+        base = self.fallback()
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError) as e:
+            log.warning("memory probe %s unreadable (%s); using the system's readings",
+                        self.path, e)
+            return base
+        return MemoryReading(int(data.get("available_bytes", base.available_bytes)),
+                             int(data.get("total_bytes", base.total_bytes)),
+                             data.get("pressure", base.pressure), source=f"file:{self.path}")
+
+
+def probe_for(memory_probe: Path | None) -> Probe:
+    return FileProbe(memory_probe) if memory_probe else SystemProbe()

@@ -1,0 +1,215 @@
+"""`/metrics`: Prometheus text format (prometheus-client).
+
+Counters and histograms are fed as things happen: a middleware counts every HTTP request
+by endpoint and status; the runners report each finished request (tokens, time to first
+token, inter-token latency from the RequestHandle's timestamps) and each worker restart;
+the pool reports unloads, refusals and swaps. Gauges (queue depth, in-flight, memory per
+worker, available memory) are read at scrape time from the pool's cached state. One
+registry per app, so test apps never share series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import prometheus_client
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from supervisor.keys import POOL
+from supervisor.memory import MemoryReading
+from supervisor.pool import Pool, PoolObserver
+from supervisor.requests import RequestHandle
+from supervisor.runner import ModelRunner
+
+# `*_created` series double every counter and no dashboard reads them.
+prometheus_client.disable_created_metrics()
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
+CLIENT_CLOSED = 499  # nginx's code for "the client left before the answer"
+
+
+@dataclass(frozen=True)
+class WorkerSample:
+    """One worker's state, copied on the event loop so the scrape thread never reads
+    structures the loop is changing."""
+    model: str
+    state: str
+    pid: int | None
+    queued: int
+    in_flight: int
+    mlx_active_bytes: int
+    mlx_peak_bytes: int
+
+
+def rss_bytes(pid: int | None) -> int | None:
+    if not pid:
+        return None
+    import psutil
+
+    try:
+        return psutil.Process(pid).memory_info().rss
+    except (psutil.Error, OSError):
+        return None
+
+
+class Metrics(PoolObserver):
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("mlxd_requests", "HTTP requests by endpoint and status",
+                                ["endpoint", "method", "status"], registry=r)
+        self.prompt_tokens = Counter("mlxd_prompt_tokens", "Prompt tokens processed",
+                                     ["model"], registry=r)
+        self.generation_tokens = Counter("mlxd_generation_tokens", "Tokens generated",
+                                         ["model"], registry=r)
+        self.ttft = Histogram("mlxd_time_to_first_token_seconds",
+                              "Admission to first generated token (queueing included)",
+                              ["model"], buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("mlxd_inter_token_latency_seconds",
+                             "Mean time between generated tokens, one sample per request",
+                             ["model"], buckets=ITL_BUCKETS, registry=r)
+        self.restarts = Counter("mlxd_worker_restarts", "Worker restarts by cause",
+                                ["model", "cause"], registry=r)
+        self.unloads = Counter("mlxd_model_unloads", "Models unloaded, by reason",
+                               ["reason"], registry=r)
+        self.refusals = Counter("mlxd_model_load_refusals",
+                                "Loads refused by the memory gate or --max-models", ["model"],
+                                registry=r)
+        self.swaps = Counter("mlxd_swaps", "Model swaps by mode and outcome",
+                             ["mode", "outcome"], registry=r)
+        self.swap_seconds = Histogram("mlxd_swap_seconds", "Duration of successful swaps",
+                                      buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r)
+        self._gauges = _PoolGauges()
+        r.register(self._gauges)
+        self._scrape = asyncio.Lock()
+
+    # ---- observer: called by runners and the pool ------------------------------------
+    def request_done(self, runner: ModelRunner, handle: RequestHandle, done) -> None:
+        model = runner.id
+        if done.prompt_tokens:
+            self.prompt_tokens.labels(model).inc(done.prompt_tokens)
+        if done.completion_tokens:
+            self.generation_tokens.labels(model).inc(done.completion_tokens)
+        if handle.first_token_at is not None:
+            self.ttft.labels(model).observe(handle.first_token_at - handle.created)
+            if handle.last_token_at is not None and done.completion_tokens > 1:
+                self.itl.labels(model).observe((handle.last_token_at - handle.first_token_at)
+                                               / (done.completion_tokens - 1))
+
+    def worker_restarted(self, runner: ModelRunner, cause: str) -> None:
+        self.restarts.labels(runner.id, cause).inc()
+
+    def model_unloaded(self, runner: ModelRunner, reason: str) -> None:
+        self.unloads.labels(reason).inc()
+
+    def model_refused(self, runner: ModelRunner) -> None:
+        self.refusals.labels(runner.id).inc()
+
+    def swapped(self, mode: str, outcome: str, seconds: float) -> None:
+        self.swaps.labels(mode, outcome).inc()
+        if outcome == "ok":
+            self.swap_seconds.observe(seconds)
+
+    # ---- scraping --------------------------------------------------------------------
+    async def render(self, pool: Pool) -> bytes:
+        samples = [WorkerSample(r.id, r.state, r.link.pid if r.link else None, len(r.queue),
+                                len(r.inflight), r.live.active_bytes, r.live.peak_bytes)
+                   for r in pool.all_runners()]
+        async with self._scrape:  # the gauges hold one scrape's samples at a time
+            return await asyncio.to_thread(self._render, samples, pool.gate.probe)
+
+    def _render(self, samples: list[WorkerSample], probe) -> bytes:
+        self._gauges.samples = samples
+        try:
+            self._gauges.memory = probe()
+        except Exception:
+            self._gauges.memory = None
+        return prometheus_client.generate_latest(self.registry)
+
+
+class _PoolGauges:
+    """A custom collector: the gauges come from the last scrape's samples."""
+
+    def __init__(self):
+        self.samples: list[WorkerSample] = []
+        self.memory: MemoryReading | None = None
+
+    def describe(self):
+        return []  # values only exist at scrape time
+
+    def collect(self):
+        queue = GaugeMetricFamily("mlxd_queue_depth", "Requests waiting for a worker", labels=["model"])
+        inflight = GaugeMetricFamily("mlxd_in_flight", "Requests on a worker", labels=["model"])
+        up = GaugeMetricFamily("mlxd_worker_state", "1 for the worker's current state",
+                               labels=["model", "state"])
+        mem = GaugeMetricFamily("mlxd_worker_memory_bytes",
+                                "Worker memory: process RSS, MLX active and peak",
+                                labels=["model", "kind"])
+        for s in self.samples:
+            queue.add_metric([s.model], s.queued)
+            inflight.add_metric([s.model], s.in_flight)
+            up.add_metric([s.model, s.state], 1)
+            rss = rss_bytes(s.pid)
+            if rss is not None:
+                mem.add_metric([s.model, "rss"], rss)
+            mem.add_metric([s.model, "mlx_active"], s.mlx_active_bytes)
+            mem.add_metric([s.model, "mlx_peak"], s.mlx_peak_bytes)
+        yield from (queue, inflight, up, mem)
+        yield GaugeMetricFamily("mlxd_models_loaded", "Workers resident or loading",
+                                value=len(self.samples))
+        if self.memory is not None:
+            yield GaugeMetricFamily("mlxd_memory_available_bytes",
+                                    "Memory the OS reports available",
+                                    value=self.memory.available_bytes)
+            if self.memory.pressure is not None:
+                p = GaugeMetricFamily("mlxd_memory_pressure", "1 for the current pressure level",
+                                      labels=["level"])
+                p.add_metric([self.memory.pressure], 1)
+                yield p
+
+
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def _endpoint(request: web.Request) -> str:
+    """The route's pattern, never the raw path (ids in paths would explode the series)."""
+    info = request.match_info
+    route = getattr(info, "route", None)
+    resource = getattr(route, "resource", None)
+    if resource is None or getattr(info, "http_exception", None) is not None:
+        return "unmatched"
+    return resource.canonical
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """Outermost: sees the final status, after the error middleware made the envelope."""
+    status = 500
+    try:
+        resp = await handler(request)
+        status = resp.status
+        return resp
+    except asyncio.CancelledError:
+        status = CLIENT_CLOSED
+        raise
+    except web.HTTPException as e:
+        status = e.status
+        raise
+    finally:
+        request.app[METRICS].requests.labels(_endpoint(request), request.method, str(status)).inc()
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    body = await request.app[METRICS].render(request.app[POOL])
+    return web.Response(body=body, headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+
+def install(app: web.Application) -> Metrics:
+    """Call after errors.install(app): the metrics middleware goes outside it."""
+    metrics = app[METRICS] = Metrics()
+    app.middlewares.insert(0, metrics_middleware)
+    app.router.add_get("/metrics", metrics_handler)
+    return metrics

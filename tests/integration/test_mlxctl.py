@@ -1,0 +1,139 @@
+"""mlxctl against a live server (text and --json), and the admin API's refusals."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.integration.conftest import assert_envelope
+from tests.integration.test_faults import wait_for
+from tests.serverproc import REPO, ServerProcess, free_port
+
+
+def mlxctl(srv_or_url, *args, state_dir=None, timeout=120):
+    url = srv_or_url if isinstance(srv_or_url, str) else srv_or_url.url
+    state = state_dir if state_dir is not None else getattr(srv_or_url, "state_dir", None)
+    argv = [sys.executable, "-m", "supervisor.ctl", "--url", url]
+    if state is not None:
+        argv += ["--state-dir", str(state)]
+    return subprocess.run([*argv, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def ok(out) -> subprocess.CompletedProcess:
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
+    return out
+
+
+def test_status_text_and_json(server, model_id):
+    out = ok(mlxctl(server, "status"))
+    lines = out.stdout.splitlines()
+    assert lines[0] == "status: ok"
+    assert any(l.startswith("memory: ") and "available of" in l for l in lines)
+    header = next(l for l in lines if l.startswith("MODEL"))
+    for column in ("STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK", "QUEUED",
+                   "IN-FLIGHT", "TOK/S (1m)", "CACHED"):
+        assert column in header
+    row = lines[lines.index(header) + 1].split()
+    assert row[0] == model_id and row[1] == "ready"
+    body = json.loads(ok(mlxctl(server, "status", "--json")).stdout)
+    (w,) = body["workers"]
+    assert w["model"] == model_id and w["pid"] == server.worker_pids()[0]
+    assert w["rss_bytes"] > 1 << 20 and w["active_bytes"] > 0 and w["peak_bytes"] >= w["active_bytes"]
+    assert body["memory"]["available_bytes"] > 0 and body["server"]["rss_bytes"] > 0
+    assert str(server.state_dir) == body["server"]["state_dir"]
+
+
+def test_models_and_logs(server, model_id):
+    body = json.loads(ok(mlxctl(server, "models", "--json")).stdout)
+    (m,) = [m for m in body["models"] if m["id"] == model_id]
+    assert m["state"] == "ready" and m["size_bytes"] > 0 and m["context_length"] == 4096
+    text = ok(mlxctl(server, "models")).stdout
+    assert text.splitlines()[0].split()[:3] == ["MODEL", "SIZE", "CONTEXT"]
+    assert model_id in text
+    logs = ok(mlxctl(server, "logs", "-n", "200")).stdout
+    assert "mlxd serving" in logs or "ready" in logs
+
+
+def test_lifecycle_commands(tiny_model, models_dir, tmp_path):
+    from worker.demo import build_model
+    a = str(tiny_model)
+    b = str(build_model(models_dir / "tiny-b", "tiny", seed=2).path)
+    with ServerProcess([a], state_dir=tmp_path) as srv:
+        srv.wait_healthy()
+        out = json.loads(ok(mlxctl(srv, "load", b, "--json")).stdout)
+        assert out == {"model": b, "state": "ready", "context_length": 4096}
+        status = json.loads(ok(mlxctl(srv, "status", "--json")).stdout)
+        assert {w["model"] for w in status["workers"]} == {a, b}
+        pid_a = next(w["pid"] for w in status["workers"] if w["model"] == a)
+        killed = json.loads(ok(mlxctl(srv, "kill", a, "--json")).stdout)["killed"]
+        assert killed == [{"model": a, "cancelled": 0, "restarted": True}]
+        wait_for(lambda: next(w for w in json.loads(mlxctl(srv, "status", "--json").stdout)["workers"]
+                              if w["model"] == a)["state"] == "ready", 30, interval=0.2)
+        status = json.loads(ok(mlxctl(srv, "status", "--json")).stdout)
+        w_a = next(w for w in status["workers"] if w["model"] == a)
+        assert w_a["pid"] != pid_a and w_a["restart_causes"] == {"admin": 1}
+        assert "unloaded" in ok(mlxctl(srv, "unload", b)).stdout
+        text = ok(mlxctl(srv, "swap", b, "--force")).stdout
+        assert text.startswith(f"swapped to {b} (force)") and f"unloaded: {a}" in text
+        out = ok(mlxctl(srv, "kill", "--no-restart", "--json"))
+        assert json.loads(out.stdout)["killed"][0]["restarted"] is False
+        # Errors: the server's message, exit 1.
+        missing = mlxctl(srv, "unload", "nothing-loaded")
+        assert missing.returncode == 1 and "does not exist" in missing.stderr
+        nothing = mlxctl(srv, "kill")
+        assert nothing.returncode == 1 and "No model is loaded" in nothing.stderr
+        idle = mlxctl(srv, "status")
+        assert idle.returncode == 0 and "no model loaded" in idle.stdout
+
+
+def test_admin_refusals(server, tmp_path):
+    for headers in ({}, {"Authorization": "Bearer not-the-token"}):
+        r = httpx.get(server.url + "/admin/status", headers=headers, timeout=10)
+        assert_envelope(r, 401, "invalid_api_key")
+        r = httpx.post(server.url + "/admin/swap", json={"model": "x"}, headers=headers, timeout=10)
+        assert_envelope(r, 401)
+    # mlxctl with another state directory has no token, and says where it looked.
+    out = mlxctl(server, "status", state_dir=tmp_path)
+    assert out.returncode == 4 and "no admin token" in out.stderr and str(tmp_path) in out.stderr
+    (tmp_path / "admin-token").write_text("wrong\n")
+    out = mlxctl(server, "status", state_dir=tmp_path)
+    assert out.returncode == 4 and "refused the admin token" in out.stderr
+
+
+def _non_loopback_ip() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+            ip = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+def test_admin_refuses_other_machines_even_with_the_token(tiny_model):
+    ip = _non_loopback_ip()
+    if ip is None:
+        pytest.skip("no non-loopback address on this machine")
+    with ServerProcess([str(tiny_model)], "--host", "0.0.0.0") as srv:
+        srv.wait_healthy()
+        token = (srv.state_dir / "admin-token").read_text().strip()
+        r = httpx.get(f"http://{ip}:{srv.port}/admin/status", timeout=10,
+                      headers={"Authorization": f"Bearer {token}"})
+        err = assert_envelope(r, 403, "forbidden")
+        assert "loopback" in err["message"]
+        assert httpx.get(f"http://{ip}:{srv.port}/health", timeout=10).status_code == 200
+        r = httpx.get(f"{srv.url}/admin/status", timeout=10, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200
+
+
+def test_says_when_the_server_is_not_running(tmp_path):
+    out = mlxctl(f"http://127.0.0.1:{free_port()}", "status", state_dir=tmp_path)
+    assert out.returncode == 3
+    assert "not running" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,128 @@
+"""mlxctl without a server: argument wiring, `pull` with an injected downloader (never
+the network), `logs`, the human tables."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from supervisor import ctl
+from supervisor.ctl_format import format_models, format_status, human_bytes, human_seconds
+from tests.serverproc import REPO, free_port
+from tests.supervisor.test_catalog import model
+
+
+def run(capsys, *argv, deps=None) -> tuple[int, str, str]:
+    code = ctl.main(list(argv), deps)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_pull_wires_the_downloader_and_reports_mlx(tmp_path, capsys):
+    calls = []
+
+    def download(repo, revision):
+        calls.append((repo, revision))
+        return str(model(tmp_path, "snap"))
+
+    deps = ctl.Deps(download=download)
+    code, out, err = run(capsys, "--url", "http://127.0.0.1:1", "pull", "org/m", "--revision", "v2",
+                         "--json", deps=deps)
+    assert code == 0 and calls == [("org/m", "v2")]
+    body = json.loads(out)
+    assert body["mlx"] is True and body["path"].endswith("snap") and body["size_bytes"] > 0
+    code, out, _ = run(capsys, "pull", "org/pt", deps=ctl.Deps(
+        download=lambda r, v: str(model(tmp_path, "pt", fmt="pt"))))
+    assert code == 0 and "does not look like an MLX model" in out
+
+
+def test_pull_failure_is_a_message_and_exit_1(capsys):
+    def offline(repo, revision):
+        raise OSError("no network")
+
+    code, out, err = run(capsys, "pull", "org/m", deps=ctl.Deps(download=offline))
+    assert code == 1 and "could not download org/m" in err and "no network" in err
+
+
+def test_pull_default_patterns_are_what_the_worker_loads():
+    assert "model*.safetensors" in ctl.PULL_PATTERNS and "*.json" in ctl.PULL_PATTERNS
+
+
+@pytest.mark.parametrize("argv,rest,passthrough", [
+    (["serve", "--model", "demo"], ["serve"], ["--model", "demo"]),
+    (["--url", "http://x", "service", "install", "--model", "m"],
+     ["--url", "http://x", "service", "install"], ["--model", "m"]),
+    (["service", "status"], ["service", "status"], None),
+    (["--url", "serve", "status"], ["--url", "serve", "status"], None),  # a value, not a command
+    (["status", "--json"], ["status", "--json"], None),
+])
+def test_passthrough_split(argv, rest, passthrough):
+    assert ctl._split_passthrough(argv) == (rest, passthrough)
+
+
+def test_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        ctl.main(["swap"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        ctl.main(["unload", "m", "--drain", "--force"])
+    assert e.value.code == 2
+
+
+def test_logs_when_the_server_is_down_reads_the_state_dirs_log(tmp_path, capsys):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "mlxd.log").write_text("".join(f"line {i}\n" for i in range(100)))
+    code, out, _ = run(capsys, "--url", f"http://127.0.0.1:{free_port()}", "--state-dir",
+                       str(tmp_path), "logs", "-n", "3")
+    assert code == 0 and out.splitlines() == ["line 97", "line 98", "line 99"]
+    code, _, err = run(capsys, "--url", f"http://127.0.0.1:{free_port()}", "--state-dir",
+                       str(tmp_path / "other"), "logs")
+    assert code == 1 and "no log" in err
+
+
+def test_logs_follow_prints_appended_lines_and_survives_rotation(tmp_path):
+    log = tmp_path / "logs" / "mlxd.log"
+    log.parent.mkdir()
+    log.write_text("old\n")
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor.ctl", "--url",
+                             f"http://127.0.0.1:{free_port()}", "--state-dir", str(tmp_path),
+                             "logs", "-f", "-n", "1"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "old\n"
+        with open(log, "a") as f:
+            f.write("new one\n")
+        assert proc.stdout.readline() == "new one\n"
+        log.rename(log.with_suffix(".log.1"))  # what RotatingFileHandler does
+        log.write_text("after rotation\n")
+        assert proc.stdout.readline() == "after rotation\n"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_human_formats():
+    assert human_bytes(None) == "-" and human_bytes(512) == "512 B"
+    assert human_bytes(3 << 29) == "1.5 GiB" and human_bytes(5 << 20) == "5.0 MiB"
+    assert human_seconds(None) == "-" and human_seconds(59) == "59s"
+    assert human_seconds(61) == "1m01s" and human_seconds(3700) == "1h01m"
+    status = format_status({
+        "status": "ok", "memory": {"available_bytes": 8 << 30, "total_bytes": 16 << 30,
+                                   "pressure": "warn"},
+        "workers": [{"model": "m", "state": "ready", "pid": 42, "uptime_s": 5, "rss_bytes": 1 << 30,
+                     "active_bytes": 1 << 29, "peak_bytes": 1 << 30, "queued": 2, "in_flight": 1,
+                     "tokens_per_s": 12.345, "cached_prompts": 0, "restarts": 1}]})
+    lines = status.splitlines()
+    assert lines[0] == "status: ok"
+    assert lines[1] == "memory: 8.0 GiB available of 16.0 GiB, pressure warn"
+    assert lines[2].split() == ["MODEL", "STATE", "PID", "UPTIME", "RSS", "MLX", "ACTIVE", "MLX",
+                                "PEAK", "QUEUED", "IN-FLIGHT", "TOK/S", "(1m)", "CACHED", "RESTARTS"]
+    assert lines[3].split() == ["m", "ready", "42", "5s", "1.0", "GiB", "512.0", "MiB", "1.0", "GiB",
+                                "2", "1", "12.3", "0", "1"]
+    assert "no local MLX models" in format_models({"models": []})
+    table = format_models({"models": [{"id": "org/m", "size_bytes": 4 << 30, "context_length": 32768,
+                                       "state": "not_loaded", "source": "hf-cache"}]})
+    assert table.splitlines()[1].split() == ["org/m", "4.0", "GiB", "32768", "not_loaded", "hf-cache"]

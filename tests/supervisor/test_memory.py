@@ -1,0 +1,147 @@
+"""Memory readings (parsers over the tools' text, probes), the gate's judgement, sizes,
+the tokens/s window and the liveness verdict: pure logic, any OS."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from protocol import Heartbeat
+from supervisor.config import Config, size
+from supervisor.gate import MemoryGate
+from supervisor.liveness import Liveness
+from supervisor.memory import (CRITICAL, NORMAL, WARN, FileProbe, MemoryReading, SystemProbe,
+                               parse_macos_pressure, parse_psi, psi_level, worse)
+from supervisor.throughput import TokenRate
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("text,level", [
+    ("kern.memorystatus_vm_pressure_level: 1\n", NORMAL),
+    ("kern.memorystatus_vm_pressure_level: 2", WARN),
+    ("4\n", CRITICAL),                      # `sysctl -n`
+    ("kern.memorystatus_vm_pressure_level: 3", None),  # not a level the kernel defines
+    ("sysctl: unknown oid", None),
+    ("", None),
+])
+def test_macos_pressure_level(text, level):
+    assert parse_macos_pressure(text) == level
+
+
+PSI_CALM = ("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+PSI_STALLS = ("some avg10=23.50 avg60=10.00 avg300=2.00 total=123456\n"
+              "full avg10=4.25 avg60=1.00 avg300=0.10 total=4567\n")
+PSI_THRASH = ("some avg10=80.00 avg60=70.00 avg300=50.00 total=9999999\n"
+              "full avg10=35.10 avg60=20.00 avg300=9.00 total=999999\n")
+
+
+def test_linux_psi_parsing_and_levels():
+    psi = parse_psi(PSI_STALLS)
+    assert (psi.some_avg10, psi.full_avg10) == (23.5, 4.25)
+    assert psi_level(parse_psi(PSI_CALM)) == NORMAL
+    assert psi_level(psi) == WARN
+    assert psi_level(parse_psi(PSI_THRASH)) == CRITICAL
+    assert parse_psi("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n").full_avg10 is None
+    assert parse_psi("garbage") is None and psi_level(None) is None
+    assert parse_psi("some avg10=x avg60=0 avg300=0 total=0") is None
+
+
+def test_worse_pressure():
+    assert worse(None, WARN) == WARN and worse(CRITICAL, NORMAL) == CRITICAL
+    assert worse(NORMAL, None) == NORMAL
+
+
+def test_system_probe_reads_this_machine_and_fails_soft_elsewhere():
+    r = SystemProbe()()
+    assert 0 < r.available_bytes <= r.total_bytes
+    if sys.platform.startswith("linux") and SystemProbe.PSI_PATH.exists():
+        assert r.pressure in (NORMAL, WARN, CRITICAL)
+    if sys.platform != "darwin":
+        # The macOS reader on another OS: sysctl has no such key (or is missing).
+        assert SystemProbe(platform="darwin")().pressure is None
+    assert SystemProbe(platform="sunos")().pressure is None
+
+
+def test_file_probe_overrides_what_it_names_and_is_reread(tmp_path):
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps({"available_bytes": 3 * GiB}))
+    base = MemoryReading(10 * GiB, 16 * GiB, NORMAL, "base")
+    probe = FileProbe(path, fallback=lambda: base)
+    r = probe()
+    assert (r.available_bytes, r.total_bytes, r.pressure) == (3 * GiB, 16 * GiB, NORMAL)
+    path.write_text(json.dumps({"available_bytes": 5 * GiB, "pressure": CRITICAL}))
+    r = probe()
+    assert (r.available_bytes, r.pressure) == (5 * GiB, CRITICAL)
+    path.write_text("{not json")
+    assert probe() == base  # unreadable: the system's readings, never a crash
+
+
+def gate(tmp_path, **cfg) -> MemoryGate:
+    return MemoryGate(Config(state_dir=tmp_path, **cfg), probe=lambda: None)
+
+
+def test_need_is_weights_on_disk_times_factor_plus_kv_budget(tmp_path):
+    m = tmp_path / "m"
+    m.mkdir()
+    (m / "config.json").write_text("{}")
+    for name, n in (("model-00001-of-00002.safetensors", 3000), ("model-00002-of-00002.safetensors", 1000),
+                    ("tokenizer.json", 50_000)):  # not weights
+        (m / name).write_bytes(b"\0" * n)
+    g = gate(tmp_path, memory_factor=1.5, kv_budget=100)
+    assert g.need(str(m)) == 6100
+    assert g.need(str(tmp_path / "absent")) == 100  # unknown size: the KV budget alone
+
+
+def test_judge(tmp_path):
+    g = gate(tmp_path)
+    free = MemoryReading(10 * GiB, 16 * GiB, NORMAL)
+    assert g.judge(4 * GiB, free).fits
+    v = g.judge(4 * GiB, free, reserved=7 * GiB)  # another load is on its way
+    assert not v.fits and v.free_bytes == 3 * GiB and "not enough" in v.reason
+    v = g.judge(1 * GiB, MemoryReading(10 * GiB, 16 * GiB, CRITICAL))
+    assert not v.fits and "critical" in v.reason
+    assert g.judge(1 * GiB, MemoryReading(10 * GiB, 16 * GiB, WARN)).fits
+    budget = gate(tmp_path, memory_budget=8 * GiB)
+    v = budget.judge(4 * GiB, free, committed=5 * GiB)
+    assert not v.fits and v.free_bytes == 3 * GiB and "budget" in v.reason
+    assert budget.judge(3 * GiB, free, committed=5 * GiB).fits
+
+
+@pytest.mark.parametrize("text,n", [("512", 512), ("1k", 1024), ("2M", 2 << 20), ("1.5G", 3 << 29),
+                                    ("8GiB", 8 << 30), ("1 tb", 1 << 40)])
+def test_size(text, n):
+    assert size(text) == n
+
+
+@pytest.mark.parametrize("bad", ["", "G", "12X", "-", "1.2.3G"])
+def test_size_rejects(bad):
+    with pytest.raises(ValueError):
+        size(bad)
+
+
+def test_token_rate_window():
+    rate = TokenRate(window_s=60)
+    for t in range(0, 30):       # 10 tokens/s for 30 s
+        rate.add(10, 1000.0 + t)
+    assert rate.per_second(1029.5) == pytest.approx(300 / 60)
+    assert rate.per_second(1029.5, since=1000.0) == pytest.approx(300 / 29.5)
+    assert rate.per_second(1089.5) == pytest.approx(10 / 60)  # only second 1029 is left
+    assert rate.per_second(2000.0) == 0.0
+
+
+def test_liveness_verdicts():
+    cfg = Config(heartbeat_timeout=2, hang_timeout=5, cancel_grace=1)
+    lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)
+    assert lv.verdict(101.0, cfg, busy=True, cancels_sent_at=[]) is None
+    assert "heartbeat" in lv.verdict(102.5, cfg, busy=False, cancels_sent_at=[])
+    lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=0), 104.0)
+    assert lv.verdict(104.0, cfg, busy=False, cancels_sent_at=[]) is None  # idle: not hung
+    assert "hung" in lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[])
+    lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=7), 105.5)
+    assert lv.steps_changed_at == 105.5
+    assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[None, 104.0]) is not None
+    assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[105.0]) is None

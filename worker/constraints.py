@@ -1,0 +1,222 @@
+"""Grammar-constrained decoding with llguidance: JSON mode, JSON schema, forced tool calls.
+
+`Grammars` (one per engine) turns a Generate into a Lark grammar and a `Constraint`:
+- response_format json_object / json_schema → the JSON (whitespace bounded, see
+  tool_formats.JSON_OPTIONS);
+- tool_choice "required" / a named function → one or more calls written in the model
+  family's own call format (tool_formats), so the family's parser reads them back;
+- tool_choice "auto" with a JSON response_format → either;
+- a thinking model may think first (`<think>…</think>`), then the constrained part.
+
+A `Constraint` wraps one llguidance LLMatcher. Per decode step: `mask()` computes the
+allowed-token bitmask (native code, GIL released, so it overlaps the MLX forward pass
+running on MLX's own threads) and `consume(token)` advances it. When the grammar is
+complete the matcher stops: only EOS remains allowed, and the engine ends the sequence
+there without asking the model (whose EOS logit may be anything).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Optional
+
+import mlx.core as mx
+import numpy as np
+
+from protocol.messages import INVALID_REQUEST
+from worker.tool_formats import JSON_OPTIONS, ToolFormat, json_rule
+
+log = logging.getLogger("worker.constraints")
+
+
+class GrammarError(Exception):
+    """A constraint that cannot be built; the message is safe to show (a 400)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.code = INVALID_REQUEST
+        self.message = message
+        self.param = param
+
+
+class Constraint:
+    """One request's grammar state. Not thread-safe; used by the MLX thread only."""
+    __slots__ = ("matcher", "_bitmask", "_vocab", "_fill")
+
+    def __init__(self, matcher, vocab_size: int):
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+        self.matcher = matcher
+        self._vocab = vocab_size
+        self._bitmask = allocate_token_bitmask(1, vocab_size)
+        self._fill = fill_next_token_bitmask
+
+    def mask(self) -> mx.array:
+        """The allowed tokens of the next step, as a boolean (vocab,) array."""
+        self._fill(self.matcher, self._bitmask)
+        bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
+        return mx.array(bits[:self._vocab].astype(np.bool_))
+
+    def consume(self, token: int) -> bool:
+        """Advance by the sampled token; False if the grammar rejected it (a bug)."""
+        return self.matcher.consume_token(token)
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete and admits nothing but EOS."""
+        return self.matcher.is_stopped()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
+
+
+class Grammars:
+    """Builds Constraints for one model; the llguidance tokenizer is made once, lazily."""
+
+    def __init__(self, tokenizer, vocab_size: int, tool_format: Optional[ToolFormat]):
+        self.tokenizer = tokenizer        # mlx-lm TokenizerWrapper
+        self.vocab_size = vocab_size      # the logits' width (may exceed the tokenizer's)
+        self.tool_format = tool_format
+        self._ll = None
+
+    @property
+    def ll_tokenizer(self):
+        """llguidance's view of the tokenizer (built from the HF fast tokenizer)."""
+        if self._ll is None:
+            import llguidance.hf
+
+            hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)
+            try:
+                self._ll = llguidance.hf.from_tokenizer(
+                    hf, n_vocab=self.vocab_size, eos_token=sorted(self.tokenizer.eos_token_ids))
+            except ValueError as e:  # a slow (Python) tokenizer
+                raise GrammarError(f"constrained decoding is not available for this model's "
+                                   f"tokenizer: {e}", "response_format") from None
+        return self._ll
+
+    # ---- grammar text -------------------------------------------------------------
+
+    def lit(self, marker: str) -> str:
+        """A marker in Lark: its token id when it is one token (special tokens are not
+        text to the lexer), else the string."""
+        ids = self.tokenizer.encode(marker, add_special_tokens=False)
+        if len(ids) == 1:
+            return f"<[{ids[0]}]>"
+        return json.dumps(marker)
+
+    def grammar_for(self, gen, reasoning_first: bool = False,
+                    may_think: bool = False) -> Optional[str]:
+        """The Lark grammar a request's output must follow, or None (unconstrained).
+        `reasoning_first`: the prompt leaves the model inside a think block;
+        `may_think`: the model may open one first."""
+        body = None
+        tools = _allowed(gen)
+        forced = gen.tool_choice == "required" and bool(gen.tools)
+        if forced:
+            if not tools:
+                raise GrammarError("tool_choice names no tool of 'tools'", "tool_choice")
+            body = self._calls_rule(tools, gen.parallel_tool_calls)
+        elif gen.response_format in ("json_object", "json_schema"):
+            schema = {"type": "object"} if gen.response_format == "json_object" else gen.json_schema
+            if not isinstance(schema, dict):
+                raise GrammarError("response_format json_schema needs a schema object",
+                                   "response_format")
+            body = json_rule(closed(schema))
+            if tools and gen.tool_choice in (None, "auto") and self._can_force_calls():
+                body = f"{body} | {self._calls_rule(tools, gen.parallel_tool_calls)}"
+        if body is None:
+            return None
+        return f"start: {self._thinking(reasoning_first, may_think)} ({body})\n"
+
+    def _can_force_calls(self) -> bool:
+        return self.tool_format is not None and self.tool_format.call_grammar is not None
+
+    def _calls_rule(self, tools: list, parallel: bool) -> str:
+        fmt = self.tool_format
+        if fmt is None:
+            raise GrammarError("this model has no tool-call format, so tool calls cannot be "
+                               "required of it", "tool_choice")
+        if fmt.call_grammar is None:
+            raise GrammarError(f"tool_choice 'required' or a named function is not supported "
+                               f"for this model's tool-call format ({fmt.name}); use 'auto'",
+                               "tool_choice")
+        one = fmt.call_grammar(tools, self.lit, fmt.start, fmt.end)
+        if not parallel:
+            return one
+        sep = json.dumps(fmt.separator) if fmt.separator else ""
+        return f"({one}) ({sep} ({one}))*"
+
+    def _thinking(self, reasoning_first: bool, may_think: bool) -> str:
+        tok = self.tokenizer
+        if not tok.has_thinking or not (reasoning_first or may_think):
+            return ""
+        try:  # only single-token markers: then thinking text cannot swallow the end
+            start, end = f"<[{tok.think_start_id}]>", f"<[{tok.think_end_id}]>"
+        except ValueError:
+            return ""
+        think = f'/(.|\\n)*/ {end} /\\n{{0,2}}/'
+        return think if reasoning_first else f"({start} {think})?"
+
+    # ---- matchers -----------------------------------------------------------------
+
+    def constraint(self, gen, reasoning_first: bool = False,
+                   may_think: bool = False) -> Optional[Constraint]:
+        """A fresh Constraint for `gen`, or None. Raises GrammarError (a 400)."""
+        lark = self.grammar_for(gen, reasoning_first, may_think)
+        if lark is None:
+            return None
+        return self.compile(lark, "tool_choice" if gen.tool_choice == "required"
+                            else "response_format")
+
+    def compile(self, lark: str, param: str = "response_format") -> Constraint:
+        import llguidance
+
+        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise GrammarError(f"invalid schema or grammar: {_short(matcher.get_error())}",
+                               param)
+        return Constraint(matcher, self.vocab_size)
+
+
+def closed(schema):
+    """`schema` with objects that do not say otherwise closed to unlisted properties
+    (additionalProperties: false). Output stays valid against the original schema; it
+    only stops a weak model from inventing keys forever."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in ("enum", "const", "default", "examples"):
+            out[k] = v
+        elif k in ("properties", "$defs", "definitions", "patternProperties"):
+            out[k] = {name: closed(s) for name, s in v.items()} if isinstance(v, dict) else v
+        else:
+            out[k] = closed(v)
+    if "properties" in out and "additionalProperties" not in out \
+            and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def _allowed(gen) -> list[tuple[str, dict]]:
+    """(name, parameters) of the tools a call may use."""
+    out = []
+    for t in gen.tools or ():
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        if gen.allowed_tools is None or fn["name"] in gen.allowed_tools:
+            out.append((fn["name"], closed(fn.get("parameters") or {})))
+    return out
+
+
+def _short(message: str, limit: int = 300) -> str:
+    return message if len(message) <= limit else message[:limit] + "…"
+
+
+__all__ = ["Grammars", "Constraint", "GrammarError", "JSON_OPTIONS"]

@@ -1,0 +1,145 @@
+"""Chat prompts: OpenAI messages and tools → the model's chat template → token ids.
+
+Tools go to the template (`tools=`), which renders them the family's way. History is
+rendered back the way templates expect it: an assistant turn's `tool_calls[].function.
+arguments` arrive as a JSON string (OpenAI's wire form) but templates index or `tojson`
+them as a mapping, so they are decoded; `tool` turns keep their `tool_call_id`.
+`reasoning_effort` maps onto the template's own switch: passed through to templates that
+take it (gpt-oss), else onto `enable_thinking` ("none"/"minimal" → off) for templates that
+have that; explicit `chat_template_kwargs` win.
+"""
+
+from __future__ import annotations
+
+import json
+
+from protocol.messages import INVALID_REQUEST
+
+# Rendering for models without a chat template (what mlx-lm's server does).
+_FALLBACK_ROLES = {
+    "system": "ASSISTANT's RULE: ",
+    "user": "USER: ",
+    "assistant": "ASSISTANT: ",
+}
+_FALLBACK_PREAMBLE = ("A chat between a curious user and an artificial intelligence "
+                      "assistant. The assistant follows the given rules no matter what.\n")
+_NO_THINKING = ("none", "minimal")
+
+
+class RequestError(Exception):
+    """A request the worker refuses; the message is safe to show to the client."""
+
+    def __init__(self, code: str, message: str, param: str | None = None,
+                 prompt_tokens: int = 0):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.prompt_tokens = prompt_tokens
+
+
+def _plain_content(content) -> str:
+    """OpenAI content may be a list of parts; only text parts are supported here."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not (isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text")
+                    and isinstance(p.get("text"), str)):
+                raise RequestError(INVALID_REQUEST, "only text content parts are supported",
+                                   "messages")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise RequestError(INVALID_REQUEST, "message content must be a string or a list of parts",
+                       "messages")
+
+
+def _template_call(call) -> dict:
+    """An assistant's past tool call as templates read it: arguments as a mapping."""
+    if not isinstance(call, dict):
+        return call
+    call = dict(call)
+    fn = call.get("function")
+    if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+        try:
+            args = json.loads(fn["arguments"]) if fn["arguments"].strip() else {}
+        except ValueError:
+            args = None
+        if isinstance(args, dict):
+            call["function"] = {**fn, "arguments": args}
+    return call
+
+
+def normalize_messages(messages) -> list[dict]:
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise RequestError(INVALID_REQUEST, "each message needs a string 'role'", "messages")
+        m = dict(m)  # never mutate the request
+        m["content"] = _plain_content(m.get("content"))
+        if isinstance(m.get("tool_calls"), list):
+            m["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def render_plain_chat(messages: list[dict]) -> str:
+    text = _FALLBACK_PREAMBLE
+    for m in messages:
+        text += f"{_FALLBACK_ROLES.get(m['role'], '')}{m['content']}\n"
+    return text + _FALLBACK_ROLES["assistant"].rstrip()
+
+
+def template_kwargs(tokenizer, gen) -> dict:
+    """Keyword arguments for apply_chat_template: tools, the thinking switch, and the
+    client's chat_template_kwargs (last, so they win)."""
+    kwargs: dict = {}
+    if gen.tools:
+        kwargs["tools"] = gen.tools
+    effort = gen.reasoning_effort
+    if effort is not None:
+        source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+        if "reasoning_effort" in source:
+            kwargs["reasoning_effort"] = effort
+        elif "enable_thinking" in source or tokenizer.has_thinking:
+            kwargs["enable_thinking"] = effort not in _NO_THINKING
+    kwargs.update(gen.template_kwargs or {})
+    return kwargs
+
+
+def chat_ids(tokenizer, gen) -> list[int]:
+    if not isinstance(gen.messages, list) or not gen.messages:
+        raise RequestError(INVALID_REQUEST, "messages must be a non-empty list", "messages")
+    messages = normalize_messages(gen.messages)
+    if not tokenizer.has_chat_template:
+        return tokenizer.encode(render_plain_chat(messages))
+    try:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                            **template_kwargs(tokenizer, gen))
+    except Exception as e:
+        # Templates reject conversations they cannot render (roles out of order,
+        # unknown kwargs); their message explains it and holds no secrets.
+        raise RequestError(INVALID_REQUEST, f"the chat template rejected the messages: {e}",
+                           "messages") from None
+    return list(ids)
+
+
+def thinking_closed(tokenizer, ids: list[int]) -> bool:
+    """Whether the template closed the think block itself at the end of the prompt (its
+    thinking-off form, e.g. Qwen3's `<think>\n\n</think>\n\n`): then the model answers
+    without thinking."""
+    if not tokenizer.has_thinking:
+        return True
+    return tokenizer.rfind_think_end(ids, start=len(ids) - 11) >= 0
+
+
+def starts_in_reasoning(tokenizer, ids: list[int]) -> bool:
+    """Whether the prompt leaves the model inside a think block (the template opened
+    one, as DeepSeek-R1 and Qwen3 thinking templates do): then the output starts as
+    reasoning. (mlx-lm's server decides the same way.)"""
+    if not tokenizer.has_thinking:
+        return False
+    return tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)

@@ -1,0 +1,78 @@
+"""Samplers, logits processors and logprob extraction for one request (mlx-lm's own).
+
+Logprobs reported to clients are the log-softmax of the logits after the processors that
+reshape the distribution — repetition/presence/frequency penalties, logit_bias, the
+grammar mask, a banned tool-call marker — and before temperature, top_p, top_k and
+min_p (which only pick among them). So at temperature 0 the sampled token is the top
+entry; a token the grammar forbids has logprob -inf, reported as -9999.0 (what OpenAI
+reports for impossible tokens; JSON has no -inf).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+from protocol.messages import INVALID_REQUEST
+from worker.prompt import RequestError
+
+IMPOSSIBLE = -9999.0
+
+
+def sampler_for(gen):
+    temp = 1.0 if gen.temperature is None else gen.temperature
+    return make_sampler(temp, top_p=gen.top_p or 0.0, min_p=gen.min_p or 0.0,
+                        top_k=gen.top_k or 0)
+
+
+def check_logit_bias(gen, vocab_size: int) -> None:
+    for pair in gen.logit_bias or ():
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2
+                and isinstance(pair[0], int) and 0 <= pair[0] < vocab_size):
+            tok = pair[0] if isinstance(pair, (list, tuple)) and pair else pair
+            raise RequestError(INVALID_REQUEST, f"logit_bias: token id {tok} is out of range: "
+                               f"the vocabulary has {vocab_size} tokens", "logit_bias")
+
+
+def processors_for(gen, banned: tuple = ()) -> list:
+    """mlx-lm logits processors for the request's penalties and bias. `banned` token
+    ids get -inf (tool_choice "none": the call marker)."""
+    bias = {int(t): float(b) for t, b in gen.logit_bias or ()}
+    rp = gen.repetition_penalty
+    processors = make_logits_processors(
+        logit_bias=bias or None,
+        repetition_penalty=rp if rp not in (None, 1.0) else None,
+        presence_penalty=gen.presence_penalty or None,
+        frequency_penalty=gen.frequency_penalty or None,
+    )
+    if banned:
+        ids = mx.array(list(banned))
+
+        def ban(_, logits):
+            return logits.at[:, ids].add(-mx.inf)
+
+        processors.append(ban)
+    return processors
+
+
+def logprob_arrays(logprobs: mx.array, y: mx.array, k: int) -> tuple:
+    """(sampled token's logprob, top-k ids, top-k logprobs), lazily, for one step."""
+    chosen = mx.take_along_axis(logprobs, y[:, None], axis=-1)[0, 0]
+    if k <= 0:
+        return (chosen,)
+    top = mx.argpartition(-logprobs[0], k - 1)[:k]
+    return chosen, top, logprobs[0, top]
+
+
+def read_logprobs(arrays: tuple) -> tuple[float, list[tuple[int, float]]]:
+    """Evaluated logprob_arrays → (logprob, [(id, logprob)] best first)."""
+    chosen = _finite(arrays[0].item())
+    if len(arrays) == 1:
+        return chosen, []
+    pairs = sorted(zip(arrays[1].tolist(), map(_finite, arrays[2].tolist())),
+                   key=lambda p: -p[1])
+    return chosen, pairs
+
+
+def _finite(x: float) -> float:
+    return x if x > IMPOSSIBLE else IMPOSSIBLE

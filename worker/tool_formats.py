@@ -1,0 +1,216 @@
+"""Tool-call formats of model families: how a call is marked, parsed, and constrained.
+
+Parsing uses mlx-lm's own parsers (mlx_lm/tool_parsers/*), picked the way mlx-lm picks
+them: the tokenizer config's `tool_parser_type`, else inferred from the chat template
+(`tokenizer_utils._infer_tool_parser`, which `mlx_lm.load` already ran; it records the
+name in the tokenizer's init_kwargs). mlx-lm has no parser for Llama 3's JSON calls
+(`{"name": ..., "parameters": {...}}`, no markers), so that one lives here.
+
+Grammars (for tool_choice "required" or a named function) write the call exactly the
+way the family's template renders one, so the same parser reads it back. Each builder
+returns Lark (llguidance's dialect) for ONE call to any of the given tools; the caller
+(worker/constraints.py) repeats it for parallel calls. Families without a builder here
+(Gemma's and a few others' non-JSON argument syntaxes) still parse; forcing calls on
+them is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+log = logging.getLogger("worker.tools")
+
+# JSON the grammar lets a model write: compact separators as json.dumps writes them
+# (what chat templates render) and no free whitespace, so a weak model cannot pad a
+# valid object with blanks forever (DESIGN.md, Constraints).
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+# (tool name, its parameters schema)
+ToolSpec = tuple[str, dict]
+# lit(marker) -> a Lark expression for a marker (a token id when it is one token)
+Literal = Callable[[str], str]
+
+
+def json_rule(schema: dict) -> str:
+    """An inline Lark %json rule with the server's JSON options."""
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+
+
+def _object_schema(params) -> dict:
+    """A tool's parameters schema; absent means no arguments: `{}` (closed, like every
+    object the grammar writes; see constraints.closed)."""
+    if not params:
+        return {"type": "object", "properties": {}, "additionalProperties": False}
+    return params
+
+
+def _call_object(name: str, params: dict, key: str) -> dict:
+    return {"type": "object", "properties": {"name": {"const": name}, key: _object_schema(params)},
+            "required": ["name", key], "additionalProperties": False}
+
+
+# ---- grammar builders: one call of any of `tools` ------------------------------------
+
+def _json_call(key: str):
+    def build(tools: list[ToolSpec], lit: Literal, start: str, end: str) -> str:
+        body = {"anyOf": [_call_object(n, p, key) for n, p in tools]}
+        if not start:  # Llama 3: the call is the JSON object alone
+            return json_rule(body)
+        return f'{lit(start)} "\\n" {json_rule(body)} "\\n" {lit(end)}'
+    return build
+
+
+def _mistral_call(tools: list[ToolSpec], lit: Literal, start: str, end: str) -> str:
+    # Current templates ([ARGS]): [TOOL_CALLS]name[ARGS]{...}; one marker per call.
+    alts = " | ".join(f'{json.dumps(n)} {lit("[ARGS]")} {json_rule(_object_schema(p))}'
+                      for n, p in tools)
+    return f"{lit(start)} ({alts})"
+
+
+def _mistral_list_call(tools: list[ToolSpec], lit: Literal, start: str, end: str) -> str:
+    # Older templates: [TOOL_CALLS] [{"name": ..., "arguments": {...}}]
+    body = {"type": "array", "items": {"anyOf": [_call_object(n, p, "arguments")
+                                                 for n, p in tools]},
+            "minItems": 1, "maxItems": 1}
+    return f'{lit(start)} " " {json_rule(body)}'
+
+
+def _ordered_args(items: list[tuple[str, bool]], sep: str = "") -> str:
+    """Lark for an ordered subsequence of `items` (expressions, required?) holding every
+    required one, joined by `sep` (a Lark literal, or "" for none). Built right to left:
+    `rest` is the tail once something was written (each item then needs `sep` first),
+    `first` the tail before anything was."""
+    rest = first = ""
+    for expr, required in reversed(items):
+        joined = f"{sep} {expr}" if sep else expr
+        if required:
+            first = f"{expr} {rest}"
+            rest = f"{joined} {rest}"
+        else:
+            first = f"({expr} {rest} | {first})" if first.strip() else f"({expr} {rest})?"
+            rest = f"({joined})? {rest}"
+    return first.strip()
+
+
+def _properties(params: dict) -> list[tuple[str, dict, bool]]:
+    params = _object_schema(params)
+    required = set(params.get("required") or ())
+    return [(k, v if isinstance(v, dict) else {}, k in required)
+            for k, v in (params.get("properties") or {}).items()]
+
+
+def _pythonic_call(tools: list[ToolSpec], lit: Literal, start: str, end: str) -> str:
+    # [name(a=1, b="x")]: JSON values are Python literals to the parser (it maps
+    # true/false/null), so each value is the JSON its schema allows.
+    alts = []
+    for name, params in tools:
+        args = [(f'"{k}=" {json_rule(s)}', req) for k, s, req in _properties(params)]
+        alts.append(f'"{name}(" {_ordered_args(args, json.dumps(", "))} ")"')
+    return f'{lit(start)} "[" ({" | ".join(alts)}) "]" {lit(end)}'
+
+
+def _xml_value(schema: dict) -> str:
+    """A Qwen3-coder parameter value: raw text for strings (the parser keeps it as is),
+    JSON for the rest (the parser converts by the schema's type)."""
+    kind = schema.get("type")
+    if kind == "string" and "enum" in schema:
+        return "(" + " | ".join(json.dumps(str(v)) for v in schema["enum"]) + ")"
+    if kind == "string":
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        return f"/[^<\\n]{{{lo},{'' if hi is None else hi}}}/"
+    return json_rule(schema)
+
+
+def _qwen3_coder_call(tools: list[ToolSpec], lit: Literal, start: str, end: str) -> str:
+    alts = []
+    for name, params in tools:
+        args = [(f'"<parameter={k}>\\n" {_xml_value(s)} "\\n</parameter>\\n"', req)
+                for k, s, req in _properties(params)]
+        alts.append(f'"<function={name}>\\n" {_ordered_args(args)} "</function>"')
+    return f'{lit(start)} "\\n" ({" | ".join(alts)}) "\\n" {lit(end)}'
+
+
+# ---- formats -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str                         # mlx-lm's parser name, or "llama3_json"
+    start: str                        # marker opening a call ("" for Llama 3's JSON)
+    end: str                          # marker closing it ("" when none, as Mistral)
+    parse: Callable                   # (text, tools) -> dict | list[dict], raises on junk
+    call_grammar: Optional[Callable] = None  # (tools, lit, start, end) -> Lark of one call
+    separator: str = "\n"             # between parallel calls in the grammar
+
+
+def _parse_llama3_json(text: str, tools=None):
+    """Llama 3.x JSON calls: one object, or several separated by ';'."""
+    calls = []
+    for part in text.split(";") if text.strip().startswith("{") else [text]:
+        obj = json.loads(part.strip())
+        args = obj.get("parameters", obj.get("arguments"))
+        if not isinstance(obj.get("name"), str) or not isinstance(args, dict):
+            raise ValueError("not a Llama 3 JSON tool call")
+        calls.append({"name": obj["name"], "arguments": args})
+    return calls[0] if len(calls) == 1 else calls
+
+
+_BUILDERS = {
+    "json_tools": _json_call("arguments"),
+    "pythonic": _pythonic_call,
+    "qwen3_coder": _qwen3_coder_call,
+}
+
+LLAMA3_JSON = ToolFormat("llama3_json", "", "", _parse_llama3_json,
+                         _json_call("parameters"), "; ")
+
+
+def mlx_lm_format(name: str, template: str = "") -> ToolFormat:
+    """The ToolFormat of mlx-lm's parser module `name`."""
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    builder = _BUILDERS.get(name)
+    separator = "\n"
+    if name == "mistral":
+        builder = _mistral_call if "[ARGS]" in template else _mistral_list_call
+        separator = ""
+    return ToolFormat(name, module.tool_call_start, module.tool_call_end or "",
+                      module.parse_tool_call, builder, separator)
+
+
+def detect(tokenizer) -> Optional[ToolFormat]:
+    """The tool-call format of a loaded mlx-lm tokenizer, or None."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    name = (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_parser_type")
+    if name is None and tokenizer.tool_parser is not None:
+        from mlx_lm.tokenizer_utils import _infer_tool_parser
+        name = _infer_tool_parser(tokenizer)
+    if name:
+        try:
+            return mlx_lm_format(name, template)
+        except (ImportError, AttributeError):
+            log.warning("unknown tool parser %r; tool calls will not be parsed", name)
+            return None
+    # Llama 3.1+ templates ask for {"name": ..., "parameters": ...} with no markers.
+    if '"parameters": dictionary of argument name' in template:
+        return LLAMA3_JSON
+    return None
+
+
+def normalize_calls(parsed) -> list[dict]:
+    """A parser's result (one dict or a list) as a list of {"name", "arguments", "id"?}."""
+    calls = parsed if isinstance(parsed, list) else [parsed]
+    out = []
+    for c in calls:
+        if not (isinstance(c, dict) and isinstance(c.get("name"), str)):
+            raise ValueError("a tool call without a name")
+        args = c.get("arguments", {})
+        if isinstance(args, str):
+            args = json.loads(args)
+        if not isinstance(args, dict):
+            raise ValueError("tool call arguments are not an object")
+        out.append({"name": c["name"], "arguments": args, "id": c.get("id")})
+    return out
