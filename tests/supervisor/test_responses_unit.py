@@ -109,13 +109,20 @@ def test_request_tools_choice_and_formats():
             tool_choice={"type": "function", "name": "b"},
             text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
             reasoning={"effort": "low"}, metadata={"k": "v"}, instructions="sys")
-    assert [t["name"] for t in r.tools] == ["a", "b"] and r.tools[1]["description"] == "nested"
+    echo = r.tools_echo
+    assert [t["name"] for t in echo] == ["a", "b"] and echo[1]["description"] == "nested"
+    for t in echo:
+        validate(t, "FunctionTool")
     assert r.skipped_tools == ["web_search", "file_search"]
-    assert r.tool_choice == {"type": "function", "name": "b"}
-    assert r.text_format["type"] == "json_schema" and r.reasoning_effort == "low"
+    assert r.tool_choice.mode == "required" and r.tool_choice.allowed == ("b",)
+    assert r.text_format.kind == "json_schema" and r.reasoning_effort == "low"
+    fields = r.generate_fields()
+    assert fields["tool_choice"] == "required" and fields["allowed_tools"] == ["b"]
+    assert fields["response_format"] == "json_schema" and fields["reasoning_effort"] == "low"
+    assert [t["function"]["name"] for t in fields["tools"]] == ["a", "b"]
     with pytest.raises(APIError) as e:
         req(tool_choice={"type": "function", "name": "missing"})
-    assert e.value.param == "tool_choice.name"
+    assert e.value.param == "tool_choice"
     with pytest.raises(APIError) as e:
         req(tool_choice="required")
     assert e.value.param == "tool_choice"

@@ -61,8 +61,8 @@ class ResponseBuilder:
             "store": r.store, "background": r.background,
             "temperature": 1.0 if r.temperature is None else r.temperature,
             "top_p": 1.0 if r.top_p is None else r.top_p,
-            "text": {"format": r.text_format},
-            "tool_choice": r.tool_choice, "tools": r.tools,
+            "text": {"format": r.text_format_echo},
+            "tool_choice": r.tool_choice_echo, "tools": r.tools_echo,
             "truncation": "disabled", "metadata": r.metadata,
             "prompt_cache_key": r.prompt_cache_key,
         }

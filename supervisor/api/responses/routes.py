@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from supervisor.api import sse
+from supervisor.api.generation import apply_defaults
 from supervisor.api.params import invalid_value, opt_int
 from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items, to_chat_messages
@@ -77,11 +78,12 @@ async def _conversation(svc: Responses, req: ResponsesRequest) -> list:
     return items + list(req.input_items)
 
 
-def generate_fields(req: ResponsesRequest, items: list) -> dict:
+def generate_fields(req: ResponsesRequest, items: list, config) -> dict:
     """Generate's keyword arguments for a Responses request."""
-    return {"messages": to_chat_messages(items, req.instructions),
-            "max_tokens": req.max_output_tokens, "temperature": req.temperature,
-            "top_p": req.top_p}
+    fields = {"messages": to_chat_messages(items, req.instructions),
+              "max_tokens": req.max_output_tokens, "temperature": req.temperature,
+              "top_p": req.top_p, **req.generate_fields()}
+    return apply_defaults(fields, config)
 
 
 async def create(request: web.Request) -> web.StreamResponse:
@@ -89,7 +91,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     config, svc = request.app[CONFIG], request.app[RESPONSES]
     runner = request.app[POOL].get(req.model)
     items = await _conversation(svc, req)
-    handle = runner.submit(generate_fields(req, items))
+    handle = runner.submit(generate_fields(req, items, config))
     run = Run(ResponseBuilder(req, runner.id), handle, svc.store if req.store else None,
               req.input_items, queue_timeout=config.queue_timeout,
               request_timeout=config.request_timeout)

@@ -14,6 +14,7 @@ import logging
 import time
 from typing import AsyncIterator
 
+from supervisor.api.output import Part
 from supervisor.api.responses.builder import ResponseBuilder, usage
 from supervisor.errors import APIError
 from supervisor.store import ResponseStore, StoredResponse
@@ -62,10 +63,14 @@ class Run:
         self._emit(b.start())
         try:
             async for batch in handle.deltas(time.monotonic() + self.request_timeout):
-                for d in batch:
-                    self._emit(b.text(d.text))
+                part = Part.of(batch)
+                self._emit(b.reasoning(part.reasoning))
+                self._emit(b.text(part.text))
+                for call in part.tool_calls:
+                    self._emit(b.function_call(call.name, call.arguments, call.id))
             done = handle.done
-            u = usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)
+            u = usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
+                      done.reasoning_tokens)
             if done.finish_reason == "cancelled":
                 self._emit(b.finish("cancelled", usage=u))
             elif done.finish_reason == "length":
@@ -88,10 +93,14 @@ class Run:
             self._changed.set()
 
     async def fail_before_start(self, error: APIError) -> None:
-        """A background run whose request was refused (context too long, ...): the
-        response is failed rather than an HTTP error nobody is there to read."""
-        self._emit(self.builder.finish("failed", error={"code": "server_error",
-                                                         "message": error.message}))
+        """A background run that never started: cancelled while queued, or refused
+        (context too long, ...): the response says so rather than an HTTP error nobody
+        is there to read."""
+        if self.handle.cancel_requested:
+            self._emit(self.builder.finish("cancelled"))
+        else:
+            self._emit(self.builder.finish("failed", error={"code": "server_error",
+                                                             "message": error.message}))
         await self._final_save()
 
     async def follow(self, start: int = 0) -> AsyncIterator[dict]:

@@ -1,0 +1,118 @@
+"""The Responses API with tools, text.format and reasoning, on a tiny model with a real
+tool-calling family's template (Qwen/Hermes: tools, <tool_call>, <think>)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.integration.conftest import sse_events
+from tests.schema import validate
+from tests.serverproc import ServerProcess
+
+WEATHER = {"type": "function", "name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                     "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+    "required": ["city", "days"], "additionalProperties": False}}
+NO_THINKING = {"effort": "none"}
+
+
+@pytest.fixture(scope="module")
+def qwen(family_model):
+    path = str(family_model("qwen"))
+    srv = ServerProcess([path])
+    try:
+        srv.wait_healthy()
+        yield srv, path
+    finally:
+        srv.stop()
+
+
+@pytest.fixture
+def oai(qwen) -> openai.OpenAI:
+    return openai.OpenAI(base_url=qwen[0].url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_tool_round_trip_with_required_choice(oai, qwen):
+    _, model = qwen
+    first = oai.responses.create(model=model, input="Weather in Paris for 3 days?",
+                                 tools=[WEATHER], tool_choice="required",
+                                 parallel_tool_calls=False,  # one call, then the grammar ends
+                                 reasoning=NO_THINKING, max_output_tokens=200)
+    validate(first.model_dump(exclude_unset=True), "Response")
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert len(calls) == 1 and first.status == "completed"
+    for call in calls:
+        assert call.name == "get_weather"
+        jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    # Hand the results back: the model's next turn sees the call and its output.
+    follow = oai.responses.create(
+        model=model, previous_response_id=first.id, reasoning=NO_THINKING,
+        tools=[WEATHER], max_output_tokens=6,
+        input=[{"type": "function_call_output", "call_id": c.call_id, "output": '{"temp": 21}'}
+               for c in calls])
+    assert follow.previous_response_id == first.id and follow.status == "incomplete"
+    assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    items = oai.responses.input_items.list(follow.id)
+    assert [i.type for i in items.data] == ["function_call_output"] * len(calls)
+
+
+def test_tool_call_events_stream(qwen):
+    srv, model = qwen
+    body = {"model": model, "input": "Weather?", "tools": [WEATHER], "stream": True,
+            "tool_choice": {"type": "function", "name": "get_weather"},
+            "reasoning": NO_THINKING, "max_output_tokens": 200, "parallel_tool_calls": False}
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        with http.stream("POST", "/v1/responses", json=body) as r:
+            events = sse_events(r)
+    for ev in events:
+        validate(ev, "ResponseStreamEvent")
+    kinds = [e["type"] for e in events]
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    assert "<tool_call>" not in json.dumps(events)  # markup never leaks
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    jsonschema.validate(json.loads(done["arguments"]), WEATHER["parameters"])
+
+
+def test_tool_choice_none_makes_no_calls(oai, qwen):
+    _, model = qwen
+    r = oai.responses.create(model=model, input="Weather?", tools=[WEATHER], tool_choice="none",
+                             reasoning=NO_THINKING, max_output_tokens=30)
+    assert not [o for o in r.output if o.type == "function_call"]
+
+
+def test_json_schema_text_format_validates(oai, qwen):
+    _, model = qwen
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["name", "tags", "n"], "additionalProperties": False}
+    r = oai.responses.create(model=model, input="Describe", reasoning=NO_THINKING,
+                             max_output_tokens=200, text={"format": {
+                                 "type": "json_schema", "name": "thing", "schema": schema,
+                                 "strict": True}})
+    assert r.status == "completed"
+    jsonschema.validate(json.loads(r.output_text), schema)
+    assert r.text.format.type == "json_schema"
+
+
+def test_reasoning_becomes_a_reasoning_item(qwen):
+    srv, model = qwen
+    body = {"model": model, "input": "Think first", "reasoning": {"effort": "high"},
+            "max_output_tokens": 12, "stream": True}
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        with http.stream("POST", "/v1/responses", json=body) as r:
+            events = sse_events(r)
+    for ev in events:
+        validate(ev, "ResponseStreamEvent")
+    final = events[-1]["response"]
+    assert final["output"][0]["type"] == "reasoning"
+    text = final["output"][0]["content"][0]["text"]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert deltas == text and text and "<think>" not in json.dumps(final)
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
