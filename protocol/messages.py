@@ -27,36 +27,37 @@ LOAD_FAILED = "load_failed"
 INTERNAL = "internal_error"
 
 
-def pack_ids(ids) -> bytes:
-    """Token ids travel packed as little-endian uint32, not as a msgpack list of ints."""
-    a = array("I", ids)
+def _pack(typecode: str, values) -> bytes:
+    a = array(typecode, values)
     if sys.byteorder != "little":
         a.byteswap()
     return a.tobytes()
 
 
-def unpack_ids(data: bytes) -> list[int]:
-    a = array("I")
+def _unpack(typecode: str, data: bytes) -> list:
+    a = array(typecode)
     a.frombytes(data)
     if sys.byteorder != "little":
         a.byteswap()
     return a.tolist()
+
+
+def pack_ids(ids) -> bytes:
+    """Token ids travel packed as little-endian uint32, not as a msgpack list of ints."""
+    return _pack("I", ids)
+
+
+def unpack_ids(data: bytes) -> list[int]:
+    return _unpack("I", data)
 
 
 def pack_floats(values) -> bytes:
     """Logprob arrays travel packed as little-endian float32, like token ids."""
-    a = array("f", values)
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a.tobytes()
+    return _pack("f", values)
 
 
 def unpack_floats(data: bytes) -> list[float]:
-    a = array("f")
-    a.frombytes(data)
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a.tolist()
+    return _unpack("f", data)
 
 
 @dataclass(frozen=True)
