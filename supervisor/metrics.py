@@ -20,7 +20,8 @@ from prometheus_client.core import GaugeMetricFamily
 
 from supervisor.keys import POOL
 from supervisor.memory import MemoryReading
-from supervisor.pool import Pool, PoolObserver
+from supervisor.observer import Observer
+from supervisor.pool import Pool
 from supervisor.requests import RequestHandle
 from supervisor.runner import ModelRunner
 
@@ -56,7 +57,7 @@ def rss_bytes(pid: int | None) -> int | None:
         return None
 
 
-class Metrics(PoolObserver):
+class Metrics(Observer):
     def __init__(self):
         r = self.registry = CollectorRegistry()
         self.requests = Counter("mlxd_requests", "HTTP requests by endpoint and status",

@@ -35,8 +35,9 @@ from supervisor.gate import MemoryGate
 from supervisor.link import LinkFactory, ProcessLink
 from supervisor.memory import CRITICAL, Probe, probe_for
 from supervisor.requests import RequestHandle
-from supervisor.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, STARTING,
-                               STOPPED, ModelRunner, RunnerObserver)
+from supervisor.observer import Observer
+from supervisor.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, STARTING, STOPPED,
+                               ModelRunner)
 
 log = logging.getLogger("mlxd.pool")
 
@@ -71,19 +72,6 @@ def aliases(model: str) -> list[str]:
     return []
 
 
-class PoolObserver(RunnerObserver):
-    """Pool events for metrics; the base class ignores them."""
-
-    def model_unloaded(self, runner: ModelRunner, reason: str) -> None:
-        pass
-
-    def model_refused(self, runner: ModelRunner) -> None:
-        pass
-
-    def swapped(self, mode: str, outcome: str, seconds: float) -> None:
-        pass
-
-
 @dataclass
 class SwapResult:
     model: str
@@ -98,13 +86,13 @@ class SwapResult:
 
 class Pool:
     def __init__(self, config: Config, factory_for, *, probe: Probe | None = None,
-                 observer: PoolObserver | None = None, clock=time.monotonic):
+                 observer: Observer | None = None, clock=time.monotonic):
         """`factory_for(model) -> LinkFactory`: how a model's workers are made."""
         self.config = config
         self._factory_for = factory_for
         self._clock = clock
         self.gate = MemoryGate(config, probe or probe_for(config.memory_probe))
-        self.observer = observer or PoolObserver()
+        self.observer = observer or Observer()
         self.runners: dict[str, ModelRunner] = {}   # routing: resident and loading models
         self.retiring: set[ModelRunner] = set()     # out of routing, still stopping
         self._aliases: dict[str, str] = {}

@@ -28,6 +28,7 @@ from supervisor.config import Config
 from supervisor.errors import APIError
 from supervisor.link import LinkClosed, LinkFactory, WorkerLink
 from supervisor.liveness import Liveness
+from supervisor.observer import Observer
 from supervisor.requests import QUEUED, STARTED, RequestHandle
 from supervisor.throughput import TokenRate
 
@@ -40,16 +41,6 @@ WAITING, DRAINING = "waiting", "draining"
 DRAIN, FORCE = "drain", "force"
 
 
-class RunnerObserver:
-    """What metrics want to hear from a runner. The base class ignores everything."""
-
-    def request_done(self, runner: "ModelRunner", handle: RequestHandle, done: Done) -> None:
-        pass
-
-    def worker_restarted(self, runner: "ModelRunner", cause: str) -> None:
-        pass
-
-
 Admit = Callable[["ModelRunner"], Awaitable[None]]
 
 
@@ -58,7 +49,7 @@ class ModelRunner:
 
     def __init__(self, model_id: str, config: Config, link_factory: LinkFactory, *,
                  clock=time.monotonic, admit: Admit | None = None,
-                 observer: RunnerObserver | None = None,
+                 observer: Observer | None = None,
                  on_refused: Callable[["ModelRunner"], None] | None = None):
         self.id = model_id
         self.config = config
@@ -66,7 +57,7 @@ class ModelRunner:
         self._clock = clock
         self._admit = admit
         self._on_refused = on_refused
-        self.observer = observer or RunnerObserver()
+        self.observer = observer or Observer()
         self.state = STOPPED
         self.pinned = False              # never unloaded for keep-alive (--model, swaps, loads)
         self.need_bytes = 0              # the memory gate's estimate, once admitted
@@ -360,8 +351,9 @@ class ModelRunner:
 
     async def _drain(self, link: WorkerLink) -> None:
         """Events a worker sent just before it exited (its last Done) may still sit in
-        the socket: take them before judging what the death interrupted."""
-        while True:
+        the socket: take them before judging what the death interrupted. With nothing
+        in flight there is nothing to judge: no need to wait for stragglers."""
+        while self.inflight or self._status_waiters:
             try:
                 msgs = await asyncio.wait_for(link.recv(), 0.05)
             except (asyncio.TimeoutError, LinkClosed):
