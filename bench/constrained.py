@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.make_model import MODELS_DIR  # noqa: E402
+from bench.report import goal, print_table  # noqa: E402
 
 # More items than any run writes: the constraint is live on every token of every run.
 SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "string"},
@@ -102,14 +103,10 @@ def main() -> None:
         ("unconstrained decode tok/s (median)", f"{statistics.median(p_rates):.1f}", ""),
         ("json_schema decode tok/s (median)", f"{statistics.median(c_rates):.1f}", ""),
         ("constrained / unconstrained", f"{ratio:.3f}",
-         f"goal >= {GOAL}: {'PASS' if ratio >= GOAL else 'MISS'}"),
+         goal(ratio, ">=", GOAL)),
         ("grammar build, 20 tools (median ms)", f"{statistics.median(builds):.1f}", ""),
     ]
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    print(f"\nbench/constrained.py --preset {args.preset}")
-    for a, b, c in rows:
-        print(f"  {a.ljust(w0)}  {b.ljust(w1)}  {c}")
+    print_table(f"bench/constrained.py --preset {args.preset}", rows)
 
 
 if __name__ == "__main__":

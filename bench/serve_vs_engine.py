@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.make_model import model_path  # noqa: E402
+from bench.report import goal, print_table  # noqa: E402
 from tests.serverproc import ServerProcess  # noqa: E402
 
 PROMPT = "Write a long story about a robot who learns to paint, with many details."
@@ -139,25 +140,21 @@ def main() -> None:
     ratio = statistics.median(s_tps) / statistics.median(e_tps)
     ttft_ms = (statistics.median(s_ttft) - statistics.median(e_ttft)) * 1000
     cancel_ratio = statistics.median(after) / statistics.median(idle)
-    goal = GOALS.get(args.preset, 0.97)
+    target = GOALS.get(args.preset, 0.97)
     rows = [
         ("model", f"{args.model or args.preset} ({path})", ""),
         ("tokens per run / rounds", f"{tokens} / {args.rounds} (server produced {n_s}, engine {n_e})", ""),
         ("engine decode tok/s (median)", f"{statistics.median(e_tps):.1f}", ""),
         ("mlxd decode tok/s (median)", f"{statistics.median(s_tps):.1f}", ""),
-        ("decode ratio mlxd/engine", f"{ratio:.3f}", f"goal >= {goal:.2f}: {'PASS' if ratio >= goal else 'MISS'}"),
+        ("decode ratio mlxd/engine", f"{ratio:.3f}", goal(ratio, ">=", target)),
         ("engine TTFT ms (median)", f"{statistics.median(e_ttft) * 1000:.1f}", ""),
         ("mlxd TTFT ms (median)", f"{statistics.median(s_ttft) * 1000:.1f}", ""),
-        ("TTFT overhead ms", f"{ttft_ms:.1f}", f"goal <= 10: {'PASS' if ttft_ms <= 10 else 'MISS'}"),
+        ("TTFT overhead ms", f"{ttft_ms:.1f}", goal(ttft_ms, "<=", 10)),
         ("short request idle ms (median)", f"{statistics.median(idle) * 1000:.1f}", ""),
         ("short request after abandon ms", f"{statistics.median(after) * 1000:.1f}", ""),
-        ("cancellation ratio", f"{cancel_ratio:.3f}", f"goal <= 1.2: {'PASS' if cancel_ratio <= 1.2 else 'MISS'}"),
+        ("cancellation ratio", f"{cancel_ratio:.3f}", goal(cancel_ratio, "<=", 1.2)),
     ]
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    print(f"\nbench/serve_vs_engine.py --preset {args.preset}")
-    for a, b, c in rows:
-        print(f"  {a.ljust(w0)}  {b.ljust(w1)}  {c}")
+    print_table(f"bench/serve_vs_engine.py --preset {args.preset}", rows)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.make_model import MODELS_DIR  # noqa: E402
+from bench.report import goal, print_table  # noqa: E402
 from tests.serverproc import ServerProcess  # noqa: E402
 
 SWAP_GOAL, RSS_GOAL = 1.2, 1.05
@@ -117,16 +118,12 @@ def main() -> None:
         ("cold load s (median of %d)" % len(loads), f"{load:.3f} (first {loads[0]:.3f})", ""),
         ("swap s (median of %d)" % len(swaps),
          f"{swap:.3f} (min {min(swaps):.3f}, max {max(swaps):.3f})", ""),
-        ("swap / cold load", f"{ratio:.3f}", f"goal <= {SWAP_GOAL}: {'PASS' if ratio <= SWAP_GOAL else 'MISS'}"),
+        ("swap / cold load", f"{ratio:.3f}", goal(ratio, "<=", SWAP_GOAL)),
         ("RSS after first load", f"{rss_first / 2**20:.1f} MiB", ""),
         (f"RSS after swap {len(swaps)}", f"{rss_last / 2**20:.1f} MiB", ""),
-        ("RSS growth", f"{growth:.3f}", f"goal <= {RSS_GOAL}: {'PASS' if growth <= RSS_GOAL else 'MISS'}"),
+        ("RSS growth", f"{growth:.3f}", goal(growth, "<=", RSS_GOAL)),
     ]
-    w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows)
-    print(f"\nbench/swap.py --preset {args.preset} --swaps {args.swaps}")
-    for c0, c1, c2 in rows:
-        print(f"  {c0.ljust(w0)}  {c1.ljust(w1)}  {c2}")
+    print_table(f"bench/swap.py --preset {args.preset} --swaps {args.swaps}", rows)
 
 
 if __name__ == "__main__":

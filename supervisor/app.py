@@ -16,7 +16,7 @@ from aiohttp import web
 from protocol.sockets import make_runtime_dir, remove_runtime_dir
 from supervisor.api.chat import chat_completions
 from supervisor.api.completions import completions
-from supervisor.api.models import health
+from supervisor.api.health import health
 from supervisor.api.responses import routes as responses
 from supervisor import admin, listing, metrics
 from supervisor.config import Config
