@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -105,32 +104,6 @@ def test_admin_refusals(server, tmp_path):
     (tmp_path / "admin-token").write_text("wrong\n")
     out = mlxctl(server, "status", state_dir=tmp_path)
     assert out.returncode == 4 and "refused the admin token" in out.stderr
-
-
-def _non_loopback_ip() -> str | None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
-            ip = s.getsockname()[0]
-        except OSError:
-            return None
-    return None if ip.startswith("127.") else ip
-
-
-def test_admin_refuses_other_machines_even_with_the_token(tiny_model):
-    ip = _non_loopback_ip()
-    if ip is None:
-        pytest.skip("no non-loopback address on this machine")
-    with ServerProcess([str(tiny_model)], "--host", "0.0.0.0") as srv:
-        srv.wait_healthy()
-        token = (srv.state_dir / "admin-token").read_text().strip()
-        r = httpx.get(f"http://{ip}:{srv.port}/admin/status", timeout=10,
-                      headers={"Authorization": f"Bearer {token}"})
-        err = assert_envelope(r, 403, "forbidden")
-        assert "loopback" in err["message"]
-        assert httpx.get(f"http://{ip}:{srv.port}/health", timeout=10).status_code == 200
-        r = httpx.get(f"{srv.url}/admin/status", timeout=10, headers={"Authorization": f"Bearer {token}"})
-        assert r.status_code == 200
 
 
 def test_says_when_the_server_is_not_running(tmp_path):
