@@ -106,7 +106,8 @@ def main() -> None:
     p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
     p.add_argument("--model", help="a local model directory instead of a preset")
     p.add_argument("--tokens", type=int, default=None, help="tokens per generation")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--cancel-rounds", type=int, default=11)
     args = p.parse_args()
     path = model_path(args.preset, args.model)
     tokens = args.tokens or (512 if args.preset == "tiny" else 128)
@@ -129,9 +130,10 @@ def main() -> None:
             t, r, n_s = server_stream(server.port, name, tokens)
             s_ttft.append(t)
             s_tps.append(r)
-        idle = [short_request(server.port, name) for _ in range(5)]
-        after = []
-        for _ in range(5):
+        # Interleaved, so drift on this noisy machine hits both sides alike.
+        idle, after = [], []
+        for _ in range(args.cancel_rounds):
+            idle.append(short_request(server.port, name))
             server_stream(server.port, name, 2000, abandon_after=5)
             after.append(short_request(server.port, name))
     finally:

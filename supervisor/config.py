@@ -75,7 +75,7 @@ class Config:
     # Decode steps that come faster than this travel (and stream) together: one message
     # and one SSE chunk per interval instead of per token. Real models on Apple Silicon
     # take longer than this per token, so for them every token still goes out at once.
-    stream_interval: float = 0.005
+    stream_interval: float = 0.01
     # Restarts: exponential backoff; more than `crash_budget` crashes within
     # `crash_window` seconds marks the model broken (visible in /health).
     restart_backoff: float = 0.5
