@@ -27,22 +27,22 @@ _TEXT_FINISH = {"stop": "stop", "length": "length", "content_filter": "content_f
                 "tool_calls": "stop", "cancelled": "length"}
 
 
-def chat_finish_reason(reason: str) -> str:
-    """An internal (protocol) or wire finish reason → the chat wire value."""
+def _wire_finish(table: dict, reason: str) -> str:
     try:
-        return _CHAT_FINISH[reason]
+        return table[reason]
     except KeyError:
         raise ValueError(f"finish_reason {reason!r} has no wire value; an 'error' finish "
                          "must be answered with an APIError / SSE error event") from None
+
+
+def chat_finish_reason(reason: str) -> str:
+    """An internal (protocol) or wire finish reason → the chat wire value."""
+    return _wire_finish(_CHAT_FINISH, reason)
 
 
 def text_finish_reason(reason: str) -> str:
     """An internal (protocol) or wire finish reason → the text completion wire value."""
-    try:
-        return _TEXT_FINISH[reason]
-    except KeyError:
-        raise ValueError(f"finish_reason {reason!r} has no wire value; an 'error' finish "
-                         "must be answered with an APIError / SSE error event") from None
+    return _wire_finish(_TEXT_FINISH, reason)
 
 
 def new_chat_id() -> str:

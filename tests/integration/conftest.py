@@ -24,6 +24,18 @@ def server(tiny_model) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
+def qwen_server(family_model) -> ServerProcess:
+    """A server on a tiny model with the Qwen/Hermes template (tools, <tool_call>, <think>),
+    shared by the tool, grammar and reasoning tests of both API surfaces."""
+    srv = ServerProcess([str(family_model("qwen"))])
+    try:
+        srv.wait_healthy()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="session")
 def model_id(tiny_model) -> str:
     return str(tiny_model)  # a path's id is the path as given
 

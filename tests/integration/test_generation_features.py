@@ -31,16 +31,6 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def qwen_server(family_model):
-    srv = ServerProcess([str(family_model("qwen"))])
-    try:
-        srv.wait_healthy()
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="module")
 def model(family_model) -> str:
     return str(family_model("qwen"))
 

@@ -12,7 +12,6 @@ import pytest
 
 from tests.integration.conftest import sse_events
 from tests.schema import validate
-from tests.serverproc import ServerProcess
 
 WEATHER = {"type": "function", "name": "get_weather", "strict": True, "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -22,14 +21,8 @@ NO_THINKING = {"effort": "none"}
 
 
 @pytest.fixture(scope="module")
-def qwen(family_model):
-    path = str(family_model("qwen"))
-    srv = ServerProcess([path])
-    try:
-        srv.wait_healthy()
-        yield srv, path
-    finally:
-        srv.stop()
+def qwen(qwen_server, family_model):
+    return qwen_server, str(family_model("qwen"))
 
 
 @pytest.fixture
