@@ -10,7 +10,6 @@ import time
 
 import httpx
 import psutil
-import pytest
 
 from tests.integration.conftest import assert_envelope, sse_events
 from tests.serverproc import ServerProcess

@@ -14,7 +14,6 @@ import pytest
 
 from tests.integration.conftest import assert_envelope, sse_events
 from tests.schema import validate
-from tests.serverproc import ServerProcess
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import httpx
-import pytest
 
 from tests.integration.conftest import assert_envelope
 from tests.integration.test_faults import wait_for

@@ -8,7 +8,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import Cancel

@@ -8,7 +8,6 @@ always a list of parts.
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from supervisor.api.params import invalid_type, invalid_value, unsupported
@@ -175,7 +174,3 @@ def to_chat_messages(items: list[dict], instructions: str | None) -> list[dict]:
 def output_to_items(output: list[dict]) -> list[dict]:
     """A response's output items, as conversation items for the next turn."""
     return [o for o in output if o.get("type") in ("message", "function_call", "reasoning")]
-
-
-def arguments_json(arguments) -> str:
-    return arguments if isinstance(arguments, str) else json.dumps(arguments)
