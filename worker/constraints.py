@@ -142,7 +142,10 @@ class Grammars:
             raise GrammarError(f"tool_choice 'required' or a named function is not supported "
                                f"for this model's tool-call format ({fmt.name}); use 'auto'",
                                "tool_choice")
-        one = fmt.call_grammar(tools, self.lit, fmt.start, fmt.end)
+        try:
+            one = fmt.call_grammar(tools, self.lit, fmt.start, fmt.end)
+        except ValueError as e:  # a tool this format cannot express (a builder says why)
+            raise GrammarError(str(e), "tools") from None
         if not parallel:
             return one
         sep = json.dumps(fmt.separator) if fmt.separator else ""

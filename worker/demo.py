@@ -99,6 +99,16 @@ FAMILIES = {
             "{{ CALL }}", "[TOOL_CALLS]{{ tool_call.name }}[ARGS]" + _ARGS_JSON)
         + _GEN.replace("{{ THINK }}", ""),
         ["[TOOL_CALLS]", "[ARGS]"]),
+    # FunctionGemma: <start_function_call>call:name{k:<escape>text<escape>,n:1}<end_function_call>
+    "gemma": (
+        _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(
+            # (braces as expressions: a literal "{" before "{%" would read as "{{")
+            "{{ CALL }}", "<start_function_call>call:{{ tool_call.name }}{{ '{' }}"
+            "{% for k, v in tool_call.arguments.items() %}{{ k }}:"
+            "{% if v is string %}<escape>{{ v }}<escape>{% else %}{{ v | tojson }}{% endif %}"
+            "{{ ',' if not loop.last }}{% endfor %}{{ '}' }}<end_function_call>")
+        + _GEN.replace("{{ THINK }}", ""),
+        ["<start_function_call>", "<end_function_call>", "<escape>"]),
     # LFM2-style pythonic: <|tool_call_start|>[name(k=v, ...)]<|tool_call_end|>
     "pythonic": (
         _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(

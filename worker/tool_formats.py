@@ -10,7 +10,7 @@ Grammars (for tool_choice "required" or a named function) write the call exactly
 way the family's template renders one, so the same parser reads it back. Each builder
 returns Lark (llguidance's dialect) for ONE call to any of the given tools; the caller
 (worker/constraints.py) repeats it for parallel calls. Families without a builder here
-(Gemma's and a few others' non-JSON argument syntaxes) still parse; forcing calls on
+(Gemma 4's, Kimi's, GLM's, MiniMax's argument syntaxes) still parse; forcing calls on
 them is refused with a clear error.
 """
 
@@ -134,6 +134,33 @@ def _qwen3_coder_call(tools: list[ToolSpec], lit: Literal, start: str, end: str)
     return f'{lit(start)} "\\n" ({" | ".join(alts)}) "\\n" {lit(end)}'
 
 
+def _gemma_value(name: str, key: str, schema: dict, esc: str) -> str:
+    """A FunctionGemma argument value. mlx-lm's parser reads `call:NAME{...}` up to the
+    first `}`, strings between <escape> markers, anything else up to the next `,` as JSON:
+    so strings may hold neither `<` nor `}`, and other values must be JSON scalars."""
+    kind = schema.get("type")
+    enum = schema.get("enum")
+    if kind == "string" or (kind is None and enum and all(isinstance(v, str) for v in enum)):
+        if enum:
+            return f'{esc} ({" | ".join(json.dumps(v) for v in enum)}) {esc}'
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        return f"{esc} /[^<}}]{{{lo},{'' if hi is None else hi}}}/ {esc}"
+    if kind in ("integer", "number", "boolean", "null"):
+        return json_rule(schema)
+    raise ValueError(f"the argument '{key}' of '{name}' is a {kind or 'schema'} value, which "
+                     "this model's call format (FunctionGemma) cannot carry; use 'auto'")
+
+
+def _gemma_call(tools: list[ToolSpec], lit: Literal, start: str, end: str) -> str:
+    # FunctionGemma: <start_function_call>call:name{k:<escape>text<escape>,n:3}<end_function_call>
+    esc = lit("<escape>")
+    alts = []
+    for name, params in tools:
+        args = [(f'"{k}:" {_gemma_value(name, k, s, esc)}', req) for k, s, req in _properties(params)]
+        alts.append(f'"call:{name}{{" {_ordered_args(args, json.dumps(","))} "}}"')
+    return f'{lit(start)} ({" | ".join(alts)}) {lit(end)}'
+
+
 # ---- formats -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -162,6 +189,7 @@ _BUILDERS = {
     "json_tools": _json_call("arguments"),
     "pythonic": _pythonic_call,
     "qwen3_coder": _qwen3_coder_call,
+    "function_gemma": _gemma_call,
 }
 
 LLAMA3_JSON = ToolFormat("llama3_json", "", "", _parse_llama3_json,

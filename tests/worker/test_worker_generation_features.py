@@ -103,7 +103,8 @@ def test_constrained_greedy_is_deterministic(family_engine):
     assert run(engine, g)[4] == run(engine, g)[4]
 
 
-@pytest.mark.parametrize("family", ["qwen", "qwen3_coder", "llama3", "mistral", "pythonic"])
+@pytest.mark.parametrize("family", ["qwen", "qwen3_coder", "llama3", "mistral", "pythonic",
+                                    "gemma"])
 def test_required_tool_choice_makes_valid_calls_in_each_family_format(family_engine, family):
     engine = family_engine(family)
     for seed in (None, 3):
@@ -225,3 +226,16 @@ def test_bad_constraints_are_request_errors(family_engine):
         with pytest.raises(RequestError) as e:
             engine.prepare(g)
         assert e.value.code == INVALID_REQUEST and e.value.param, g
+
+
+def test_gemma_refuses_to_force_calls_its_format_cannot_carry(family_engine):
+    # FunctionGemma arguments are strings or JSON scalars: an array argument cannot be
+    # written so that mlx-lm's parser reads it back, so forcing such a call is a 400.
+    engine = family_engine("gemma")
+    tags = {"type": "function", "function": {"name": "tag", "parameters": {
+        "type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}},
+        "required": ["tags"]}}}
+    with pytest.raises(RequestError) as e:
+        engine.prepare(chat(tools=[tags], tool_choice="required"))
+    assert e.value.code == INVALID_REQUEST and e.value.param == "tools"
+    assert "tags" in e.value.message and "auto" in e.value.message
