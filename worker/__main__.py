@@ -49,9 +49,9 @@ def main(argv=None) -> int:
     from worker import lifeline
 
     lifeline.install(args.parent_pid)
+    # No timestamp: the supervisor logs each stderr line with its own.
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="%(asctime)s worker[%(process)d] %(levelname)s %(name)s: "
-                               "%(message)s")
+                        format="worker[%(process)d] %(levelname)s %(name)s: %(message)s")
     # `kill -USR1 <pid>` dumps every thread's stack to stderr: how a hang gets explained.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
