@@ -31,6 +31,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/serve_vs_engine.py --preset tiny
 	$(BIN)/python bench/serve_vs_engine.py --preset small
+	$(BIN)/python bench/constrained.py --preset small
+	$(BIN)/python bench/swap.py --preset small
 
 clean:
 	rm -rf $(VENV) .pytest_cache
