@@ -12,6 +12,7 @@ the supervisor to drain (--shutdown-timeout) and stop its workers itself.
 
 from __future__ import annotations
 
+import importlib.resources
 import math
 import os
 import plistlib
@@ -24,7 +25,7 @@ from typing import Callable
 
 LABEL = "com.mlxd.server"
 UNIT = "mlxd.service"
-TEMPLATES = Path(__file__).resolve().parent.parent / "launchd"
+TEMPLATES = importlib.resources.files("launchd")  # packaged with mlxd, see launchd/__init__.py
 # Environment the service inherits from the installing shell, when set: where models
 # and the HF cache are, and how mlxd finds its state.
 PASSED_ENV = ("PATH", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "XDG_STATE_HOME",
@@ -81,9 +82,8 @@ def spec_for(flags: list[str], environ=os.environ, python: str = sys.executable,
     return ServiceSpec([python, "-m", "supervisor", *flags], log_dir, exit_timeout, home, env)
 
 
-def launchd_plist(spec: ServiceSpec, template: Path = TEMPLATES / f"{LABEL}.plist") -> bytes:
-    with open(template, "rb") as f:
-        plist = plistlib.load(f)
+def launchd_plist(spec: ServiceSpec, template=TEMPLATES / f"{LABEL}.plist") -> bytes:
+    plist = plistlib.loads(template.read_bytes())
     plist["Label"] = LABEL
     plist["ProgramArguments"] = list(spec.program)
     plist["ExitTimeOut"] = spec.exit_timeout_s
@@ -103,7 +103,7 @@ def systemd_quote(arg: str) -> str:
     return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def systemd_unit(spec: ServiceSpec, template: Path = TEMPLATES / UNIT) -> str:
+def systemd_unit(spec: ServiceSpec, template=TEMPLATES / UNIT) -> str:
     env = "\n".join(f"Environment={systemd_quote(f'{k}={v}')}"
                     for k, v in sorted(spec.environment.items()))
     return string.Template(template.read_text()).substitute(
