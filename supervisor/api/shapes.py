@@ -190,18 +190,11 @@ def chat_usage_chunk(id: str, created: int, model: str, usage: dict, *,
 def text_completion(id: str, created: int, model: str, text: str, finish_reason: str,
                     usage: Optional[dict], *, logprobs: Optional[dict] = None,
                     system_fingerprint: Optional[str] = None) -> dict:
-    body = {
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": logprobs,
-                     "finish_reason": text_finish_reason(finish_reason)}],
-    }
+    # The whole response is the same object as its stream's last chunk, plus usage.
+    body = completion_chunk(id, created, model, text, finish_reason, logprobs=logprobs,
+                            system_fingerprint=system_fingerprint)
     if usage is not None:
         body["usage"] = usage
-    if system_fingerprint is not None:
-        body["system_fingerprint"] = system_fingerprint
     return body
 
 

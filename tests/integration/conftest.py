@@ -14,24 +14,18 @@ from tests.serverproc import ServerProcess
 @pytest.fixture(scope="session")
 def server(tiny_model) -> ServerProcess:
     """One server on the tiny model, shared by the tests that do not break it."""
-    srv = ServerProcess([str(tiny_model)], "--max-body-bytes", "65536")
-    try:
+    with ServerProcess([str(tiny_model)], "--max-body-bytes", "65536") as srv:
         srv.wait_healthy()
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="session")
 def qwen_server(family_model) -> ServerProcess:
     """A server on a tiny model with the Qwen/Hermes template (tools, <tool_call>, <think>),
     shared by the tool, grammar and reasoning tests of both API surfaces."""
-    srv = ServerProcess([str(family_model("qwen"))])
-    try:
+    with ServerProcess([str(family_model("qwen"))]) as srv:
         srv.wait_healthy()
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="session")
