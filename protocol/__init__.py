@@ -3,7 +3,7 @@
 Imports neither MLX nor aiohttp, so both sides (and tests) share it.
 """
 
-from protocol.codec import ProtocolError, decode_down, decode_up, encode
+from protocol.codec import EncodeError, ProtocolError, decode_down, decode_up, encode
 from protocol.messages import (
     PROTOCOL_VERSION,
     Cancel,
@@ -25,7 +25,7 @@ from protocol.messages import (
 )
 
 __all__ = [
-    "PROTOCOL_VERSION", "ProtocolError", "encode", "decode_down", "decode_up",
+    "PROTOCOL_VERSION", "ProtocolError", "EncodeError", "encode", "decode_down", "decode_up",
     "Generate", "Cancel", "StatusRequest", "Shutdown",
     "Ready", "Started", "Delta", "Done", "Error", "Status", "Heartbeat",
     "ToolCall", "pack_ids", "unpack_ids", "pack_floats", "unpack_floats",

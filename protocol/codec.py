@@ -4,6 +4,11 @@ Wire form: a msgpack map {"v": version, "type": kind, **fields}. Decoding checks
 version, the type, that required fields are present and that every known field has the
 declared type; unknown fields are ignored (a newer peer may add fields at the end).
 Anything else raises ProtocolError: decoding never crashes on garbage.
+
+Encoding is guarded the same way: a value msgpack cannot carry (a string with a lone UTF-16
+surrogate, an integer outside 64 bits, an object of no msgpack type) raises `EncodeError`
+naming the field, never a bare OverflowError or UnicodeEncodeError from inside msgpack. The
+supervisor fails that one request with it; a field added later cannot reopen the hole.
 """
 
 from __future__ import annotations
@@ -20,6 +25,14 @@ from protocol.messages import DOWN, PROTOCOL_VERSION, UP
 
 class ProtocolError(ValueError):
     """A frame that is not a valid message of this protocol version."""
+
+
+class EncodeError(ProtocolError):
+    """A message holding a value that cannot travel; `field` names the message field."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 def _allowed(tp) -> tuple[tuple[type, ...], bool]:
@@ -71,7 +84,25 @@ def encode(msg) -> bytes:
     d: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": msg.kind}
     for name in spec.names:
         d[name] = getattr(msg, name)
-    return msgpack.packb(d, use_bin_type=True)
+    try:
+        return msgpack.packb(d, use_bin_type=True)
+    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as e:
+        # The slow path runs only on failure: find the field that cannot travel.
+        for name in spec.names:
+            try:
+                msgpack.packb(d[name], use_bin_type=True)
+            except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as fe:
+                raise EncodeError(f"{msg.kind}.{name} cannot be encoded: {_why(fe)}",
+                                  name) from None
+        raise EncodeError(f"{msg.kind} cannot be encoded: {_why(e)}") from None
+
+
+def _why(e: Exception) -> str:
+    if isinstance(e, UnicodeEncodeError):
+        return "a string is not valid Unicode (a lone surrogate)"
+    if isinstance(e, OverflowError):
+        return "an integer does not fit in 64 bits"
+    return str(e)
 
 
 def _decode(data: bytes, registry: dict[str, _Spec]):

@@ -154,6 +154,7 @@ class Ready:
     random_weights: bool = False   # a demo/test model: output is meaningless
     active_bytes: int = 0          # MLX memory in use after loading
     peak_bytes: int = 0
+    vocab_size: int = 0            # the logits' width: token ids (top_k, logit_bias) < this
 
 
 @dataclass(frozen=True)

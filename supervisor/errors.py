@@ -25,6 +25,7 @@ from typing import Optional
 from aiohttp import web
 
 from supervisor.api.sse import error_event
+from supervisor.api.values import first_bad_value
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +300,7 @@ def _reject_constant(name: str):
 async def read_json(request: web.BaseRequest) -> dict:
     """The body as a JSON object. Like OpenAI, the Content-Type is not checked (clients send
     all sorts); a body over the app's client_max_size is a 413, anything not a JSON object
-    a 400."""
+    a 400, and so is a value no layer below can carry (api/values.py), named by its path."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -312,6 +313,10 @@ async def read_json(request: web.BaseRequest) -> dict:
         raise APIError.bad_request(
             "The request body must be a JSON object, got "
             f"{_json_type(body)} instead.")
+    bad = first_bad_value(body)
+    if bad is not None:
+        param, why = bad
+        raise APIError.bad_request(f"Invalid value for '{param}': {why}", param, "invalid_value")
     return body
 
 

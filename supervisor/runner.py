@@ -25,6 +25,7 @@ from typing import Awaitable, Callable
 from protocol import (Cancel, Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown,
                       Started, Status, StatusRequest)
 from supervisor.config import Config
+from supervisor.limits import check_limits, unsendable
 from supervisor.errors import APIError
 from supervisor.link import LinkClosed, LinkFactory, WorkerLink
 from supervisor.liveness import Liveness
@@ -70,6 +71,7 @@ class ModelRunner:
         self.inflight: dict[str, RequestHandle] = {}
         self.slots = 1
         self.context_length: int | None = None
+        self.vocab_size: int | None = None   # from Ready; 0/None: not reported
         self.random_weights = False
         self.ready_at: float | None = None
         self.restarts = 0
@@ -345,9 +347,17 @@ class ModelRunner:
             while True:
                 for msg in await link.recv():
                     if getattr(msg, "epoch", None) == link.epoch:  # else a dead incarnation's
-                        self._on_event(link, msg)
+                        self._on_event_safely(link, msg)
         except LinkClosed:
             pass
+
+    def _on_event_safely(self, link: WorkerLink, msg) -> None:
+        """A bug in handling one event must not end the reader: a dead reader reads no
+        heartbeats, and the monitor would then kill every healthy worker as silent."""
+        try:
+            self._on_event(link, msg)
+        except Exception:
+            log.exception("model %s: handling a %s event failed", self.id, msg.kind)
 
     async def _drain(self, link: WorkerLink) -> None:
         """Events a worker sent just before it exited (its last Done) may still sit in
@@ -360,7 +370,7 @@ class ModelRunner:
                 return
             for msg in msgs:
                 if getattr(msg, "epoch", None) == link.epoch:
-                    self._on_event(link, msg)
+                    self._on_event_safely(link, msg)
 
     def _on_event(self, link: WorkerLink, msg) -> None:
         if isinstance(msg, Delta):
@@ -390,6 +400,7 @@ class ModelRunner:
             self.state = DRAINING if self._retiring else READY
             self.slots = max(1, msg.slots)
             self.context_length = msg.context_length
+            self.vocab_size = msg.vocab_size or None
             self.random_weights = msg.random_weights
             self.ready_at = self._clock()
             self.live.active_bytes, self.live.peak_bytes = msg.active_bytes, msg.peak_bytes
@@ -423,7 +434,10 @@ class ModelRunner:
                 return
 
     # ---- requests --------------------------------------------------------------------
-    def submit(self, fields: dict) -> RequestHandle:
+    def submit(self, fields: dict, params: dict | None = None) -> RequestHandle:
+        """Queue a request (Generate's fields, less rid). `params` maps a field to the
+        name the client's API gave it, for error messages (Responses: max_output_tokens)."""
+        check_limits(fields, params or {}, self.context_length, self.vocab_size)
         if self.state == BROKEN:
             raise self._unavailable()
         if self._stopping or self._draining:
@@ -463,6 +477,12 @@ class ModelRunner:
                 link.send(Generate(rid=rid, log_prompt=self.config.log_prompts, **h.fields))
             except LinkClosed:
                 return  # the exit handler re-queues it
+            except Exception as e:
+                # Nothing reached the worker: this request fails alone, now, and gives
+                # its slot back. Never re-queued: it would fail the same way on any worker.
+                self.inflight.pop(rid, None)
+                h.fail(unsendable(e))
+                continue
             busy += 1
 
     def _cancel(self, h: RequestHandle) -> None:
@@ -533,3 +553,4 @@ class ModelRunner:
             # Prompt-prefix caching is not reported by workers yet (DESIGN.md: worker/cache).
             "cached_prompts": 0,
         }
+

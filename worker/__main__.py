@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     memory = mx.get_active_memory(), mx.get_peak_memory()
     status.publish("ready", (), (), *memory)  # no heartbeat says "loading" after Ready
     link.send(Ready(args.epoch, name, loaded.context_length, os.getpid(), 1,
-                    loaded.random_weights, *memory))
+                    loaded.random_weights, *memory, vocab_size=engine.vocab_size))
     Scheduler(engine, link, status, log_prompts=args.log_prompts,
               stream_interval=args.stream_interval).run()
     log.info("shutting down")

@@ -153,3 +153,21 @@ def test_runtime_dir_is_private_and_paths_fit_af_unix():
     finally:
         remove_runtime_dir(path)
     assert not path.exists()
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
+    ({"stop": ["ok", "\udfff"]}, "stop"),
+    ({"max_tokens": 2 ** 64}, "max_tokens"),
+    ({"seed": -(2 ** 63) - 1}, "seed"),
+    ({"logit_bias": [[2 ** 70, 1.0]]}, "logit_bias"),
+    ({"json_schema": {"default": 2 ** 64}}, "json_schema"),
+    ({"template_kwargs": {"k": object()}}, "template_kwargs"),
+])
+def test_values_that_cannot_travel_are_typed_errors_naming_the_field(kwargs, field):
+    from protocol import EncodeError
+
+    with pytest.raises(EncodeError) as e:
+        encode(Generate(rid="a", **kwargs))
+    assert e.value.field == field and f"generate.{field}" in str(e.value)
+    assert isinstance(e.value, ProtocolError)  # one family of protocol errors

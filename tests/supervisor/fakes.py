@@ -25,6 +25,7 @@ class FakeBehaviour:
     ignore_cancel: bool = False
     load_error: str | None = None
     context_length: int = 128
+    vocab_size: int = 1000
     heartbeat_s: float = 0.05
     die_after_ready_s: float | None = None  # crash this long after Ready, busy or not
 
@@ -117,7 +118,8 @@ class FakeLink(WorkerLink):
             self._die(3)
             return
         self._emit(Ready(epoch=self.epoch, model="fake", context_length=b.context_length,
-                         pid=self.pid, slots=1, random_weights=True))
+                         pid=self.pid, slots=1, random_weights=True,
+                         vocab_size=b.vocab_size))
         if b.die_after_ready_s is not None:
             asyncio.get_running_loop().call_later(b.die_after_ready_s, self._die, 1)
         pending: list[Generate] = []

@@ -237,3 +237,52 @@ async def test_a_client_too_far_behind_is_cancelled(monkeypatch):
         assert err.value.status == 503 and "too slowly" in err.value.message
     finally:
         await runner.stop()
+
+
+@pytest.mark.parametrize("fields", [
+    {"messages": [{"role": "user", "content": "\ud800"}]},
+    {"prompt": "a", "seed": 2 ** 64},
+    {"prompt": "a", "template_kwargs": {"x": 2 ** 70}},
+])
+async def test_a_request_that_cannot_be_sent_fails_alone_and_frees_its_slot(fields):
+    world = FakeWorld(FakeBehaviour(tokens=2))
+    runner = make(world)
+    try:
+        assert await runner.wait_ready(5)
+        bad = runner.submit(fields)
+        good = runner.submit({"prompt": "b"})
+        with pytest.raises(APIError) as err:
+            await bad.started(1.0)
+        assert err.value.status == 400 and err.value.param in fields
+        assert bad.finished and bad.attempt == 1  # tried once, never re-queued
+        assert await collect(good) == "w1 w2 "   # the slot was free at once
+        assert runner.inflight == {} and not runner.queue
+        assert [m.rid for m in world.received if isinstance(m, Generate)] == [good.rid]
+        assert runner.restarts == 0 and runner.state == READY
+    finally:
+        await runner.stop()
+
+
+@pytest.mark.parametrize("fields,params,param", [
+    ({"prompt": "a", "max_tokens": 129}, None, "max_tokens"),
+    ({"messages": [], "max_tokens": 10 ** 6}, {"max_tokens": "max_output_tokens"},
+     "max_output_tokens"),
+    ({"prompt": "a", "top_k": 1001}, None, "top_k"),
+    ({"prompt": "a", "logit_bias": [[5, 1.0], [1000, -1.0]]}, None, "logit_bias"),
+])
+async def test_integers_beyond_the_models_limits_are_refused_before_queueing(
+        fields, params, param):
+    world = FakeWorld(FakeBehaviour(tokens=1, context_length=128, vocab_size=1000))
+    runner = make(world)
+    try:
+        assert await runner.wait_ready(5)
+        with pytest.raises(APIError) as err:
+            runner.submit(fields, params)
+        assert err.value.status == 400 and err.value.param == param
+        assert not runner.queue and not runner.inflight
+        # The limits themselves are allowed: top_k = vocabulary, the last token id.
+        ok = runner.submit({"prompt": "a", "top_k": 1000, "max_tokens": 100,
+                            "logit_bias": [[999, 1.0]]})
+        assert await collect(ok) == "w1 "
+    finally:
+        await runner.stop()

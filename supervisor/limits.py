@@ -1,0 +1,59 @@
+"""What a request must satisfy before it queues on a model, and what it gets if it
+cannot even be sent to the worker.
+
+The surface validates each parameter on its own (api/params.py) and refuses values that
+cannot travel at all (api/values.py); what depends on the model — its context length and
+vocabulary, known once a worker was ready — is checked here, at submit, so an absurd
+`top_k` or `max_tokens` is a 400 before it waits in any queue.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from protocol import EncodeError
+from supervisor.errors import APIError
+
+log = logging.getLogger("mlxd.runner")
+
+
+def check_limits(fields: dict, params: dict, context_length: int | None,
+                 vocab_size: int | None) -> None:
+    """Refuse integers outside their meaningful range for this model, before they
+    queue. Known once a worker was ready; until then the worker checks them itself."""
+    ctx, vocab = context_length, vocab_size
+    max_tokens = fields.get("max_tokens")
+    if ctx and max_tokens is not None and max_tokens > ctx:
+        name = params.get("max_tokens", "max_tokens")
+        raise APIError.bad_request(
+            f"Invalid value for '{name}': {name} is too large: {max_tokens}. This model's "
+            f"context is {ctx} tokens, so it supports at most {ctx} completion tokens.",
+            name, "integer_above_max_value")
+    if not vocab:
+        return
+    top_k = fields.get("top_k")
+    if top_k is not None and top_k > vocab:
+        name = params.get("top_k", "top_k")
+        raise APIError.bad_request(
+            f"Invalid value for '{name}': integer above maximum value. This model's "
+            f"vocabulary has {vocab} tokens, so top_k must be at most {vocab}, but got "
+            f"{top_k} instead.", name, "integer_above_max_value")
+    for token, _ in fields.get("logit_bias") or ():
+        if not 0 <= token < vocab:
+            name = params.get("logit_bias", "logit_bias")
+            raise APIError.bad_request(
+                f"Invalid value for '{name}': token id {token} is out of range: this "
+                f"model's vocabulary has {vocab} tokens (ids 0 to {vocab - 1}).",
+                name, "invalid_value")
+
+
+def unsendable(e: Exception) -> APIError:
+    """The error for a request that could not be sent to its worker. The surface refuses
+    values that cannot travel before this (a 400 naming the parameter); this is the
+    guard behind it, so a field added later cannot wedge a model."""
+    if isinstance(e, EncodeError):
+        log.warning("a request could not be encoded for the worker: %s", e)
+        return APIError.bad_request(f"The request holds a value this server cannot process "
+                                    f"({e}).", e.field)
+    log.error("a request could not be sent to the worker", exc_info=e)
+    return APIError.internal()
