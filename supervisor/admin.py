@@ -2,9 +2,10 @@
 
 Two locks on the door (the `admin_auth` middleware): the peer must be on this machine
 (loopback; 403 otherwise, token or not) and must present the admin token from the state
-directory as `Authorization: Bearer` (401 if missing or wrong). Operations that take a
-while (swap, load, unload) run shielded: a client that gives up does not leave a swap
-half done.
+directory as `Authorization: Bearer` (401 if missing or wrong, whatever bytes it holds).
+Operations that take a while (swap, load, unload) run shielded: a client that gives up
+does not leave a swap half done. The admin may load any local path; requests only what
+lies inside the model roots.
 
     GET  /admin/status   server, memory and per-worker state (mlxctl status)
     GET  /admin/models   local MLX models with sizes, and which are loaded
@@ -61,6 +62,15 @@ def bearer(header: str) -> str | None:
     return value.strip() or None
 
 
+def same_token(given: str, token: str) -> bool:
+    """Constant-time comparison that no header can make raise. aiohttp decodes header
+    bytes that are not UTF-8 as lone surrogates (surrogateescape), which plain
+    `.encode()` refuses; compare_digest refuses non-ASCII str. Bytes with surrogatepass
+    take any str, so a garbled header is just a wrong token."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"),
+                               token.encode("utf-8", "surrogatepass"))
+
+
 def check_admin(request: web.Request) -> None:
     if not is_loopback(request.remote):
         raise APIError.forbidden("The admin API answers only on this machine (loopback).")
@@ -70,7 +80,7 @@ def check_admin(request: web.Request) -> None:
         raise APIError.unauthorized(
             "The admin API needs the admin token as `Authorization: Bearer TOKEN`; "
             "mlxctl reads it from the server's state directory.")
-    if token is None or not hmac.compare_digest(given.encode(), token.encode()):
+    if token is None or not same_token(given, token):
         raise APIError.unauthorized("Wrong admin token.")
 
 
@@ -136,17 +146,20 @@ async def status(request: web.Request) -> web.Response:
         "memory": reading.to_dict() if reading else None,
         "limits": {"max_models": config.max_models, "memory_budget": config.memory_budget,
                    "keep_alive": config.keep_alive,
-                   "allow_load_on_request": config.allow_load_on_request},
+                   "allow_load_on_request": config.allow_load_on_request,
+                   "model_roots": [str(r) for r in await asyncio.to_thread(pool.roots)]},
         "workers": workers,
+        # Why recent requests got `model_not_found` or a failed load (clients see one 404).
+        "rejected_loads": list(pool.rejections),
     })
 
 
 async def models(request: web.Request) -> web.Response:
     pool = request.app[POOL]
     local = {m.id: m.to_dict() for m in await request.app[LOCAL_MODELS].all()}
-    for r in pool.runners.values():  # a loaded path model is not in the HF cache
+    for r in list(pool.runners.values()):  # a loaded path model is not in the HF cache
         if r.id not in local:
-            m = await request.app[LOCAL_MODELS].one(r.id)
+            m = await request.app[LOCAL_MODELS].one(r.id, anywhere=True)
             if m is not None:
                 local[r.id] = m.to_dict()
     out = []

@@ -21,15 +21,15 @@ def token_path(state_dir: Path) -> Path:
 
 def read_token(state_dir: Path) -> str | None:
     try:
-        token = token_path(state_dir).read_text().strip()
-    except OSError:
+        token = token_path(state_dir).read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):  # missing, unreadable or not text: no usable token
         return None
     return token or None
 
 
 def ensure_token(state_dir: Path) -> str:
     """The token, created (0600, atomically: never readable by others, never half
-    written) if missing or empty. An existing file's mode is tightened to 0600."""
+    written) if missing, empty or not text. An existing file's mode is tightened to 0600."""
     path = token_path(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     token = read_token(state_dir)

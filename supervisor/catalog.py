@@ -3,14 +3,25 @@
 A model name is `demo`, a local model directory, or a Hugging Face repo id present in the
 local Hugging Face cache (mlxd never downloads at request time; `mlxctl pull` does). This
 is the supervisor's view, from the files alone: no MLX import, nothing loaded. It feeds
-load-on-request (`loadable`), the memory gate (`weights_bytes`), `/v1/models` and
-`mlxctl models` (`scan`). Everything here touches the disk: call it from a thread.
+load-on-request (`target`, `request_target`), the memory gate (`weights_bytes`),
+`/v1/models` and `mlxctl models` (`scan`).
+
+Names come from clients, so nothing here may fail on one: absurd names (overlong, NUL,
+lone surrogates) are turned away before they reach the filesystem, and every filesystem
+error means "not a model". A request may only load what lies, by real path (symlinks and
+`..` resolved), inside the model roots (`model_roots`): the admin decides what is
+servable, not whoever can reach the port. The real path is also the model's identity:
+every spelling of one directory is one worker.
+
+`target` costs a few stat calls (no directory listing, no file read but the HF cache's
+refs file); the rest (scan, sizes, configs) reads more: call it from a thread.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +30,14 @@ log = logging.getLogger("mlxd.catalog")
 
 DEMO = "demo"
 WEIGHT_SUFFIXES = (".safetensors",)
+# A name longer than this, or with a longer path component, names nothing (PATH_MAX is
+# 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.
+MAX_NAME_BYTES = 1024
+MAX_COMPONENT_BYTES = 255
+_SEPARATORS = {b"/", os.sep.encode(), (os.altsep or "/").encode()}
+# What a lookup of a strange name can raise: ENAMETOOLONG and friends, a NUL or an
+# unencodable character (ValueError), `~nobody` (pathlib's RuntimeError).
+_LOOKUP_ERRORS = (OSError, ValueError, RuntimeError)
 
 
 @dataclass(frozen=True)
@@ -37,6 +56,35 @@ class LocalModel:
 def demo_path(state_dir: Path) -> Path:
     # Where worker.models builds `demo` (worker/models.py resolve()).
     return Path(state_dir) / "models" / DEMO
+
+
+def sane_name(name: object) -> bool:
+    """Whether `name` could name anything: a non-empty str, UTF-8 encodable (no lone
+    surrogates), no NUL, within the length limits. Pure: no system call."""
+    if not isinstance(name, str) or not name or "\0" in name:
+        return False
+    try:
+        raw = name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    if len(raw) > MAX_NAME_BYTES:
+        return False
+    parts = [raw]
+    for sep in _SEPARATORS:
+        parts = [piece for part in parts for piece in part.split(sep)]
+    return all(len(part) <= MAX_COMPONENT_BYTES for part in parts)
+
+
+def shown(name: object, limit: int = 120) -> str:
+    """A client's model name as logs show it: repr'd (control characters and surrogates
+    escaped) and cut short."""
+    text = name if isinstance(name, str) else repr(name)
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def real(path: Path | str) -> str:
+    """`path` with `~`, symlinks and `..` resolved, as the OS will open it."""
+    return os.path.realpath(Path(path).expanduser())
 
 
 def looks_like_path(name: str) -> bool:
@@ -63,24 +111,95 @@ def hf_snapshot(repo_id: str) -> Path | None:
 
 def resolve(name: str, state_dir: Path) -> Path | None:
     """The directory holding `name`'s files, or None if it is not on this machine."""
-    if name == DEMO:
-        path = demo_path(state_dir)
-        return path if path.is_dir() else None
-    local = Path(name).expanduser()
-    if local.is_dir():
-        return local
+    if not sane_name(name):
+        return None
+    try:
+        if name == DEMO:
+            path = demo_path(state_dir)
+            return path if path.is_dir() else None
+        local = Path(name).expanduser()
+        if local.is_dir():
+            return local
+    except _LOOKUP_ERRORS:  # e.g. ENAMETOOLONG once `~` or symlinks expand
+        return None
     if looks_like_path(name):
         return None
     return hf_snapshot(name)
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a model name leads. `real`: its directory's real path, the model's identity
+    (one worker per real path). `load_as`: what its worker is told to load: `demo` (the
+    worker builds it), a repo id (the worker looks it up in the same cache), or the real
+    path itself, so the worker opens the very directory that was checked."""
+    real: str
+    load_as: str
+
+
+def target(name: str, state_dir: Path) -> Target | None:
+    """Where `name` leads, if it is a model on this machine (`demo`, built on first use; a
+    directory with a config.json; a repo id in the local Hugging Face cache); else None.
+    Never raises, whatever the name."""
+    if not sane_name(name):
+        return None
+    try:
+        if name == DEMO:
+            return Target(real(demo_path(state_dir)), DEMO)
+        path = resolve(name, state_dir)
+        if path is None or not (path / "config.json").is_file():
+            return None
+        where = real(path)
+        from_cache = path != Path(name).expanduser()  # resolve() went to the HF cache
+        return Target(where, name if from_cache else where)
+    except _LOOKUP_ERRORS:
+        return None
+
+
 def loadable(name: str, state_dir: Path) -> bool:
-    """Whether a request may load `name`: `demo` (built on first use), a local directory
-    with a config.json, or a repo id in the local Hugging Face cache."""
-    if name == DEMO:
-        return True
-    path = resolve(name, state_dir)
-    return path is not None and (path / "config.json").is_file()
+    """Whether `name` is a model on this machine (see `target`)."""
+    return target(name, state_dir) is not None
+
+
+def model_roots(state_dir: Path, models_dirs=()) -> list[Path]:
+    """Where load-on-request may load from, as real paths: the Hugging Face cache, the
+    state directory's `models/` (where `demo` is built) and the `--models-dir` roots."""
+    from huggingface_hub import constants
+
+    roots = []
+    for root in (constants.HF_HUB_CACHE, Path(state_dir) / "models", *models_dirs):
+        try:
+            roots.append(Path(real(root)))
+        except _LOOKUP_ERRORS:  # an unusable root admits nothing
+            log.warning("model root %s is not a usable path; ignored", shown(str(root)))
+    return roots
+
+
+def inside(path: str, roots) -> bool:
+    """Whether the real path `path` is one of `roots` or lies under one (both real:
+    a lexical comparison is then exact)."""
+    p = Path(path)
+    return any(p == root or p.is_relative_to(root) for root in roots)
+
+
+def refusal(name: str, found: Target | None, roots) -> str:
+    """Why a request may not load `name`, whose `target` is `found`; "" if it may
+    (`roots` None: anywhere). For the log and the admin only: a client gets one answer
+    for all of these, or the answer would map the disk for it."""
+    if not sane_name(name):
+        return "not a possible model name (too long, NUL or not encodable)"
+    if found is None:
+        return "no model directory (with a config.json) or cached repo by this name"
+    if roots is not None and not inside(found.real, roots):
+        return f"{found.real} is outside the model roots"
+    return ""
+
+
+def request_target(name: str, state_dir: Path, roots) -> Target | None:
+    """Where `name` leads if a request may load it: a model on this machine inside the
+    model roots."""
+    found = target(name, state_dir)
+    return found if not refusal(name, found, roots) else None
 
 
 def modified(path: Path) -> int:
@@ -187,10 +306,12 @@ def scan(state_dir: Path, cap: int | None = None, cache_dir: Path | None = None)
 
 
 def describe(name: str, state_dir: Path, cap: int | None = None) -> LocalModel | None:
-    """One model by name (a loaded path model need not be in the HF cache)."""
-    path = resolve(name, state_dir)
-    if path is None:
+    """One model by name (a loaded path model need not be in the HF cache); its `path`
+    is the real one."""
+    found = target(name, state_dir)
+    if found is None or not Path(found.real).is_dir():  # `demo` before it is built
         return None
-    source = DEMO if name == DEMO else ("local" if Path(name).expanduser().is_dir() else "hf-cache")
+    path = Path(found.real)
+    source = DEMO if name == DEMO else ("local" if found.load_as == found.real else "hf-cache")
     return LocalModel(name, str(path), weights_bytes(path), context_length(path, cap), source,
                       modified(path))

@@ -1,7 +1,8 @@
 """`mlxd`: serve models behind an OpenAI-compatible API.
 
 Every flag can also be set by an MLXD_* environment variable (flags win), e.g.
-MLXD_PORT=9000, MLXD_MODEL=demo (several models: comma-separated).
+MLXD_PORT=9000, MLXD_MODEL=demo (several models: comma-separated),
+MLXD_MODELS_DIR=~/models:/Volumes/x/models (several roots: os.pathsep-separated).
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ def build_parser(prog: str = "mlxd") -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", default=None, metavar="MODEL",
                    help="a local path, a Hugging Face repo id in the local cache, or `demo` "
                         "(random weights, built locally); repeatable [MLXD_MODEL]")
+    p.add_argument("--models-dir", action="append", default=None, metavar="DIR",
+                   help="a directory requests may load models from (load on request takes "
+                        "only models inside these, the Hugging Face cache and "
+                        "STATE_DIR/models, by real path); repeatable "
+                        f"[MLXD_MODELS_DIR, {os.pathsep!r}-separated]")
     defaults = {f.name: f.default for f in fields(Config)}
     for flag, name, typ, help_ in OPTIONS:
         if help_ is not argparse.SUPPRESS:
@@ -96,6 +102,8 @@ def config_from(args: argparse.Namespace, environ=os.environ) -> Config:
     assert set(kwargs) <= set(types)
     models = args.model or [m for m in environ.get("MLXD_MODEL", "").split(",") if m.strip()]
     kwargs["models"] = tuple(m.strip() for m in models)
+    dirs = args.models_dir or environ.get("MLXD_MODELS_DIR", "").split(os.pathsep)
+    kwargs["models_dirs"] = tuple(Path(d.strip()).expanduser() for d in dirs if d.strip())
     explicit_state = "state_dir" in kwargs
     state_dir = Path(kwargs.get("state_dir") or default_state_dir()).expanduser()
     kwargs["state_dir"] = state_dir
@@ -131,6 +139,11 @@ def serve(config: Config) -> None:
     log = logging.getLogger("mlxd")
     log.info("mlxd serving %s on http://%s:%d (state in %s)", ", ".join(config.models),
              config.host, config.port, config.state_dir)
+    if config.allow_load_on_request:
+        from supervisor.catalog import model_roots
+
+        log.info("requests may load models from: %s", ", ".join(
+            str(r) for r in model_roots(config.state_dir, config.models_dirs)))
     # aiohttp's shutdown_timeout is its wait for handlers after our drain has already
     # cancelled what was left (app._drain_then_cancel): a cancel's grace is enough.
     web.run_app(create_app(config), host=config.host, port=config.port,

@@ -66,6 +66,9 @@ class Config:
     memory_wait: float = 30.0        # a load waits this long for memory, then 507
     memory_probe: Path | None = None # tests: a JSON file whose readings replace the OS's
     allow_load_on_request: bool = True   # a request may load a local path / cached id
+    # Where, besides the HF cache and STATE_DIR/models, a request may load models from
+    # (by real path); admin loads may name any path.
+    models_dirs: tuple[Path, ...] = ()
     keep_alive: float = 300.0        # idle seconds before an on-request model unloads; 0: never
     shutdown_timeout: float = 30.0   # SIGTERM/SIGINT: drain this long, then cancel the rest
     # Passed to workers.

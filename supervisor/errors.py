@@ -81,7 +81,9 @@ class APIError(Exception):
 
     @classmethod
     def model_not_found(cls, model: str) -> "APIError":
-        return cls(404, f"The model `{model}` does not exist or you do not have access to it.",
+        # The name as sent, but bounded: a 5000-character name is not echoed back whole.
+        shown = model if len(model) <= 256 else model[:256] + "…"
+        return cls(404, f"The model `{shown}` does not exist or you do not have access to it.",
                    INVALID_REQUEST, "model", "model_not_found")
 
     @classmethod

@@ -4,6 +4,9 @@ Loaded models carry their runner's state and context length; models on this mach
 are not loaded (the Hugging Face cache, `demo` once built) are listed with state
 `not_loaded`, so a client can pick one and load-on-request does the rest. The disk scan
 runs in a thread and is cached for a few seconds: clients poll this endpoint.
+`/v1/models/{id}` answers for what a request could load (inside the model roots) and
+nothing else, with the same 404 for everything it does not serve: asking must not be a
+way to probe the disk.
 """
 
 from __future__ import annotations
@@ -42,11 +45,18 @@ class LocalModels:
                 self._at = time.monotonic()
             return self._models
 
-    async def one(self, name: str) -> LocalModel | None:
-        if not await asyncio.to_thread(catalog.loadable, name, self.config.state_dir):
-            return None
-        return await asyncio.to_thread(catalog.describe, name, self.config.state_dir,
-                                       self.config.max_context_tokens)
+    async def one(self, name: str, *, anywhere: bool = False) -> LocalModel | None:
+        """`name` if it is a model a request may load; `anywhere`: any local model (the
+        admin's view)."""
+        return await asyncio.to_thread(self._one, name, anywhere)
+
+    def _one(self, name: str, anywhere: bool) -> LocalModel | None:
+        state_dir = self.config.state_dir
+        if not anywhere:
+            roots = catalog.model_roots(state_dir, self.config.models_dirs)
+            if catalog.request_target(name, state_dir, roots) is None:
+                return None
+        return catalog.describe(name, state_dir, self.config.max_context_tokens)
 
 
 LOCAL_MODELS = web.AppKey("local_models", LocalModels)
@@ -75,6 +85,9 @@ async def get_model(request: web.Request) -> web.Response:
     """Never loads: asking about a model is not using it."""
     pool, name = request.app[POOL], request.match_info["model"]
     runner = pool.find(name)
+    if runner is None:  # another spelling of a loaded model?
+        found = await asyncio.to_thread(catalog.target, name, pool.config.state_dir)
+        runner = pool.at(found.real) if found is not None else None
     if runner is not None:
         return web.json_response(loaded_object(pool, runner))
     local = await request.app[LOCAL_MODELS].one(name)

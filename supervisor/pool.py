@@ -1,14 +1,23 @@
 """The resident models: API model id → ModelRunner, and when models come and go.
 
-A model's id in the API is the name it was given: `demo`, a Hugging Face repo id, or a
-path exactly as given; for a path, its last component is accepted as an alias.
+A model's id in the API is the name it was first loaded by: `demo`, a Hugging Face repo
+id, or a path exactly as given; for a path, its last component is accepted as an alias.
+A model is one directory, whatever its spelling: every runner is also known by its real
+path, and any other name leading there (`/a/./b`, a symlink, `demo`'s directory) is routed
+to it, never to a second worker. Responses name the runner's id, as they do for aliases.
 
 - Loading: `add` starts a runner whose first step is `_admit`, the memory gate: the
   model's estimated need against what the OS says is available. Short of memory (or of
   `--max-models` slots) it unloads the least recently used idle model and waits, bounded
   by `--memory-wait`, for the memory to come back; then it refuses with 507.
 - Load on request: `get` (what the API handlers call) loads a model a request names if
-  it is on this machine and `--allow-load-on-request` is on.
+  `--allow-load-on-request` is on and the name leads, by real path, inside the model roots
+  (catalog.model_roots). Anything else is the one 404 `model_not_found`, whatever the
+  reason (absent, not a model, outside the roots, an absurd name): a client learns
+  nothing about the disk; the reason goes to the log and `rejections` (/admin/status).
+  A model loaded on request whose load fails is forgotten once the requests waiting for
+  it have their error: no `broken` entry stays behind, and a later request may try again.
+  Admin loads (`load`, `swap`, `--model`) may name any local path.
 - Keep-alive: a model loaded on request that has been idle `--keep-alive` seconds is
   unloaded. `pinned` models (`--model`, `mlxctl load`, swap targets) stay.
 - Swap: load the new model behind the gate, then retire the old one (drain or force).
@@ -19,6 +28,7 @@ path exactly as given; for a path, its last component is accepted as an alias.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import sys
@@ -66,7 +76,12 @@ def process_link_factory(config: Config, model: str, runtime_dir: Path,
 
 def aliases(model: str) -> list[str]:
     """Other names a model answers to: a path's last component."""
-    if model != "demo" and (os.sep in model or model.startswith(".")) and Path(model).exists():
+    try:
+        is_path = (model != "demo" and (os.sep in model or model.startswith("."))
+                   and Path(model).exists())
+    except (OSError, ValueError):  # a name the filesystem cannot even look at
+        return []
+    if is_path:
         base = Path(model.rstrip(os.sep)).name
         return [base] if base and base != model else []
     return []
@@ -96,8 +111,12 @@ class Pool:
         self.runners: dict[str, ModelRunner] = {}   # routing: resident and loading models
         self.retiring: set[ModelRunner] = set()     # out of routing, still stopping
         self._aliases: dict[str, str] = {}
+        self._real: dict[str, str] = {}    # a routed model's real path → its id
         self.created: dict[str, int] = {}  # for /v1/models
         self.last_refusal: str | None = None
+        # Loads a request asked for and did not get, and why: for the admin, not clients.
+        self.rejections: collections.deque[dict] = collections.deque(maxlen=20)
+        self._watches: set[asyncio.Task] = set()
         self._replaces: dict[ModelRunner, tuple[list[ModelRunner], str]] = {}
         self._admission = asyncio.Lock()   # one load decision at a time
         self._swaps = asyncio.Lock()
@@ -106,39 +125,94 @@ class Pool:
 
     # ---- routing ---------------------------------------------------------------------
     def find(self, name: str) -> ModelRunner | None:
+        """The runner by its id or alias: no disk, for names already routed."""
         return self.runners.get(name) or self.runners.get(self._aliases.get(name, ""))
 
-    def get(self, name: str) -> ModelRunner:
-        """The runner for a request's `model`, loading the model if it may be."""
+    def at(self, real: str) -> ModelRunner | None:
+        """The runner serving the directory whose real path is `real`."""
+        return self.runners.get(self._real.get(real, ""))
+
+    def lookup(self, name: str) -> ModelRunner | None:
+        """The runner `name` leads to, by id, alias or real path (a few stat calls)."""
+        runner = self.find(name)
+        if runner is None:
+            found = catalog.target(name, self.config.state_dir)
+            runner = self.at(found.real) if found is not None else None
+        return runner
+
+    def roots(self) -> list[Path]:
+        return catalog.model_roots(self.config.state_dir, self.config.models_dirs)
+
+    def get(self, name: str, *, anywhere: bool = False) -> ModelRunner:
+        """The runner for a request's `model`, loading the model if it may be.
+        `anywhere`: outside the model roots too (a request the admin's model had
+        accepted, routed again). Inline on the event loop: a handful of stat calls."""
         runner = self.find(name)
         if runner is not None:
             return runner
+        found = catalog.target(name, self.config.state_dir)
+        if found is not None and (runner := self.at(found.real)) is not None:
+            return runner  # another spelling of a loaded model (loading is not routing)
         if self._shutting_down:
             raise APIError.worker_failed("The server is shutting down.")
-        if self.config.allow_load_on_request and catalog.loadable(name, self.config.state_dir):
-            log.info("loading %s on request", name)
-            return self.add(name)
-        raise APIError.model_not_found(name)
+        why = catalog.refusal(name, found, None if anywhere else self.roots())
+        if not why and not self.config.allow_load_on_request:
+            why = "--allow-load-on-request is off"
+        if why:
+            self._reject(name, why)
+            raise APIError.model_not_found(name)
+        log.info("loading %s on request (%s)", catalog.shown(name), found.real)
+        return self.add(name, target=found, on_request=True)
+
+    def _reject(self, name: str, why: str) -> None:
+        log.info("request for model %s not served: %s", catalog.shown(name), why)
+        self.rejections.append({"model": catalog.shown(name), "reason": why,
+                                "time": int(time.time())})
 
     def all_runners(self) -> list[ModelRunner]:
         return [*self.runners.values(), *self.retiring]
 
-    def add(self, model: str, *, pinned: bool = False) -> ModelRunner:
-        runner = ModelRunner(model, self.config, self._factory_for(model), clock=self._clock,
-                             admit=self._admit, observer=self.observer,
+    def add(self, model: str, *, pinned: bool = False, target: catalog.Target | None = None,
+            on_request: bool = False) -> ModelRunner:
+        """Start a runner for `model`. Its worker loads `target.load_as` (looked up here
+        when not given; a name that leads nowhere is handed over as it is and fails in
+        the worker, visibly). `on_request`: forgotten if its load fails."""
+        if target is None:
+            target = catalog.target(model, self.config.state_dir)
+        runner = ModelRunner(model, self.config,
+                             self._factory_for(target.load_as if target else model),
+                             clock=self._clock, admit=self._admit, observer=self.observer,
                              on_refused=self._on_refused)
         runner.pinned = pinned
         self.runners[model] = runner
         for a in aliases(model):
             self._aliases.setdefault(a, model)
+        if target is not None:
+            self._real.setdefault(target.real, model)
         self.created[model] = int(time.time())
         runner.start()
+        if on_request:
+            watch = asyncio.create_task(self._forget_failed_load(runner),
+                                        name=f"pool:watch-load:{model[:64]}")
+            self._watches.add(watch)
+            watch.add_done_callback(self._watches.discard)
         return runner
+
+    async def _forget_failed_load(self, runner: ModelRunner) -> None:
+        """A load on request that fails (the worker reported a load error, or crashed
+        past the crash budget before it was ready) leaves no `broken` model behind: the
+        runner has failed what waited for it; take it out of routing."""
+        await runner.wait_loaded()  # ready, or its task ended (refused, broken, stopped)
+        if runner.state == BROKEN:
+            self._unroute(runner)
+            self.created.pop(runner.id, None)
+            self._reject(runner.id, f"its load failed: {runner.last_error}")
 
     def _unroute(self, runner: ModelRunner) -> None:
         if self.runners.get(runner.id) is runner:
             del self.runners[runner.id]
             self._aliases = {a: m for a, m in self._aliases.items() if m != runner.id}
+            self._real = {p: m for p, m in self._real.items() if m != runner.id}
 
     def _on_refused(self, runner: ModelRunner) -> None:
         self.last_refusal = f"{runner.id}: {runner.last_error}"
@@ -236,11 +310,13 @@ class Pool:
             self.retiring.discard(runner)
         self.observer.model_unloaded(runner, kind)
         for h in leftovers:
-            self._reroute(h, runner.id, reroute)
+            self._reroute(h, runner.id, reroute, anywhere=runner.pinned)
 
-    def _reroute(self, h: RequestHandle, model: str, reroute: bool) -> None:
+    def _reroute(self, h: RequestHandle, model: str, reroute: bool, *, anywhere: bool) -> None:
         """A request the retired runner never started: served by whichever runner its
-        model names now (loading it again if need be), never dropped silently."""
+        model names now (loading it again if need be), never dropped silently. A model
+        the admin loaded (`anywhere`) may be loaded again wherever it lies: the request
+        was accepted for it."""
         if h.finished:
             return
         if h.cancel_requested:
@@ -250,12 +326,12 @@ class Pool:
             h.fail(APIError.worker_failed(f"Model `{model}` was stopped; please retry."))
             return
         try:
-            self.get(model).adopt(h)
+            self.get(model, anywhere=anywhere).adopt(h)
         except APIError as e:
             h.fail(e)
 
     async def unload(self, name: str, mode: str = DRAIN, reason: str = "unloaded by admin") -> str:
-        runner = self.find(name)
+        runner = self.lookup(name)
         if runner is None:
             raise APIError.model_not_found(name)
         await self._retire(runner, mode, reason, kind="admin")
@@ -263,7 +339,7 @@ class Pool:
 
     async def kill(self, name: str, *, restart: bool = True) -> dict:
         """mlxctl kill: hard-cancel everything on the worker; restart it or not."""
-        runner = self.find(name)
+        runner = self.lookup(name)
         if runner is None:
             raise APIError.model_not_found(name)
         if restart:
@@ -274,10 +350,14 @@ class Pool:
         return {"model": runner.id, "cancelled": ended, "restarted": restart}
 
     async def load(self, name: str) -> ModelRunner:
-        """mlxctl load: load (pinned) and wait until it is ready or refused."""
-        if not catalog.loadable(name, self.config.state_dir) and self.find(name) is None:
-            raise APIError.model_not_found(name)
-        runner = self.find(name) or self.add(name, pinned=True)
+        """mlxctl load: load (pinned) and wait until it is ready or refused. The admin
+        may name any local path: the model roots bind requests only."""
+        runner = self.lookup(name)
+        if runner is None:
+            found = catalog.target(name, self.config.state_dir)
+            if found is None:
+                raise APIError.model_not_found(name)
+            runner = self.add(name, pinned=True, target=found)
         runner.pinned = True
         await self._loaded(runner)
         return runner
@@ -299,11 +379,11 @@ class Pool:
             raise APIError.bad_request("mode must be `drain` or `force`.", "mode")
         t0 = self._clock()
         async with self._swaps:
-            new = self.find(name)
+            new = self.lookup(name)
             if replace:
                 olds = []
                 for n in replace:
-                    old = self.find(n)
+                    old = self.lookup(n)
                     if old is None:
                         raise APIError.model_not_found(n)
                     olds.append(old)
@@ -312,9 +392,10 @@ class Pool:
             olds = [o for o in olds if o is not new]
             try:
                 if new is None:
-                    if not catalog.loadable(name, self.config.state_dir):
+                    found = catalog.target(name, self.config.state_dir)
+                    if found is None:
                         raise APIError.model_not_found(name)
-                    new = self.add(name, pinned=True)
+                    new = self.add(name, pinned=True, target=found)
                     # Before its gate runs (no await since add): the gate may retire these.
                     self._replaces[new] = (olds, mode)
                 new.pinned = True  # the admin chose it: keep-alive leaves it alone
@@ -368,9 +449,10 @@ class Pool:
 
     async def stop(self) -> None:
         self._shutting_down = True
-        if self._reaper is not None:
-            self._reaper.cancel()
-            await asyncio.gather(self._reaper, return_exceptions=True)
+        for task in [self._reaper, *self._watches]:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*(r.stop() for r in self.all_runners()))
 
     # ---- health ----------------------------------------------------------------------

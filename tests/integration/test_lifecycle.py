@@ -121,7 +121,8 @@ def test_two_resident_models_answer_alternately(tiny_model, model_b):
 
 def test_lru_eviction_and_keep_alive_expiry(tiny_model, model_b, model_c):
     a, b, c = str(tiny_model), str(model_b), str(model_c)
-    with ServerProcess([a], "--max-models", "2", "--keep-alive", "2") as srv:
+    with ServerProcess([a], "--max-models", "2", "--keep-alive", "2",
+                       "--models-dir", str(tiny_model.parent)) as srv:
         srv.wait_healthy()
         assert chat(srv, b).status_code == 200       # loaded on request: 2 resident
         assert set(workers(srv)) == {a, b}
@@ -145,7 +146,8 @@ def test_memory_gate_refuses_with_507_then_waits_for_memory(tiny_model, model_b,
     probe = tmp_path / "memory.json"
     probe.write_text(json.dumps({"available_bytes": 64 * GiB}))
     with ServerProcess([a], "--memory-probe", str(probe), "--memory-wait", "2",
-                       "--kv-budget", "1G", "--memory-factor", "1.0") as srv:
+                       "--kv-budget", "1G", "--memory-factor", "1.0",
+                       "--models-dir", str(tiny_model.parent)) as srv:
         srv.wait_healthy()
         probe.write_text(json.dumps({"available_bytes": GiB // 2}))
         t0 = time.monotonic()

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from supervisor.admin import ADMIN, AdminState, check_admin
+from supervisor.admin import ADMIN, AdminState, check_admin, same_token
 from supervisor.admin_token import ensure_token, read_token, token_path
 from supervisor.errors import APIError
 from tests.supervisor.fakes import FakeBehaviour
@@ -20,6 +20,7 @@ from tests.supervisor.test_pool import Worlds, model_dir
 
 
 async def admin_client(tmp_path, worlds: Worlds, models=(), **cfg):
+    cfg.setdefault("models_dirs", (tmp_path,))  # requests may load what model_dir makes
     client = await client_for(None, models=tuple(models), state_dir=tmp_path,
                               factory_for=worlds.factory_for, **cfg)
     token = read_token(tmp_path)
@@ -44,6 +45,7 @@ def test_token_is_created_once_with_mode_0600(tmp_path):
     ("127.0.0.1", "Basic right", 401),
     ("::1", "Bearer right", None),
     ("127.0.0.1", "bearer right", None),
+    ("127.0.0.1", "Bearer d\u00e9j\u00e0", 401),   # valid UTF-8, not ASCII
 ])
 def test_admin_check(peer, header, status):
     app = web.Application()
@@ -214,3 +216,66 @@ async def test_shutdown_drains_running_requests_before_cancelling(tmp_path):
     assert r.status == 200 and (await r.json())["usage"]["completion_tokens"] == 40
     await shutdown
     await client.close()
+
+
+@pytest.mark.parametrize("given", ["\udcff\udcfe", "right\udce9", "\ud800", "r\u00e9ght", "righ"])
+def test_a_token_that_is_no_text_is_just_wrong(given):
+    # aiohttp hands header bytes that are not UTF-8 over as lone surrogates.
+    assert same_token("right", "right") and not same_token(given, "right")
+
+
+async def raw_get(client, path: str, header: bytes) -> tuple[int, bytes]:
+    """GET with an Authorization header of exactly these bytes (no client library lets
+    one send bytes that are not text): the status and the body."""
+    reader, writer = await asyncio.open_connection(client.host, client.port)
+    writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nAuthorization: " + header
+                 + b"\r\nConnection: close\r\n\r\n")
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+@pytest.mark.parametrize("header", [b"Bearer \xff\xfe", b"Bearer \xc3\xa9", b"\xe9\xe9 token"])
+async def test_garbled_authorization_bytes_are_a_401_in_the_envelope(tmp_path, header):
+    import json
+
+    client = await admin_client(tmp_path, Worlds(), [model_dir(tmp_path, "a")])
+    try:
+        status, body = await raw_get(client, "/admin/status", header)
+        error = json.loads(body)["error"]
+        assert status == 401 and error["code"] == "invalid_api_key"
+        assert set(error) == {"message", "type", "param", "code"}
+        r = await client.get("/admin/status", headers=client.headers)  # the right token still works
+        assert r.status == 200
+    finally:
+        await client.close()
+
+
+async def test_model_lookup_does_not_probe_the_disk_and_admin_sees_why(tmp_path):
+    from tests.supervisor.test_pool import shape
+
+    outside = model_dir(tmp_path / "outside", "m")
+    absent = str(tmp_path / "outside" / "nope")
+    client = await admin_client(tmp_path, Worlds(), [], models_dirs=(tmp_path / "root",))
+    try:
+        errors = {}
+        for name in (outside, absent, "a" * 5000, "/" + "b" * 300):
+            r = await client.post("/v1/chat/completions", json={
+                "model": name, "messages": [{"role": "user", "content": "x"}]})
+            body = await r.json()
+            errors[name] = (r.status, body["error"]["type"], body["error"]["param"],
+                            body["error"]["code"], body["error"]["message"].replace(
+                                name if len(name) <= 256 else name[:256] + "…", "NAME"))
+            r = await client.get("/v1/models/" + name)  # asking is no probe either
+            assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"
+        assert len(set(errors.values())) == 1 and errors[outside][0] == 404
+        _, health = await wait_health(client, lambda s, b: True)
+        assert health["workers"] == []
+        status = await (await client.get("/admin/status", headers=client.headers)).json()
+        assert str(tmp_path / "root") in status["limits"]["model_roots"]
+        reasons = [r["reason"] for r in status["rejected_loads"]]
+        assert reasons[0] == f"{outside} is outside the model roots" and len(reasons) == 4
+        assert shape(APIError.model_not_found(outside), outside) == errors[outside]
+    finally:
+        await client.close()

@@ -52,3 +52,13 @@ def test_default_state_dir_by_platform(monkeypatch, tmp_path):
     monkeypatch.setattr(config.sys, "platform", "linux")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
     assert default_state_dir() == tmp_path / "mlxd"
+
+
+def test_models_dirs_from_flags_or_environment(tmp_path):
+    import os
+
+    env = {"MLXD_MODELS_DIR": os.pathsep.join([str(tmp_path / "a"), "", "~/b "])}
+    assert cfg([], env).models_dirs == (tmp_path / "a", Path.home() / "b")
+    c = cfg(["--models-dir", str(tmp_path / "x"), "--models-dir", "~/y"], env)  # flags win
+    assert c.models_dirs == (tmp_path / "x", Path.home() / "y")
+    assert cfg([]).models_dirs == ()

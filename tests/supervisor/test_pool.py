@@ -61,8 +61,11 @@ class Worlds:
 
 
 def make_pool(tmp_path, worlds: Worlds, memory: Memory | None = None, **cfg) -> Pool:
+    """A pool whose state dir is `tmp_path`, which is also a model root: requests may
+    load the models `model_dir(tmp_path, ...)` makes."""
     memory = memory or Memory()
-    pool = Pool(Config(state_dir=tmp_path, **{**FAST, **cfg}), worlds.factory_for, probe=memory)
+    cfg = {**FAST, "models_dirs": (tmp_path,), **cfg}
+    pool = Pool(Config(state_dir=tmp_path, **cfg), worlds.factory_for, probe=memory)
     memory.pool = pool
     pool.start()
     return pool
@@ -234,7 +237,7 @@ async def test_swap_drain_finishes_in_flight_on_the_old_model(tmp_path):
 async def test_swap_force_fails_in_flight_cleanly_and_still_serves_the_queued(tmp_path):
     a, b = model_dir(tmp_path, "a"), model_dir(tmp_path, "b")
     worlds = Worlds(FakeBehaviour(tokens=1000, step_s=0.01))
-    pool = make_pool(tmp_path, worlds)
+    pool = make_pool(tmp_path, worlds, models_dirs=())  # a and b lie outside the roots
     try:
         pool.add(a, pinned=True)
         running = pool.get(a).submit({"prompt": "x"})
@@ -244,9 +247,14 @@ async def test_swap_force_fails_in_flight_cleanly_and_still_serves_the_queued(tm
         with pytest.raises(APIError) as err:
             await collect(running)
         assert err.value.status == 503 and "unloaded" in err.value.message
-        # The queued request named `a`: it is served by a worker of `a`, loaded again.
+        # The queued request named `a`: it is served by a worker of `a`, loaded again
+        # (the admin had loaded `a`: the model roots bind only what requests load).
         assert await collect(queued) == "w1 w2 "
         assert set(pool.runners) == {a, b}
+        with pytest.raises(APIError) as err:  # a new request still may not load it
+            await pool.unload(a)
+            pool.get(a)
+        assert err.value.status == 404
     finally:
         await pool.stop()
 
@@ -363,5 +371,120 @@ async def test_unload_of_a_broken_model_and_health_while_idle(tmp_path):
         await pool.unload(a)
         status, body = pool.health()
         assert status == 200 and body["status"] == "idle"  # loads on request
+    finally:
+        await pool.stop()
+
+
+# ---- what a request may load (issue #9, finding 5) --------------------------------------
+
+def shape(err: APIError, name: str) -> tuple:
+    """What a client sees of an error, with the name it sent taken out."""
+    return err.status, err.type, err.param, err.code, err.message.replace(name, "NAME")
+
+
+async def not_found(call, *args) -> APIError:
+    """The APIError that `call(*args)` raises (awaited if need be); it must be the 404."""
+    with pytest.raises(APIError) as err:
+        out = call(*args)
+        if asyncio.iscoroutine(out):
+            await out
+    assert err.value.status == 404 and err.value.code == "model_not_found"
+    return err.value
+
+
+async def test_one_runner_per_real_path_whatever_the_spelling(tmp_path):
+    root = tmp_path / "root"
+    a = model_dir(root, "a")
+    (root / "sub").mkdir()
+    (tmp_path / "link").symlink_to(a)  # a link from outside the root to a model inside
+    worlds = Worlds(FakeBehaviour(tokens=1))
+    pool = make_pool(tmp_path, worlds, models_dirs=(root,))
+    try:
+        runner = pool.get(f"{root}/./a")  # the first spelling names the model
+        spellings = [a, f"{root}/sub/../a", a + "/", str(tmp_path / "link")]
+        assert all(pool.get(s) is runner for s in spellings)
+        for s in spellings:
+            assert await collect(pool.get(s).submit({"prompt": "x"})) == "w1 "
+        assert list(pool.runners) == [f"{root}/./a"]
+        assert list(worlds.by_model) == [a]  # its worker loads the real path...
+        assert len(worlds.by_model[a].links) == 1  # ...and there is one worker
+    finally:
+        await pool.stop()
+
+
+async def test_demo_and_the_demo_directory_are_one_runner(tmp_path):
+    demo_dir = model_dir(tmp_path / "models", "demo")  # as the worker builds it
+    for first, second in (("demo", demo_dir), (demo_dir, "demo")):
+        worlds = Worlds(FakeBehaviour(tokens=1))
+        pool = make_pool(tmp_path, worlds, models_dirs=())  # STATE_DIR/models is a root
+        try:
+            runner = pool.get(first)
+            assert pool.get(second) is runner and len(pool.runners) == 1
+            assert await collect(pool.get(second).submit({"prompt": "x"})) == "w1 "
+            assert sum(len(w.links) for w in worlds.by_model.values()) == 1
+        finally:
+            await pool.stop()
+
+
+async def test_requests_load_only_inside_the_roots_the_admin_anywhere(tmp_path):
+    outside = model_dir(tmp_path / "outside", "m")
+    worlds = Worlds(FakeBehaviour(tokens=1))
+    pool = make_pool(tmp_path, worlds, models_dirs=(tmp_path / "root",))
+    try:
+        absent = str(tmp_path / "outside" / "nope")
+        # One answer, whatever the reason; the reason goes to the log and the admin.
+        assert (shape(await not_found(pool.get, outside), outside)
+                == shape(await not_found(pool.get, absent), absent))
+        assert not pool.runners and not worlds.by_model  # nothing was spawned
+        assert [r["reason"] for r in pool.rejections][0].endswith("outside the model roots")
+        runner = await pool.load(outside)  # mlxctl load: any local path
+        assert runner.state == READY and pool.get(outside) is runner  # routing is not loading
+        assert pool.get(f"{tmp_path}/outside/./m") is runner
+    finally:
+        await pool.stop()
+
+
+@pytest.mark.parametrize("name", ["a" * 5000, "/" + "b" * 300, "/x/\0y", "\ud800", "/tmp/\udcff"])
+async def test_absurd_names_are_the_plain_404_everywhere(tmp_path, name):
+    pool = make_pool(tmp_path, Worlds())
+    try:
+        await not_found(pool.get, name)
+        for admin_call in (pool.load, pool.unload, pool.kill):
+            await not_found(admin_call, name)
+        with pytest.raises(APIError) as err:
+            await pool.swap(name)
+        assert err.value.status == 404
+        assert not pool.runners and "\0" not in pool.rejections[0]["model"]
+    finally:
+        await pool.stop()
+
+
+async def test_a_failed_load_on_request_leaves_no_entry_and_may_be_retried(tmp_path):
+    a = model_dir(tmp_path, "a")
+    worlds = Worlds(FakeBehaviour(load_error="bad weights"))
+    pool = make_pool(tmp_path, worlds)
+    try:
+        h = pool.get(a).submit({"prompt": "x"})
+        with pytest.raises(APIError) as err:  # the client that asked gets the load error
+            await h.started(5)
+        assert err.value.status == 503 and "bad weights" in err.value.message
+        await until(lambda: pool.find(a) is None)
+        assert pool.health()[1]["workers"] == [] and a not in pool.created
+        assert "bad weights" in pool.rejections[-1]["reason"]
+        worlds.by_model[a].default = FakeBehaviour(tokens=1)  # fixed on disk meanwhile
+        assert await collect(pool.get(a).submit({"prompt": "x"})) == "w1 "
+        assert len(worlds.by_model[a].links) == 2  # a second, fresh attempt
+    finally:
+        await pool.stop()
+
+
+async def test_a_pinned_model_that_fails_to_load_stays_visible(tmp_path):
+    a = model_dir(tmp_path, "a")
+    pool = make_pool(tmp_path, Worlds(FakeBehaviour(load_error="bad weights")))
+    try:
+        runner = pool.add(a, pinned=True)  # --model / mlxctl load: the admin must see it
+        await until(lambda: runner.state == BROKEN)
+        await asyncio.sleep(0.05)
+        assert pool.find(a) is runner
     finally:
         await pool.stop()
