@@ -8,19 +8,49 @@ Schema versioned through `PRAGMA user_version` and a list of migrations.
 
 All SQLite work runs on one dedicated thread that owns the connection: the event loop
 never blocks on disk, and sqlite3 objects never cross threads.
+
+The store is an accessory to generation, so damage to it never stops the server:
+
+- Damaged at open (a file that is not a database, a truncated one, pages of garbage:
+  SQLite's CORRUPT/NOTADB, or `PRAGMA quick_check` finding faults). The check opens the
+  file read-only, so neither it nor its `-wal` is written (only `-shm`, the index SQLite
+  rebuilds from the `-wal` on any read, may be); then the file and its side files are
+  renamed aside to `responses.db.corrupt-<UTC time>` (+ `-wal`/`-shm`, the names SQLite
+  looks for, so the copy opens as it was), kept for the operator, and an empty store is
+  created. One log line names both paths. A file that passes the check is never touched.
+- A schema newer than this mlxd is not damage: a newer mlxd wrote that healthy file.
+  `open()` raises `SchemaTooNew` and the server refuses to start (routes.py): moving it
+  aside would hide the data from the mlxd that owns it, and serving without it would
+  turn every stored response into an error with nobody told why. Only the operator can
+  decide (upgrade mlxd, or use another --state-dir), and start is when one is watching.
+- Failing mid-run (any sqlite3 error: disk I/O error, disk full, malformed image, a
+  closed connection; or the file deleted or replaced underneath, seen by comparing its
+  inode before each operation): the connection is dropped and every call raises
+  `StoreUnavailable` (routes answer 503) without touching the disk until a retry is due.
+  The first call after that reopens the store through the same checks as at start (so a
+  file that turned out damaged is moved aside, a deleted one is created empty, a file put
+  back is used again). A failed retry doubles the wait, from RETRY_MIN_S up to
+  RETRY_MAX_S, so a sick disk is not hammered; a success resets it.
+- Failing at start for a reason that is not damage (permissions, a disk error, a lock
+  held too long): the server starts anyway, with the store unavailable and retrying as
+  above. Only damage is ever moved aside.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import sqlite3
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
+
+log = logging.getLogger("mlxd.store")
 
 # Index i holds the step from schema version i to i + 1. Append; never edit a shipped one.
 MIGRATIONS = [
@@ -40,6 +70,15 @@ MIGRATIONS = [
 # Statuses of a response still being generated: a restart leaves them orphaned.
 UNFINISHED = ("queued", "in_progress")
 
+# Seconds between reopen attempts after a failure: doubling from MIN to MAX.
+RETRY_MIN_S = 1.0
+RETRY_MAX_S = 30.0
+
+# SQLite's primary result codes that mean the file's content is damaged (extended codes,
+# e.g. SQLITE_CORRUPT_INDEX, share the low byte).
+_DAMAGE_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+_SIDE_FILES = ("-wal", "-shm")
+
 
 class ChainError(Exception):
     """A previous_response_id chain that cannot be rebuilt."""
@@ -47,6 +86,21 @@ class ChainError(Exception):
     def __init__(self, message: str, missing_id: str | None = None):
         super().__init__(message)
         self.missing_id = missing_id
+
+
+class SchemaTooNew(RuntimeError):
+    """The store was written by a newer mlxd: healthy, but not ours to read or change."""
+
+
+class StoreUnavailable(Exception):
+    """The store failed and has not come back yet; `retry_after` seconds until it next
+    tries. The message is safe to show a client."""
+
+    def __init__(self, retry_after: float):
+        super().__init__("The response store is unavailable, so stored responses cannot be "
+                         "read or written right now; the server is trying to reopen it. "
+                         "Generation without storage (`store: false`) still works.")
+        self.retry_after = retry_after
 
 
 @dataclass
@@ -59,73 +113,246 @@ class StoredResponse:
     previous_response_id: str | None = None
 
 
+def is_damage(e: BaseException) -> bool:
+    """True for SQLite's own verdict that a file's content is damaged (not an I/O error,
+    a lock, a permission or a full disk, which say nothing about the content)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    return (isinstance(e, sqlite3.DatabaseError) and code is not None
+            and (code & 0xFF) in _DAMAGE_CODES)
+
+
+def describe(e: BaseException) -> str:
+    """An error in words fit for the log. SQLite's own messages name no data; the sqlite3
+    module's may quote a row (a failed text decode), so those are named by class only."""
+    if isinstance(e, sqlite3.Error):
+        name = getattr(e, "sqlite_errorname", None)
+        return f"{name}: {e}" if name else type(e).__name__
+    return f"{type(e).__name__}: {e}"
+
+
 class ResponseStore:
     def __init__(self, path: Path, *, max_count: int = 10_000, max_age_s: float = 30 * 86400,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.path = Path(path)
         self.max_count = max_count
         self.max_age_s = max_age_s
         self._clock = clock
+        self._monotonic = monotonic     # for the retry schedule
         self._db: sqlite3.Connection | None = None
+        self._file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self._failures = 0              # consecutive failures; 0 = healthy
+        self._orphans_failed = False    # _fail_unfinished done (once, at the first open)
+        self._retry_at = 0.0            # monotonic time of the next reopen attempt
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
+    async def _guarded(self, fn, *args):
+        return await self._run(self._guard, fn, *args)
+
+    @property
+    def available(self) -> bool:
+        return self._failures == 0
+
     # ---- lifecycle -------------------------------------------------------------------
     async def open(self) -> int:
-        """Open (creating and migrating as needed); returns how many unfinished responses
-        a previous run left behind and were marked failed."""
+        """Open (creating, migrating, and moving a damaged file aside as needed); returns
+        how many unfinished responses a previous run left behind and were marked failed.
+        Raises SchemaTooNew; any other failure leaves the store unavailable and retrying."""
         return await self._run(self._open)
 
     def _open(self) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._reopen()
+            return self._fail_unfinished()
+        except SchemaTooNew:
+            self._drop()
+            raise
+        except (sqlite3.Error, OSError) as e:
+            self._failed(e)
+            return 0
+
+    def _reopen(self) -> None:
+        """Close whatever is open, check the file, move it aside if damaged, open it."""
+        self._drop()
+        removed = self._file_id is not None and not os.path.lexists(self.path)
+        reason = self._damage()
+        if reason is not None:
+            self._move_aside(reason)
+        try:
+            self._connect()
+        except sqlite3.DatabaseError as e:  # damage the read-only check could not see
+            if not is_damage(e):
+                raise
+            self._drop()
+            self._move_aside(describe(e))
+            self._connect()
+        if removed:
+            log.warning("response store %s was removed while in use: started an empty one",
+                        self.path)
+
+    def _damage(self) -> str | None:
+        """Why the file is damaged, or None: healthy, empty or missing. Read-only, so a
+        damaged file is moved aside with the bytes it had. Raises SchemaTooNew, and the
+        errors that are not damage (I/O, locks, permissions)."""
+        try:
+            if self.path.stat().st_size == 0:
+                return None
+        except FileNotFoundError:
+            return None
+        uri = Path(os.path.abspath(self.path)).as_uri() + "?mode=ro"
+        db = sqlite3.connect(uri, uri=True, isolation_level=None)
+        try:
+            self._check_version(db)
+            faults = [row[0] for row in db.execute("PRAGMA quick_check").fetchall()]
+        except sqlite3.DatabaseError as e:
+            if is_damage(e):
+                return describe(e)
+            if (getattr(e, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_READONLY:
+                # A hot journal or WAL only a writer can replay: not damage; the writable
+                # open replays it, and damage it then meets is still caught (_reopen).
+                return None
+            raise
+        finally:
+            db.close()
+        if faults != ["ok"]:
+            return "quick_check: " + "; ".join(faults[:3])
+        return None
+
+    def _check_version(self, db: sqlite3.Connection) -> int:
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > len(MIGRATIONS):
+            raise SchemaTooNew(f"{self.path} has schema version {version}, newer than this "
+                               f"mlxd ({len(MIGRATIONS)}); upgrade mlxd or use another --state-dir")
+        return version
+
+    def _move_aside(self, reason: str) -> None:
+        """Rename the damaged file and its side files to a free `.corrupt-<UTC>` name."""
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        base, n = f"{self.path}.corrupt-{stamp}", 1
+        aside = base
+        while any(os.path.lexists(aside + s) for s in ("", *_SIDE_FILES)):
+            n += 1
+            aside = f"{base}.{n}"
+        for suffix in ("", *_SIDE_FILES):
+            if os.path.lexists(f"{self.path}{suffix}"):
+                os.rename(f"{self.path}{suffix}", aside + suffix)
+        log.error("response store %s is damaged (%s): moved it aside to %s (with its -wal/-shm "
+                  "files, if any) and started an empty store", self.path, reason, aside)
+
+    def _connect(self) -> None:
+        if not self.path.parent.is_dir():  # e.g. a volume not mounted: do not invent it
+            raise FileNotFoundError(f"{self.path.parent} does not exist")
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # created private
         os.close(fd)
         os.chmod(self.path, 0o600)
         db = sqlite3.connect(self.path, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across crashes of us
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > len(MIGRATIONS):
-            raise RuntimeError(f"{self.path} has schema version {version}, newer than this "
-                               f"mlxd ({len(MIGRATIONS)}); upgrade mlxd or use another --state-dir")
-        for i in range(version, len(MIGRATIONS)):
-            with db:
-                db.executescript("BEGIN;" + MIGRATIONS[i] + f"PRAGMA user_version={i + 1};COMMIT;")
-        for suffix in ("-wal", "-shm"):
-            side = Path(str(self.path) + suffix)
-            if side.exists():
-                os.chmod(side, 0o600)
-        self._db = db
-        return self._fail_unfinished()
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable across crashes of us
+            version = self._check_version(db)
+            for i in range(version, len(MIGRATIONS)):
+                with db:
+                    db.executescript("BEGIN;" + MIGRATIONS[i] + f"PRAGMA user_version={i + 1};COMMIT;")
+            for suffix in _SIDE_FILES:
+                side = Path(str(self.path) + suffix)
+                if side.exists():
+                    os.chmod(side, 0o600)
+            st = os.stat(self.path)
+        except BaseException:
+            db.close()
+            raise
+        self._db, self._file_id = db, (st.st_dev, st.st_ino)
+
+    def _drop(self) -> None:
+        """Forget the connection (closing it if it still closes)."""
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except sqlite3.Error:
+                pass
 
     def _fail_unfinished(self) -> int:
         """A response in progress when the previous supervisor stopped is failed, never
-        silently lost: its generation died with that process."""
+        silently lost: its generation died with that process. Done at the first open that
+        succeeds, before this process can have stored anything in progress itself."""
         rows = self._db.execute(
             f"SELECT id, response FROM responses WHERE status IN ({','.join('?' * len(UNFINISHED))})",
             UNFINISHED).fetchall()
         for rid, raw in rows:
-            obj = json.loads(raw)
+            try:
+                obj = json.loads(raw)
+            except ValueError:  # an unreadable row still ends failed, with what is known
+                obj = {"id": rid, "object": "response"}
             obj["status"] = "failed"
             obj["error"] = {"code": "server_error",
                             "message": "The server restarted while this response was being generated."}
             self._db.execute("UPDATE responses SET status='failed', response=? WHERE id=?",
                              (json.dumps(obj), rid))
+        self._orphans_failed = True
         return len(rows)
 
     async def close(self) -> None:
-        def _close():
-            if self._db is not None:
-                self._db.close()
-                self._db = None
-        await self._run(_close)
+        await self._run(self._drop)
         self._pool.shutdown(wait=True)
 
+    # ---- failure and recovery (on the store thread) ----------------------------------
+    def _guard(self, fn, *args):
+        """Run `fn` against a healthy connection, or raise StoreUnavailable: reopening
+        first when a retry is due, and marking the store failed when `fn` fails."""
+        if self._db is None:
+            self._recover()
+        try:
+            self._same_file()
+            return fn(*args)
+        except (sqlite3.Error, OSError) as e:
+            self._failed(e)
+            raise StoreUnavailable(self._retry_at - self._monotonic()) from None
+
+    def _same_file(self) -> None:
+        """SQLite keeps writing to a file deleted or replaced underneath it, where nothing
+        would ever read it again: compare what is at the path with what we opened."""
+        st = os.stat(self.path)  # FileNotFoundError if deleted
+        if (st.st_dev, st.st_ino) != self._file_id:
+            raise FileNotFoundError(f"{self.path} was replaced by another file")
+
+    def _recover(self) -> None:
+        wait = self._retry_at - self._monotonic()
+        if wait > 0:
+            raise StoreUnavailable(wait)
+        try:
+            self._reopen()
+            orphans = 0 if self._orphans_failed else self._fail_unfinished()
+        except (sqlite3.Error, OSError, SchemaTooNew) as e:
+            self._failed(e)
+            raise StoreUnavailable(self._retry_at - self._monotonic()) from None
+        log.warning("response store %s is available again", self.path)
+        if orphans:
+            log.warning("%d responses were in progress when the server last stopped; "
+                        "marked failed", orphans)
+        self._failures = 0
+
+    def _failed(self, e: BaseException) -> None:
+        self._drop()
+        self._failures += 1
+        delay = min(RETRY_MAX_S, RETRY_MIN_S * 2 ** (self._failures - 1))
+        self._retry_at = self._monotonic() + delay
+        # One line when it breaks; the retries that fail again are quieter.
+        level = logging.ERROR if self._failures == 1 else logging.INFO
+        log.log(level, "response store %s is unavailable (%s): stored responses answer 503 "
+                "until it reopens; next try in %gs", self.path, describe(e), delay)
+
     # ---- records ---------------------------------------------------------------------
+    async def check(self) -> None:
+        """Raise StoreUnavailable unless the store can be used now (reopening it if due)."""
+        await self._guarded(lambda: None)
+
     async def put(self, rec: StoredResponse) -> None:
-        await self._run(self._put, rec)
+        await self._guarded(self._put, rec)
 
     def _put(self, rec: StoredResponse) -> None:
         with self._db:
@@ -149,10 +376,10 @@ class ResponseStore:
                 cur = self._db.execute("UPDATE responses SET status=?, response=? WHERE id=?",
                                        (status, json.dumps(response), rid))
             return cur.rowcount > 0
-        return await self._run(_update)
+        return await self._guarded(_update)
 
     async def get(self, rid: str) -> StoredResponse | None:
-        return await self._run(self._get, rid)
+        return await self._guarded(self._get, rid)
 
     def _get(self, rid: str) -> StoredResponse | None:
         row = self._db.execute(
@@ -167,10 +394,11 @@ class ResponseStore:
         def _delete():
             with self._db:
                 return self._db.execute("DELETE FROM responses WHERE id=?", (rid,)).rowcount > 0
-        return await self._run(_delete)
+        return await self._guarded(_delete)
 
     async def count(self) -> int:
-        return await self._run(lambda: self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
+        return await self._guarded(
+            lambda: self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
 
     async def chain(self, rid: str, max_depth: int) -> list[StoredResponse]:
         """`rid` and its ancestors, oldest first. ChainError if one is missing (deleted,
@@ -190,4 +418,4 @@ class ResponseStore:
                 cur = rec.previous_response_id
             out.reverse()
             return out
-        return await self._run(_chain)
+        return await self._guarded(_chain)

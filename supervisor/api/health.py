@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from supervisor.api.responses.routes import RESPONSES
 from supervisor.keys import POOL
 
 
 async def health(request: web.Request) -> web.Response:
-    """Answered from cached state: never waits on a worker."""
+    """Answered from cached state: never waits on a worker (nor on the store's disk).
+    A store that is down does not change the status: generation still serves."""
     status, body = request.app[POOL].health()
+    svc = request.app.get(RESPONSES)
+    if svc is not None:
+        body["store"] = "ok" if svc.store.available else "unavailable"
     return web.json_response(body, status=status)

@@ -78,3 +78,15 @@ def test_a_value_that_cannot_travel_is_a_400_and_the_model_keeps_serving(
     _, health = srv.get("/health")
     worker = health["workers"][0]
     assert worker["state"] == "ready" and worker["restarts"] == 0 and worker["in_flight"] == 0
+
+
+def test_a_limit_beyond_the_model_names_the_surfaces_own_parameter(srv, tiny_model):
+    model = str(tiny_model)
+    with httpx.Client(base_url=srv.url, timeout=10) as http:
+        r = http.post("/v1/responses", json={"model": model, "input": "x",
+                                             "max_output_tokens": 10 ** 6})
+        err = assert_envelope(r, 400, param="max_output_tokens")
+        assert "4096" in err["message"]  # the model's context, which it cannot exceed
+        r = http.post("/v1/chat/completions", json=chat(model, max_tokens=4097))
+        assert_envelope(r, 400, param="max_tokens")
+        assert http.post("/v1/chat/completions", json=chat(model, max_tokens=3)).status_code == 200

@@ -1,9 +1,18 @@
-"""The /v1/responses routes, the store's lifecycle and the registry of live runs."""
+"""The /v1/responses routes, the store's lifecycle and the registry of live runs.
+
+The store can fail while the server runs (supervisor/store.py says how it notices and
+comes back). Generation does not depend on it: chat/completions never touch it, and a
+Response with `store: false` and no `previous_response_id` neither. What needs it answers
+503 `store_unavailable` (with Retry-After) while it is down, checked before any work is
+given to a model.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -15,9 +24,9 @@ from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items, to_chat_messages
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
 from supervisor.api.responses.runs import Run
-from supervisor.errors import APIError, read_json
+from supervisor.errors import SERVER_ERROR, APIError, read_json
 from supervisor.keys import CONFIG, POOL
-from supervisor.store import ChainError, ResponseStore
+from supervisor.store import ChainError, ResponseStore, SchemaTooNew, StoreUnavailable
 
 log = logging.getLogger("mlxd.responses")
 
@@ -46,7 +55,14 @@ async def _store_ctx(app: web.Application):
     config = app[CONFIG]
     store = ResponseStore(config.state_dir / "responses.db", max_count=config.store_max_count,
                           max_age_s=config.store_max_age)
-    failed = await store.open()
+    try:
+        failed = await store.open()
+    except SchemaTooNew as e:
+        # The one store problem that stops the start (store.py says why): one clear
+        # line, no traceback, a distinct exit status.
+        await store.close()
+        log.error("cannot start: %s", e)
+        raise SystemExit(2) from None
     if failed:
         log.warning("%d responses were in progress when the server last stopped; marked failed",
                     failed)
@@ -54,12 +70,43 @@ async def _store_ctx(app: web.Application):
     try:
         yield
     finally:
-        runs = list(app[RESPONSES].runs.values())
-        for run in runs:
-            run.cancel()
-        if runs:
-            await asyncio.wait([r.finished.wait() for r in runs], timeout=5)
+        await _end_runs(app[RESPONSES])
         await store.close()
+
+
+async def _end_runs(svc: Responses) -> None:
+    """Shutdown: cancel what still generates, give it a moment to record its end, then
+    stop the runs still retrying a final write the store refused (that write is lost
+    with this process; the next start marks such responses failed)."""
+    runs = list(svc.runs.values())
+    for run in runs:
+        run.cancel()
+    waiters = [asyncio.ensure_future(r.finished.wait()) for r in runs]
+    if waiters:
+        await asyncio.wait(waiters, timeout=5)
+        for w in waiters:
+            w.cancel()
+    tasks = [r.task for r in runs if r.task is not None and not r.task.done()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def store_unavailable(e: StoreUnavailable) -> APIError:
+    # 503 + Retry-After: the SDKs retry it, and it is the server's fault, not the request's.
+    return APIError(503, str(e), SERVER_ERROR, None, "store_unavailable",
+                    {"Retry-After": str(max(1, math.ceil(e.retry_after)))})
+
+
+def _needs_store(handler):
+    """The handler's StoreUnavailable as the 503 a client can act on."""
+    @functools.wraps(handler)
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except StoreUnavailable as e:
+            raise store_unavailable(e) from None
+    return wrapped
 
 
 async def _conversation(svc: Responses, req: ResponsesRequest) -> list:
@@ -86,12 +133,16 @@ def generate_fields(req: ResponsesRequest, items: list, config) -> dict:
     return apply_defaults(fields, config)
 
 
+@_needs_store
 async def create(request: web.Request) -> web.StreamResponse:
     req = parse_responses_request(await read_json(request))
     config, svc = request.app[CONFIG], request.app[RESPONSES]
+    if req.store:
+        await svc.store.check()  # a store that is down refuses before the model works
     runner = request.app[POOL].get(req.model)
     items = await _conversation(svc, req)
-    handle = runner.submit(generate_fields(req, items, config))
+    handle = runner.submit(generate_fields(req, items, config),
+                           {"max_tokens": "max_output_tokens"})
     run = Run(ResponseBuilder(req, runner.id), handle, svc.store if req.store else None,
               req.input_items, queue_timeout=config.queue_timeout,
               request_timeout=config.request_timeout)
@@ -103,10 +154,10 @@ async def create(request: web.Request) -> web.StreamResponse:
         return await _background(svc, run, headers)
     try:
         await run.wait_started()
+        await run.save("in_progress")  # the store can still fail here: stop the generation
     except BaseException:
         handle.close()
         raise
-    await run.save("in_progress")
     svc.runs[run.id] = run
     run.task = asyncio.create_task(run.generate())
     run.task.add_done_callback(lambda _: svc.runs.pop(run.id, None))
@@ -123,7 +174,11 @@ async def create(request: web.Request) -> web.StreamResponse:
 async def _background(svc: Responses, run: Run, headers: dict) -> web.Response:
     """Answer at once with the queued response; generate detached from this connection."""
     run.builder.status = "queued"
-    await run.save("queued")
+    try:
+        await run.save("queued")
+    except BaseException:
+        run.handle.close()
+        raise
     svc.runs[run.id] = run
 
     async def detached():
@@ -159,6 +214,7 @@ async def _stored(request: web.Request):
     return svc, rec
 
 
+@_needs_store
 async def retrieve(request: web.Request) -> web.StreamResponse:
     svc, rec = await _stored(request)
     run = svc.runs.get(rec.id)
@@ -184,6 +240,7 @@ def _starting_after(request: web.Request) -> int:
         raise invalid_value("starting_after", "expected an integer sequence number.") from None
 
 
+@_needs_store
 async def delete(request: web.Request) -> web.Response:
     svc, rec = await _stored(request)
     run = svc.runs.get(rec.id)
@@ -193,6 +250,7 @@ async def delete(request: web.Request) -> web.Response:
     return web.json_response({"id": rec.id, "object": "response", "deleted": True})
 
 
+@_needs_store
 async def input_items(request: web.Request) -> web.Response:
     _, rec = await _stored(request)
     q = dict(request.query)
@@ -214,6 +272,7 @@ async def input_items(request: web.Request) -> web.Response:
                               "has_more": len(items) > limit})
 
 
+@_needs_store
 async def cancel(request: web.Request) -> web.Response:
     svc, rec = await _stored(request)
     if not rec.response.get("background"):

@@ -5,6 +5,11 @@ wants them (the creating request's SSE stream, a later `GET ?stream=true`, or no
 background response being polled) follows the list. Foreground runs are cancelled when
 their client leaves; background runs live until done or `POST .../cancel`. The store is
 updated when a run starts and when it ends, so a poll always finds the response.
+
+A store that fails before the end of a run must not lose how it ended, nor crash the
+task: the run's followers are released anyway, the run stays registered (so reads answer
+from memory once the store answers again) and the final write is retried, paced by the
+store's own reopen schedule, until it lands or the server stops.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import AsyncIterator
 from supervisor.api.output import Part
 from supervisor.api.responses.builder import ResponseBuilder, usage
 from supervisor.errors import APIError
-from supervisor.store import ResponseStore, StoredResponse
+from supervisor.store import ResponseStore, StoredResponse, StoreUnavailable
 
 log = logging.getLogger("mlxd.responses")
 
@@ -35,6 +40,7 @@ class Run:
         self.finished = asyncio.Event()
         self._changed = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self._final_written = False
 
     @property
     def id(self) -> str:
@@ -86,11 +92,31 @@ class Run:
 
     async def _final_save(self) -> None:
         try:
-            if self.store is not None:
-                await self.store.update(self.id, self.builder.status, self.builder.response())
+            retry_in = await self._write_final()
         finally:
             self.finished.set()
             self._changed.set()
+        if retry_in is not None:
+            log.warning("response %s ended %s while the store was unavailable; it is kept in "
+                        "memory and written when the store is back", self.id, self.builder.status)
+            while retry_in is not None:
+                await asyncio.sleep(retry_in)
+                retry_in = await self._write_final()
+            log.info("response %s: the store is back; final state %s", self.id,
+                     "written" if self._final_written else "dropped (its row is gone)")
+
+    async def _write_final(self) -> float | None:
+        """Record the end; None when done (or nothing to do), else seconds to the retry."""
+        if self.store is None:
+            return None
+        try:
+            self._final_written = await self.store.update(self.id, self.builder.status,
+                                                          self.builder.response())
+        except StoreUnavailable as e:
+            return max(e.retry_after, 0.05)
+        except Exception:  # a bug, not an outage: retrying would not help
+            log.exception("response %s: could not record its final state", self.id)
+        return None
 
     async def fail_before_start(self, error: APIError) -> None:
         """A background run that never started: cancelled while queued, or refused
