@@ -18,12 +18,14 @@ from supervisor.api.chat import chat_completions
 from supervisor.api.completions import completions
 from supervisor.api.health import health
 from supervisor.api.responses import routes as responses
-from supervisor import admin, listing, metrics
+from supervisor.admin import routes as admin
+from supervisor.api import models as listing
+from supervisor.http import metrics
 from supervisor.config import Config
-from supervisor.errors import install
+from supervisor.http.errors import install
 from supervisor.keys import CONFIG, POOL
-from supervisor.memory import Probe
-from supervisor.pool import Pool, process_link_factory
+from supervisor.memory.probe import Probe
+from supervisor.workers.pool import Pool, process_link_factory
 
 log = logging.getLogger("mlxd")
 

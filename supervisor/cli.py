@@ -140,7 +140,7 @@ def serve(config: Config) -> None:
     log.info("mlxd serving %s on http://%s:%d (state in %s)", ", ".join(config.models),
              config.host, config.port, config.state_dir)
     if config.allow_load_on_request:
-        from supervisor.catalog import model_roots
+        from supervisor.memory.catalog import model_roots
 
         log.info("requests may load models from: %s", ", ".join(
             str(r) for r in model_roots(config.state_dir, config.models_dirs)))

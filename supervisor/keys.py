@@ -3,7 +3,7 @@
 from aiohttp import web
 
 from supervisor.config import Config
-from supervisor.pool import Pool
+from supervisor.workers.pool import Pool
 
 CONFIG = web.AppKey("config", Config)
 POOL = web.AppKey("pool", Pool)

@@ -60,3 +60,54 @@ def test_the_worker_never_loads_aiohttp():
 def test_protocol_loads_neither_side(forbidden):
     loaded = top_level(loaded_after_importing(modules_of("protocol")))
     assert forbidden not in loaded
+
+
+# ---- imports inside the project: no cycles, layers point one way --------------------------
+
+def runtime_imports(package_dirs=("protocol", "supervisor", "worker")) -> dict[str, set[str]]:
+    """module -> the project modules it imports when it runs (anywhere in its code, but
+    not under `if TYPE_CHECKING:`, which only type checkers read)."""
+    import ast
+
+    graph: dict[str, set[str]] = {}
+    for package in package_dirs:
+        for path in (REPO / package).rglob("*.py"):
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+            name = name.removesuffix(".__init__")
+            tree = ast.parse(path.read_text())
+            skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                    and "TYPE_CHECKING" in ast.unparse(node.test)
+                    for n in ast.walk(node)}
+            deps = set()
+            for node in ast.walk(tree):
+                if id(node) in skip:
+                    continue
+                if isinstance(node, ast.Import):
+                    deps |= {a.name for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    deps.add(node.module)
+                    deps |= {f"{node.module}.{a.name}" for a in node.names}
+            graph[name] = deps
+    return {m: {d for d in deps if d in graph and d != m} for m, deps in graph.items()}
+
+
+def test_no_import_cycles():
+    graph = runtime_imports()
+    assert "supervisor.workers.runner" in graph
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(d):] + [d]))
+            if d not in state:
+                visit(d)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)

@@ -1,7 +1,4 @@
-"""OpenAI-compatible HTTP surfaces: request validation (chat_request, completion_request,
-params), response shapes (shapes), SSE framing (sse).
-
-Pure functions and dataclasses, no I/O except sse's writers; the route handlers that glue
-them to the worker pool live elsewhere. Kept import-free here: supervisor.errors imports
-supervisor.api.sse, and the request parsers import supervisor.errors.
+"""The API surfaces: one route module per surface (chat.py, completions.py, models.py,
+health.py, responses/), each a parser (parse/) and a renderer (render/, or the Responses
+builder) around the one request flow (generation.py) that talks to worker management.
 """

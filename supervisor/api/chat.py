@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from supervisor.api import generation, shapes
-from supervisor.api.output import Output, Part
-from supervisor.api.validation import parse_chat_request
-from supervisor.errors import read_json
+from supervisor.api import generation
+from supervisor.api.render import shapes
+from supervisor.api.render.output import Output, Part
+from supervisor.api.parse.validation import parse_chat_request
+from supervisor.http.errors import read_json
 
 
 @dataclass

@@ -16,9 +16,10 @@ from typing import Callable, Protocol
 
 from aiohttp import web
 
-from supervisor.api import shapes, sse
-from supervisor.api.output import Output, Part
-from supervisor.errors import APIError, get_request_id
+from supervisor.api.render import shapes
+from supervisor.http import sse
+from supervisor.api.render.output import Output, Part
+from supervisor.http.errors import APIError, get_request_id
 from supervisor.keys import CONFIG, POOL
 
 log = logging.getLogger("mlxd.api")

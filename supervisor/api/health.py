@@ -1,4 +1,4 @@
-"""GET /health (the model routes are in supervisor/listing.py)."""
+"""GET /health (the model routes are in supervisor/api/models.py)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from supervisor.admin_token import read_token
+from supervisor.admin.token import read_token
 from tests.fuzz.conftest import SEED, TALLY
 from tests.fuzz.hostile import hostile_values, mutate, places, serialize
 from tests.serverproc import ServerProcess

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from protocol import (Cancel, Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown,
                       Started, Status, StatusRequest, decode_down, decode_up, encode, pack_ids)
-from supervisor.link import LinkClosed, WorkerLink
+from supervisor.workers.link import LinkClosed, WorkerLink
 
 
 @dataclass

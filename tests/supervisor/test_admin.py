@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from supervisor.admin import ADMIN, AdminState, check_admin, same_token
-from supervisor.admin_token import ensure_token, read_token, token_path
-from supervisor.errors import APIError
+from supervisor.admin.routes import ADMIN, AdminState, check_admin, same_token
+from supervisor.admin.token import ensure_token, read_token, token_path
+from supervisor.http.errors import APIError
 from tests.supervisor.fakes import FakeBehaviour
 from tests.supervisor.test_app import client_for, wait_health
 from tests.supervisor.test_pool import Worlds, model_dir

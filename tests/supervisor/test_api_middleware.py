@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from supervisor.api import sse
-from supervisor.errors import (
+from supervisor.http import sse
+from supervisor.http.errors import (
     APIError, error_middleware, get_request_id, install, install_request_id, read_json,
 )
 from tests.schema import validate
@@ -153,7 +153,7 @@ async def test_wrong_method(client):
 
 
 async def test_uncaught_exception_is_500_without_details(client, caplog):
-    with caplog.at_level(logging.ERROR, logger="supervisor.errors"):
+    with caplog.at_level(logging.ERROR, logger="supervisor.http.errors"):
         resp = await client.get("/boom")
         text = await resp.text()
     err = await envelope(resp, 500)
@@ -161,7 +161,7 @@ async def test_uncaught_exception_is_500_without_details(client, caplog):
     assert "secret-internal-detail" not in text and "Traceback" not in text
     assert "RuntimeError" not in text
     # ... but the log has the traceback and the request id
-    record = next(r for r in caplog.records if r.name == "supervisor.errors")
+    record = next(r for r in caplog.records if r.name == "supervisor.http.errors")
     assert record.exc_info and resp.headers["X-Request-ID"] in record.getMessage()
 
 

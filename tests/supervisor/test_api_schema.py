@@ -8,7 +8,7 @@ import copy
 import pytest
 from jsonschema import Draft202012Validator, ValidationError
 
-from supervisor.api import shapes
+from supervisor.api.render import shapes
 from tests.schema import _translate, errors, spec, validate
 
 GOOD = shapes.chat_completion("chatcmpl-1", 1, "m", "hi", "stop", shapes.usage(1, 2))

@@ -15,8 +15,9 @@ from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
-from supervisor.api import shapes, sse
-from supervisor.errors import APIError
+from supervisor.api.render import shapes
+from supervisor.http import sse
+from supervisor.http.errors import APIError
 from tests.schema import validate
 
 U = shapes.usage(12, 5, cached_tokens=8)

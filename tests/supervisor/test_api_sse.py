@@ -7,8 +7,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from supervisor.api import sse
-from supervisor.errors import APIError, error_middleware, install_request_id
+from supervisor.http import sse
+from supervisor.http.errors import APIError, error_middleware, install_request_id
 
 
 def test_constants():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from protocol.messages import Generate
-from supervisor.api.tools import (ResponseFormat, ToolChoice, generate_fields, normalize_tools,
+from supervisor.api.parse.tools import (ResponseFormat, ToolChoice, generate_fields, normalize_tools,
                                   parse_response_format, parse_tool_choice)
-from supervisor.errors import APIError
+from supervisor.http.errors import APIError
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
 NESTED = {"type": "function", "function": {"name": "get_weather", "description": "d",

@@ -8,10 +8,10 @@ import pytest
 
 from protocol import decode_down, encode, unpack_ids
 from protocol.messages import Generate
-from supervisor.api.validation import (
+from supervisor.api.parse.validation import (
     ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request,
 )
-from supervisor.errors import APIError
+from supervisor.http.errors import APIError
 
 DROP = object()  # in a patch: remove the key from the base body
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -9,7 +9,7 @@ import pytest
 
 from protocol import encode
 from protocol.messages import Generate
-from supervisor.api.values import INT_MAX, INT_MIN, first_bad_value
+from supervisor.http.values import INT_MAX, INT_MIN, first_bad_value
 from tests.supervisor.test_app import client_for
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 
@@ -44,12 +44,18 @@ def test_document_order_reports_the_first_offender():
     assert first_bad_value(body)[0] == "a[1]"
 
 
-def test_deep_nesting_is_walked_without_recursion():
-    body: dict = {"x": "\ud800"}
-    for _ in range(5000):
-        body = {"k": body}
-    path, _ = first_bad_value(body)
-    assert path.endswith(".k.x") and path.count(".k") == 4999
+def test_deep_nesting_is_refused_at_the_limit_without_recursion():
+    from supervisor.http.values import MAX_DEPTH
+
+    def nest(depth, inner):
+        body = inner
+        for _ in range(depth):
+            body = {"k": [body]}
+        return body
+
+    assert first_bad_value(nest(MAX_DEPTH // 2, {"ok": 1})) is None
+    path, why = first_bad_value(nest(5000, 1))  # deeper than Python could recurse
+    assert "nesting too deep" in why and path.count(".k") == MAX_DEPTH // 2
 
 
 # ---- over HTTP: the app refuses before any worker sees the request --------------------

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from protocol import Cancel
 from supervisor.app import create_app
 from supervisor.config import Config
-from supervisor.memory import MemoryReading
+from supervisor.memory.probe import MemoryReading
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 
 

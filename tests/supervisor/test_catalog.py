@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import catalog
+from supervisor.memory import catalog
 from tests.hfcache import add_to_cache
 
 

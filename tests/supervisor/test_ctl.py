@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from supervisor import ctl
-from supervisor.ctl_format import format_models, format_status, human_bytes, human_seconds
+from supervisor.ctl import client as ctl
+from supervisor.ctl.format import format_models, format_status, human_bytes, human_seconds
 from tests.serverproc import REPO, free_port
 from tests.supervisor.test_catalog import model
 
@@ -88,7 +88,7 @@ def test_logs_follow_prints_appended_lines_and_survives_rotation(tmp_path):
     log = tmp_path / "logs" / "mlxd.log"
     log.parent.mkdir()
     log.write_text("old\n")
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor.ctl", "--url",
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor.ctl.client", "--url",
                              f"http://127.0.0.1:{free_port()}", "--state-dir", str(tmp_path),
                              "logs", "-f", "-n", "1"], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

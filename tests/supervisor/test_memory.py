@@ -10,11 +10,11 @@ import pytest
 
 from protocol import Heartbeat
 from supervisor.config import Config, size
-from supervisor.gate import MemoryGate
-from supervisor.liveness import Liveness
-from supervisor.memory import (CRITICAL, NORMAL, WARN, FileProbe, MemoryReading, SystemProbe,
+from supervisor.memory.gate import MemoryGate
+from supervisor.workers.liveness import Liveness
+from supervisor.memory.probe import (CRITICAL, NORMAL, WARN, FileProbe, MemoryReading, SystemProbe,
                                parse_macos_pressure, parse_psi, psi_level, worse)
-from supervisor.throughput import TokenRate
+from supervisor.workers.throughput import TokenRate
 
 GiB = 1 << 30
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import Config
-from supervisor.errors import APIError
-from supervisor.memory import CRITICAL, MemoryReading
-from supervisor.pool import Pool
-from supervisor.runner import BROKEN, DRAIN, FORCE, READY
+from supervisor.http.errors import APIError
+from supervisor.memory.probe import CRITICAL, MemoryReading
+from supervisor.workers.pool import Pool
+from supervisor.workers.runner import BROKEN, DRAIN, FORCE, READY
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 
 GiB = 1 << 30

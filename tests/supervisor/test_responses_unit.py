@@ -8,7 +8,7 @@ import pytest
 from supervisor.api.responses.builder import ResponseBuilder, replay, usage
 from supervisor.api.responses.items import normalize_input, output_to_items, to_chat_messages
 from supervisor.api.responses.request import parse_responses_request
-from supervisor.errors import APIError
+from supervisor.http.errors import APIError
 from tests.schema import validate
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from protocol import Cancel, Generate
 from supervisor.config import Config
-from supervisor.errors import APIError
-from supervisor.runner import BROKEN, READY, ModelRunner
+from supervisor.http.errors import APIError
+from supervisor.workers.runner import BROKEN, READY, ModelRunner
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 
 FAST = dict(restart_backoff=0.01, heartbeat_timeout=1.0, cancel_grace=0.3, queue_timeout=2.0)
@@ -222,7 +222,7 @@ async def test_quiet_stream_yields_pings_then_the_text():
 
 
 async def test_a_client_too_far_behind_is_cancelled(monkeypatch):
-    import supervisor.requests as requests_mod
+    import supervisor.workers.handle as requests_mod
     monkeypatch.setattr(requests_mod, "MAX_PENDING_EVENTS", 5)
     world = FakeWorld(FakeBehaviour(tokens=1000, step_s=0.001))
     runner = make(world)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.store import (MIGRATIONS, RETRY_MIN_S, ChainError, ResponseStore, SchemaTooNew,
+from supervisor.api.responses.store import (MIGRATIONS, RETRY_MIN_S, ChainError, ResponseStore, SchemaTooNew,
                               StoredResponse, StoreUnavailable)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 
-from supervisor.api.params import invalid_type, invalid_value, unsupported
+from supervisor.api.parse.params import invalid_type, invalid_value, unsupported
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")  # "text" is a common alias

@@ -3,7 +3,7 @@
 Unknown fields are ignored; wrong types are 400s naming the field. Built-in tool types
 (web_search, file_search, ...) cannot run here: they are skipped and named in the
 `X-MLXD-Warning` response header instead of failing the request. Tools, tool_choice and
-text.format go through the same parsers as chat completions (supervisor/api/tools.py).
+text.format go through the same parsers as chat completions (supervisor/api/parse/tools.py).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from supervisor.api.chat_request import parse_reasoning_effort
-from supervisor.api.params import (invalid_type, invalid_value, missing, opt_bool, opt_int,
+from supervisor.api.parse.chat import parse_reasoning_effort
+from supervisor.api.parse.params import (invalid_type, invalid_value, missing, opt_bool, opt_int,
                                    opt_list, opt_number, opt_object, opt_str, parse_metadata,
                                    parse_model)
 from supervisor.api.responses.items import normalize_input
-from supervisor.api import tools as toolspec
+from supervisor.api.parse import tools as toolspec
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,6 @@
 """The /v1/responses routes, the store's lifecycle and the registry of live runs.
 
-The store can fail while the server runs (supervisor/store.py says how it notices and
+The store can fail while the server runs (supervisor/api/responses/store.py says how it notices and
 comes back). Generation does not depend on it: chat/completions never touch it, and a
 Response with `store: false` and no `previous_response_id` neither. What needs it answers
 503 `store_unavailable` (with Retry-After) while it is down, checked before any work is
@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from supervisor.api import sse
+from supervisor.http import sse
 from supervisor.api.generation import apply_defaults
-from supervisor.api.params import invalid_value, opt_int
+from supervisor.api.parse.params import invalid_value, opt_int
 from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items, to_chat_messages
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
 from supervisor.api.responses.runs import Run
-from supervisor.errors import SERVER_ERROR, APIError, read_json
+from supervisor.http.errors import SERVER_ERROR, APIError, read_json
 from supervisor.keys import CONFIG, POOL
-from supervisor.store import ChainError, ResponseStore, SchemaTooNew, StoreUnavailable
+from supervisor.api.responses.store import ChainError, ResponseStore, SchemaTooNew, StoreUnavailable
 
 log = logging.getLogger("mlxd.responses")
 
@@ -58,7 +58,7 @@ async def _store_ctx(app: web.Application):
     try:
         failed = await store.open()
     except SchemaTooNew as e:
-        # The one store problem that stops the start (store.py says why): one clear
+        # The one store problem that stops the start (api/responses/store.py says why): one clear
         # line, no traceback, a distinct exit status.
         await store.close()
         log.error("cannot start: %s", e)

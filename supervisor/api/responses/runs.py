@@ -19,10 +19,10 @@ import logging
 import time
 from typing import AsyncIterator
 
-from supervisor.api.output import Part
+from supervisor.api.render.output import Part
 from supervisor.api.responses.builder import ResponseBuilder, usage
-from supervisor.errors import APIError
-from supervisor.store import ResponseStore, StoredResponse, StoreUnavailable
+from supervisor.http.errors import APIError
+from supervisor.api.responses.store import ResponseStore, StoredResponse, StoreUnavailable
 
 log = logging.getLogger("mlxd.responses")
 

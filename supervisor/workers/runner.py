@@ -25,13 +25,13 @@ from typing import Awaitable, Callable
 from protocol import (Cancel, Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown,
                       Started, Status, StatusRequest)
 from supervisor.config import Config
-from supervisor.limits import check_limits, unsendable
-from supervisor.errors import APIError
-from supervisor.link import LinkClosed, LinkFactory, WorkerLink
-from supervisor.liveness import Liveness
-from supervisor.observer import Observer
-from supervisor.requests import QUEUED, STARTED, RequestHandle
-from supervisor.throughput import TokenRate
+from supervisor.workers.limits import check_limits, unsendable
+from supervisor.http.errors import APIError
+from supervisor.workers.link import LinkClosed, LinkFactory, WorkerLink
+from supervisor.workers.liveness import Liveness
+from supervisor.workers.observer import Observer
+from supervisor.workers.handle import QUEUED, STARTED, RequestHandle
+from supervisor.workers.throughput import TokenRate
 
 log = logging.getLogger("mlxd.runner")
 

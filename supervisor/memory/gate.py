@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from supervisor import catalog
+from supervisor.memory import catalog
 from supervisor.config import Config
-from supervisor.memory import CRITICAL, MemoryReading, Probe
+from supervisor.memory.probe import CRITICAL, MemoryReading, Probe
 
 
 @dataclass(frozen=True)

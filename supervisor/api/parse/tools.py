@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from supervisor.api.params import invalid_type, invalid_value, missing, opt_bool, opt_str
+from supervisor.api.parse.params import invalid_type, invalid_value, missing, opt_bool, opt_str
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MODES = ("none", "auto", "required")

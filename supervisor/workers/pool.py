@@ -38,15 +38,15 @@ from pathlib import Path
 
 import zmq.asyncio
 
-from supervisor import catalog
+from supervisor.memory import catalog
 from supervisor.config import Config
-from supervisor.errors import APIError
-from supervisor.gate import MemoryGate
-from supervisor.link import LinkFactory, ProcessLink
-from supervisor.memory import CRITICAL, Probe, probe_for
-from supervisor.requests import RequestHandle
-from supervisor.observer import Observer
-from supervisor.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, STARTING, STOPPED,
+from supervisor.http.errors import APIError
+from supervisor.memory.gate import MemoryGate
+from supervisor.workers.link import LinkFactory, ProcessLink
+from supervisor.memory.probe import CRITICAL, Probe, probe_for
+from supervisor.workers.handle import RequestHandle
+from supervisor.workers.observer import Observer
+from supervisor.workers.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, STARTING, STOPPED,
                                ModelRunner)
 
 log = logging.getLogger("mlxd.pool")

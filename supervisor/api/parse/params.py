@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from supervisor.errors import APIError
+from supervisor.http.errors import APIError
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 

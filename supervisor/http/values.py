@@ -5,7 +5,9 @@ JSON (and Python's json module) accepts three things that break the layers below
   encoded as UTF-8 for msgpack, a tokenizer or SQLite;
 - integers of any size (`1e2` is a float, but `18446744073709551616` is an int): msgpack
   carries 64 bits at most, and no parameter means anything beyond that;
-- numbers too large for a double (`1e999` parses as infinity): not JSON when written back.
+- numbers too large for a double (`1e999` parses as infinity): not JSON when written back;
+- nesting deeper than MAX_DEPTH: every layer below walks it recursively (chat templates,
+  JSON-schema rewriting, grammar compilation, msgpack), and no request means it.
 
 `first_bad_value` walks the whole parsed body once (iteratively: nesting depth is bounded
 by the JSON parser, not by this walk) and names the first offender by its path, so the
@@ -19,13 +21,17 @@ import math
 from typing import Any, Optional
 
 INT_MIN, INT_MAX = -(2 ** 63), 2 ** 63 - 1
+MAX_DEPTH = 64  # objects and arrays inside each other; real tool schemas nest ~10 deep
 
 
 def first_bad_value(body: Any) -> Optional[tuple[str, str]]:
     """(path, why) of the first value in `body` that cannot travel, or None."""
-    stack: list[tuple[str, Any]] = [("", body)]
+    stack: list[tuple[str, Any, int]] = [("", body, 0)]
     while stack:
-        path, value = stack.pop()
+        path, value, depth = stack.pop()
+        if depth > MAX_DEPTH and isinstance(value, (dict, list)):
+            return path, (f"nesting too deep: objects and arrays may nest at most "
+                          f"{MAX_DEPTH} levels.")
         if isinstance(value, str):
             why = _bad_string(value)
             if why:
@@ -47,10 +53,11 @@ def first_bad_value(body: Any) -> Optional[tuple[str, str]]:
                 why = _bad_string(key)
                 if why:
                     return (path or "body"), f"an object key is not valid: {why}"
-                items.append((key_path, item))
+                items.append((key_path, item, depth + 1))
             stack.extend(reversed(items))  # report the first offender in document order
         elif isinstance(value, list):
-            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(value))))
+            stack.extend((f"{path}[{i}]", item, depth + 1)
+                         for i, item in reversed(list(enumerate(value))))
     return None
 
 

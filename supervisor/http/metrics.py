@@ -19,11 +19,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from supervisor.keys import POOL
-from supervisor.memory import MemoryReading
-from supervisor.observer import Observer
-from supervisor.pool import Pool
-from supervisor.requests import RequestHandle
-from supervisor.runner import ModelRunner
+from supervisor.memory.probe import MemoryReading
+from supervisor.workers.observer import Observer
+from supervisor.workers.pool import Pool
+from supervisor.workers.handle import RequestHandle
+from supervisor.workers.runner import ModelRunner
 
 # `*_created` series double every counter and no dashboard reads them.
 prometheus_client.disable_created_metrics()

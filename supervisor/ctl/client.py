@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from supervisor.admin_token import read_token, token_path
+from supervisor.admin.token import read_token, token_path
 from supervisor.config import default_log_dir, default_state_dir
-from supervisor.ctl_format import format_models, format_status
+from supervisor.ctl.format import format_models, format_status
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_DOWN, EXIT_REFUSED = 0, 1, 2, 3, 4
@@ -136,7 +136,7 @@ def cmd_models(args, client: Client, deps: Deps) -> int:
     try:
         body = client.call("GET", "/admin/models", timeout=30)
     except ServerDown:  # the files are here whether or not the server runs
-        from supervisor import catalog
+        from supervisor.memory import catalog
         body = {"models": [{**m.to_dict(), "state": "not_loaded"}
                            for m in catalog.scan(client.state_dir)]}
     emit(args, body, format_models(body))
@@ -182,7 +182,7 @@ def cmd_pull(args, client: Client, deps: Deps) -> int:
     except Exception as e:  # network, auth, unknown repo: say it plainly
         print(f"mlxctl: could not download {args.model}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_UNHEALTHY
-    from supervisor import catalog
+    from supervisor.memory import catalog
     mlx = catalog.is_mlx_model(Path(path), args.model)
     body = {"model": args.model, "path": str(path), "mlx": mlx,
             "size_bytes": catalog.weights_bytes(Path(path))}
@@ -253,7 +253,7 @@ def cmd_logs(args, client: Client, deps: Deps) -> int:
 
 
 def cmd_service(args, client: Client, deps: Deps) -> int:
-    from supervisor.service import Service, ServiceError, run_command, spec_for
+    from supervisor.ctl.service import Service, ServiceError, run_command, spec_for
 
     svc = Service(platform=deps.platform, home=deps.home,
                   run=deps.service_runner or run_command)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from protocol import Done
-    from supervisor.requests import RequestHandle
-    from supervisor.runner import ModelRunner
+    from supervisor.workers.handle import RequestHandle
+    from supervisor.workers.runner import ModelRunner
 
 
 class Observer:

@@ -5,18 +5,15 @@ failure mid-stream as a final `data: {"error": {...}}` event (the SDK raises it 
 APIError). Comments (`: ping`) keep proxies and clients from timing out a quiet stream
 while a long prompt is prefilled.
 
-This module imports nothing from the rest of the server (errors.py imports it).
+This module imports nothing from the rest of the server (http/errors.py imports it).
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from aiohttp import web
-
-if TYPE_CHECKING:
-    from supervisor.errors import APIError
 
 DONE = b"data: [DONE]\n\n"
 PING = b": ping\n\n"
@@ -36,14 +33,15 @@ def encode_event(obj) -> bytes:
     return b"data: " + text.encode("utf-8") + b"\n\n"
 
 
-def error_event(err: "APIError") -> bytes:
+def error_event(err) -> bytes:
+    """An APIError (anything with `to_envelope()`) as the stream's last event."""
     return encode_event(err.to_envelope())
 
 
 async def open_stream(request: web.BaseRequest, status: int = 200,
                       headers: Optional[dict] = None) -> web.StreamResponse:
     """Prepare (send the headers of) an SSE response. X-Request-ID is added by the app's
-    prepare signal (supervisor.errors.install)."""
+    prepare signal (supervisor.http.errors.install)."""
     resp = web.StreamResponse(status=status, headers={**STREAM_HEADERS, **(headers or {})})
     resp.content_type = "text/event-stream"
     resp.charset = "utf-8"

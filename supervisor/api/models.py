@@ -16,14 +16,14 @@ import time
 
 from aiohttp import web
 
-from supervisor import catalog
-from supervisor.api import shapes
-from supervisor.catalog import LocalModel
+from supervisor.memory import catalog
+from supervisor.api.render import shapes
+from supervisor.memory.catalog import LocalModel
 from supervisor.config import Config
-from supervisor.errors import APIError
+from supervisor.http.errors import APIError
 from supervisor.keys import POOL
-from supervisor.pool import Pool
-from supervisor.runner import ModelRunner
+from supervisor.workers.pool import Pool
+from supervisor.workers.runner import ModelRunner
 
 NOT_LOADED = "not_loaded"
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from protocol.messages import pack_ids
-from supervisor.api import tools as tooling
-from supervisor.api.params import (
+from supervisor.api.parse import tools as tooling
+from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, is_int, missing, opt_bool, opt_int, opt_str,
     parse_common, unsupported,
 )

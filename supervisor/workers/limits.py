@@ -1,8 +1,8 @@
 """What a request must satisfy before it queues on a model, and what it gets if it
 cannot even be sent to the worker.
 
-The surface validates each parameter on its own (api/params.py) and refuses values that
-cannot travel at all (api/values.py); what depends on the model — its context length and
+The surface validates each parameter on its own (api/parse/params.py) and refuses values that
+cannot travel at all (http/values.py); what depends on the model — its context length and
 vocabulary, known once a worker was ready — is checked here, at submit, so an absurd
 `top_k` or `max_tokens` is a 400 before it waits in any queue.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from protocol import EncodeError
-from supervisor.errors import APIError
+from supervisor.http.errors import APIError
 
 log = logging.getLogger("mlxd.runner")
 
@@ -24,11 +24,12 @@ def check_limits(fields: dict, params: dict, context_length: int | None,
     ctx, vocab = context_length, vocab_size
     max_tokens = fields.get("max_tokens")
     if ctx and max_tokens is not None and max_tokens > ctx:
+        # Whatever the prompt, it cannot fit: OpenAI's code for it, before any queueing.
         name = params.get("max_tokens", "max_tokens")
-        raise APIError.bad_request(
-            f"Invalid value for '{name}': {name} is too large: {max_tokens}. This model's "
-            f"context is {ctx} tokens, so it supports at most {ctx} completion tokens.",
-            name, "integer_above_max_value")
+        raise APIError.context_length_exceeded(
+            f"This model's maximum context length is {ctx} tokens. However, you requested "
+            f"{max_tokens} tokens in the completion alone ({name}). Please reduce {name}.",
+            name)
     if not vocab:
         return
     top_k = fields.get("top_k")

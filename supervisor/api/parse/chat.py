@@ -4,7 +4,7 @@ Messages are normalized for the worker's chat template: `developer` becomes `sys
 (templates know only system), content becomes one string (text parts joined with "\\n", as
 vLLM does, so separate parts stay separate blocks), and every other key of a message
 (name, tool_calls, tool_call_id, ...) is carried through untouched for the template.
-Tools, tool_choice and response_format are validated by supervisor/api/tools.py (shared
+Tools, tool_choice and response_format are validated by supervisor/api/parse/tools.py (shared
 with the Responses API). Features the server cannot honour (images, audio, the
 deprecated `functions`) are 400s naming the param, never silently dropped.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from supervisor.api import tools as tooling
-from supervisor.api.params import (
+from supervisor.api.parse import tools as tooling
+from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
     opt_object, opt_str, parse_common, unsupported,
 )

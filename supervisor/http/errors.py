@@ -24,8 +24,8 @@ from typing import Optional
 
 from aiohttp import web
 
-from supervisor.api.sse import error_event
-from supervisor.api.values import first_bad_value
+from supervisor.http.sse import error_event
+from supervisor.http.values import first_bad_value
 
 log = logging.getLogger(__name__)
 
@@ -302,7 +302,7 @@ def _reject_constant(name: str):
 async def read_json(request: web.BaseRequest) -> dict:
     """The body as a JSON object. Like OpenAI, the Content-Type is not checked (clients send
     all sorts); a body over the app's client_max_size is a 413, anything not a JSON object
-    a 400, and so is a value no layer below can carry (api/values.py), named by its path."""
+    a 400, and so is a value no layer below can carry (http/values.py), named by its path."""
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:

@@ -16,7 +16,7 @@ import uuid
 from typing import AsyncIterator, Callable
 
 from protocol import Delta, Done, Started
-from supervisor.errors import APIError
+from supervisor.http.errors import APIError
 
 # A client this many step messages behind is cancelled rather than buffered forever.
 MAX_PENDING_EVENTS = 8192

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from supervisor.admin_token import ensure_token
+from supervisor.admin.token import ensure_token
 from supervisor.config import Config
-from supervisor.errors import APIError, read_json
+from supervisor.http.errors import APIError, read_json
 from supervisor.keys import CONFIG, POOL
-from supervisor.listing import LOCAL_MODELS, NOT_LOADED
-from supervisor.memory import MemoryReading
-from supervisor.metrics import rss_bytes
-from supervisor.runner import DRAIN, FORCE
+from supervisor.api.models import LOCAL_MODELS, NOT_LOADED
+from supervisor.memory.probe import MemoryReading
+from supervisor.http.metrics import rss_bytes
+from supervisor.workers.runner import DRAIN, FORCE
 
 PREFIX = "/admin"
 

@@ -1,0 +1,1 @@
+"""The admin API (/admin/*, what mlxctl speaks): loopback peers with the token only."""

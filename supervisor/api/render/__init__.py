@@ -1,0 +1,1 @@
+"""Worker output → the objects and chunks of chat and legacy completions."""
