@@ -29,10 +29,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python bench/serve_vs_engine.py --preset tiny
-	$(BIN)/python bench/serve_vs_engine.py --preset small
-	$(BIN)/python bench/constrained.py --preset small
-	$(BIN)/python bench/swap.py --preset small
+	$(BIN)/python -m bench.serve_vs_engine --preset tiny
+	$(BIN)/python -m bench.serve_vs_engine --preset small
+	$(BIN)/python -m bench.constrained --preset small
+	$(BIN)/python -m bench.swap --preset small
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,6 +1,6 @@
 """Build a benchmark model (random weights, float32, no download).
 
-    python bench/make_model.py --preset tiny|small [--out DIR]
+    python -m bench.make_model --preset tiny|small [--out DIR]
 
 Presets: `tiny` (hidden 64, 2 layers: server overhead dominates) and `small` (qwen2-type,
 hidden 512, 8 layers, 8 heads, 2 KV heads, intermediate 1536, vocab 8000, ~28M parameters:
@@ -11,12 +11,9 @@ instead (pass it to the benchmarks' --model).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from worker.demo import PRESETS, build_model  # noqa: E402
+from worker.demo import PRESETS, build_model
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 
@@ -29,7 +26,8 @@ def model_path(preset: str | None, model: str | None) -> Path:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m bench.make_model", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(k for k in PRESETS if k != "demo"), default="tiny")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()

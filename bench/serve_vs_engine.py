@@ -1,6 +1,6 @@
 """mlxd over HTTP streaming against raw in-process mlx-lm, same model, same prompt, one run.
 
-    python bench/serve_vs_engine.py --preset tiny|small  [--model PATH] [--tokens N] [--rounds R]
+    python -m bench.serve_vs_engine --preset tiny|small  [--model PATH] [--tokens N] [--rounds R]
 
 Prints:
 - decode tokens/s of mlxd ÷ raw `mlx_lm.stream_generate` (goals: ≥ 0.97 small, ≥ 0.90 tiny)
@@ -17,15 +17,11 @@ import argparse
 import http.client
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.make_model import model_path  # noqa: E402
-from bench.report import goal, print_table  # noqa: E402
-from tests.serverproc import ServerProcess  # noqa: E402
+from bench.make_model import model_path
+from bench.report import goal, print_table
+from bench.serverproc import ServerProcess
 
 PROMPT = "Write a long story about a robot who learns to paint, with many details."
 GOALS = {"tiny": 0.90, "small": 0.97}
@@ -102,7 +98,8 @@ def short_request(port: int, model: str) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m bench.serve_vs_engine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
     p.add_argument("--model", help="a local model directory instead of a preset")
     p.add_argument("--tokens", type=int, default=None, help="tokens per generation")
@@ -156,7 +153,7 @@ def main() -> None:
         ("short request after abandon ms", f"{statistics.median(after) * 1000:.1f}", ""),
         ("cancellation ratio", f"{cancel_ratio:.3f}", goal(cancel_ratio, "<=", 1.2)),
     ]
-    print_table(f"bench/serve_vs_engine.py --preset {args.preset}", rows)
+    print_table(f"python -m bench.serve_vs_engine --preset {args.preset}", rows)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Model swaps: how long they take against a cold load, and whether they leak memory.
 
-    python bench/swap.py [--preset small|tiny] [--swaps 10] [--loads 3]
+    python -m bench.swap [--preset small|tiny] [--swaps 10] [--loads 3]
 
 Builds two different models of the preset (random weights, float32; seeds 1 and 2), starts
 mlxd on the first, then:
@@ -17,18 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.make_model import MODELS_DIR  # noqa: E402
-from bench.report import goal, print_table  # noqa: E402
-from tests.serverproc import ServerProcess  # noqa: E402
+from bench.make_model import MODELS_DIR
+from bench.report import goal, print_table
+from bench.serverproc import ServerProcess
 
 SWAP_GOAL, RSS_GOAL = 1.2, 1.05
 
@@ -77,7 +74,8 @@ def settled_rss(srv: ServerProcess, workers: int, timeout: float = 30.0) -> int:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m bench.swap", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=["tiny", "small"], default="small")
     p.add_argument("--swaps", type=int, default=10)
     p.add_argument("--loads", type=int, default=3)
@@ -123,7 +121,7 @@ def main() -> None:
         (f"RSS after swap {len(swaps)}", f"{rss_last / 2**20:.1f} MiB", ""),
         ("RSS growth", f"{growth:.3f}", goal(growth, "<=", RSS_GOAL)),
     ]
-    print_table(f"bench/swap.py --preset {args.preset} --swaps {args.swaps}", rows)
+    print_table(f"python -m bench.swap --preset {args.preset} --swaps {args.swaps}", rows)
 
 
 if __name__ == "__main__":

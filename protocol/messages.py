@@ -188,6 +188,33 @@ class Delta:
     token_bytes: list = field(default_factory=list)  # per token: its bytes, then its
     #                                                  alternatives' bytes (1 + top each)
 
+    # Readers ask the message, never do byte arithmetic on its packed fields.
+    @property
+    def n_tokens(self) -> int:
+        """How many tokens this Delta carries."""
+        return len(self.token_ids) // 4
+
+    def ids(self) -> list[int]:
+        return unpack_ids(self.token_ids)
+
+    def logprob_rows(self) -> list[tuple[bytes, float, list[tuple[bytes, float]]]]:
+        """Per token: (its bytes, its logprob, [(alternative's bytes, logprob)] best
+        first). Empty unless the request asked for logprobs."""
+        if not self.logprobs:
+            return []
+        values = unpack_floats(self.logprobs)
+        top_lp = unpack_floats(self.top_logprobs) if self.top_logprobs else []
+        k = len(top_lp) // len(values)
+        raw = self.token_bytes
+        rows = []
+        for i, lp in enumerate(values):
+            base = i * (k + 1)
+            tok = raw[base] if base < len(raw) else b""
+            top = [(raw[base + 1 + j], top_lp[i * k + j]) for j in range(k)
+                   if base + 1 + j < len(raw)]
+            rows.append((tok, lp, top))
+        return rows
+
 
 @dataclass(frozen=True)
 class Done:

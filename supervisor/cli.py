@@ -1,115 +1,84 @@
 """`mlxd`: serve models behind an OpenAI-compatible API.
 
-Every flag can also be set by an MLXD_* environment variable (flags win), e.g.
-MLXD_PORT=9000, MLXD_MODEL=demo (several models: comma-separated),
-MLXD_MODELS_DIR=~/models:/Volumes/x/models (several roots: os.pathsep-separated).
+Settings come from, highest first: flags; MLXD_* environment variables (MLXD_PORT=9000;
+MLXD_MODEL=demo,/m/x is comma-separated; MLXD_MODELS_DIR is os.pathsep-separated); a TOML
+file (--config, MLXD_CONFIG, else the platform's default file if it exists) whose keys are
+the settings' names (queue_timeout = 30, models = ["demo"], kv_budget = "2G"); the
+defaults. `mlxd --print-config` shows every effective value and where it came from.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import logging.handlers
 import os
 import sys
-from dataclasses import fields
 from pathlib import Path
+from typing import Any, Mapping, TextIO
 
-from supervisor.config import Config, default_log_dir, default_state_dir, size
-
-# (flag, Config field, type, help). Booleans are store_true flags.
-OPTIONS = [
-    ("--host", "host", str, "address to listen on"),
-    ("--port", "port", int, "port to listen on"),
-    ("--state-dir", "state_dir", Path, "where mlxd keeps its state (default: the platform's place)"),
-    ("--log-dir", "log_dir", Path, "where logs go (default: ~/Library/Logs/mlxd on macOS, STATE_DIR/logs elsewhere)"),
-    ("--max-queue", "max_queue", int, "requests waiting per model before 503"),
-    ("--queue-timeout", "queue_timeout", float, "seconds a request may wait to start before 503"),
-    ("--request-timeout", "request_timeout", float, "seconds a generation may run before it is cancelled (504)"),
-    ("--cancel-grace", "cancel_grace", float, "seconds a worker has to answer a cancel before it is killed"),
-    ("--heartbeat-timeout", "heartbeat_timeout", float, "seconds without a heartbeat before a worker counts as hung"),
-    ("--hang-timeout", "hang_timeout", float, "seconds busy without progress before a worker counts as hung"),
-    ("--max-body-bytes", "max_body_bytes", int, "largest request body accepted (413 above)"),
-    ("--max-models", "max_models", int, "resident models at most; the least recently used idle one is unloaded for another (0: memory decides)"),
-    ("--memory-budget", "memory_budget", size, "memory the resident models may take in all, e.g. 24G (default: what the OS says is available)"),
-    ("--memory-factor", "memory_factor", float, "a model needs its weights on disk times this, plus --kv-budget"),
-    ("--kv-budget", "kv_budget", size, "memory allowed per model for KV cache and activations, e.g. 2G"),
-    ("--memory-wait", "memory_wait", float, "seconds a load waits for memory to come back before it is refused (507)"),
-    ("--memory-probe", "memory_probe", Path, argparse.SUPPRESS),  # tests: JSON file of readings
-    ("--allow-load-on-request", "allow_load_on_request", bool, "a request naming a local model that is not loaded loads it (default on; --no-allow-load-on-request)"),
-    ("--keep-alive", "keep_alive", float, "seconds idle before a model loaded on request is unloaded (0: never; --model ones stay)"),
-    ("--shutdown-timeout", "shutdown_timeout", float, "SIGTERM/SIGINT: seconds to finish running requests before cancelling them"),
-    ("--max-context-tokens", "max_context_tokens", int, "cap on prompt + completion tokens (default: the model's context)"),
-    ("--prefill-step", "prefill_step", int, "prompt tokens per prefill chunk (cancel is checked between chunks)"),
-    ("--heartbeat-interval", "heartbeat_interval", float, "seconds between worker heartbeats"),
-    ("--stream-interval", "stream_interval", float, "seconds: tokens that come faster than this are streamed together (0: every token alone)"),
-    ("--restart-backoff", "restart_backoff", float, "first delay before restarting a crashed worker"),
-    ("--crash-budget", "crash_budget", int, "crashes within --crash-window before a model is marked broken"),
-    ("--crash-window", "crash_window", float, "seconds over which crashes are counted"),
-    ("--store-max-count", "store_max_count", int, "stored responses kept at most (oldest evicted)"),
-    ("--store-max-age", "store_max_age", float, "seconds a stored response is kept"),
-    ("--max-chain-depth", "max_chain_depth", int, "longest previous_response_id chain rebuilt"),
-    ("--log-prompts", "log_prompts", bool, "allow prompt text in logs (off by default)"),
-    ("--log-level", "log_level", str, "debug, info, warning or error"),
-    ("--default-max-tokens", "default_max_tokens", int, "max_tokens for requests that give none (default: up to the context; 16 for /v1/completions)"),
-    ("--default-temperature", "default_temperature", float, "temperature for requests that give none (default 1.0)"),
-    ("--default-repetition-penalty", "default_repetition_penalty", float, "repetition_penalty for requests that give none (default: off)"),
-]
+from protocol.settings import SETTINGS, Setting, add_flag
+from supervisor.config import Config, ConfigError, Resolved, default_config_path, resolve
 
 
-def env_name(flag: str) -> str:
-    return "MLXD_" + flag.lstrip("-").replace("-", "_").upper()
+def _help(s: Setting) -> str:
+    """The setting's help with its variable and its one default, from the table."""
+    default = "" if s.optional or s.factory or s.default in ((), "") else s.show(s.default)
+    return f"{s.help} [{s.env}{'; default: ' + default if default else ''}]"
 
 
 def build_parser(prog: str = "mlxd") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                usage="%(prog)s [--model MODEL] [--config PATH] [--print-config] "
+                                      "[options]",  # the full list is --help's
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", action="append", default=None, metavar="MODEL",
-                   help="a local path, a Hugging Face repo id in the local cache, or `demo` "
-                        "(random weights, built locally); repeatable [MLXD_MODEL]")
-    p.add_argument("--models-dir", action="append", default=None, metavar="DIR",
-                   help="a directory requests may load models from (load on request takes "
-                        "only models inside these, the Hugging Face cache and "
-                        "STATE_DIR/models, by real path); repeatable "
-                        f"[MLXD_MODELS_DIR, {os.pathsep!r}-separated]")
-    defaults = {f.name: f.default for f in fields(Config)}
-    for flag, name, typ, help_ in OPTIONS:
-        if help_ is not argparse.SUPPRESS:
-            help_ = f"{help_} [{env_name(flag)}]"
-        if typ is bool:
-            # A flag that is on by default can only be switched off: --no-FLAG.
-            action = argparse.BooleanOptionalAction if defaults.get(name) is True else "store_true"
-            p.add_argument(flag, action=action, default=None, help=help_)
-        else:
-            p.add_argument(flag, type=typ, default=None, help=help_)
+    p.add_argument("--config", type=Path, default=None, metavar="PATH",
+                   help="a TOML file of settings; a missing one is an error "
+                        f"[MLXD_CONFIG; default: {default_config_path()}, if it exists]"
+                        .replace("%", "%%"))
+    p.add_argument("--print-config", nargs="?", const="table", choices=("table", "json"),
+                   default=None, metavar="table|json",
+                   help="print every setting's effective value and where it came from "
+                        "(flag, env, file, default), then exit")
+    for s in SETTINGS:
+        add_flag(p, s, help=_help(s))
     return p
 
 
-def config_from(args: argparse.Namespace, environ=os.environ) -> Config:
-    """Flags over MLXD_* environment over defaults."""
-    kwargs = {}
-    types = {f.name: f for f in fields(Config)}
-    for flag, name, typ, _ in OPTIONS:
-        value = getattr(args, name)
-        if value is None and env_name(flag) in environ:
-            raw = environ[env_name(flag)]
-            try:
-                value = raw.strip().lower() in ("1", "true", "yes", "on") if typ is bool else typ(raw)
-            except ValueError:
-                raise SystemExit(f"mlxd: {env_name(flag)}={raw!r} is not a valid {typ.__name__}")
-        if value is not None:
-            kwargs[name] = value
-    assert set(kwargs) <= set(types)
-    models = args.model or [m for m in environ.get("MLXD_MODEL", "").split(",") if m.strip()]
-    kwargs["models"] = tuple(m.strip() for m in models)
-    dirs = args.models_dir or environ.get("MLXD_MODELS_DIR", "").split(os.pathsep)
-    kwargs["models_dirs"] = tuple(Path(d.strip()).expanduser() for d in dirs if d.strip())
-    explicit_state = "state_dir" in kwargs
-    state_dir = Path(kwargs.get("state_dir") or default_state_dir()).expanduser()
-    kwargs["state_dir"] = state_dir
-    if not kwargs.get("log_dir"):
-        kwargs["log_dir"] = default_log_dir(state_dir, explicit_state)
-    return Config(**kwargs)
+def resolved_from(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Resolved:
+    """Flags over MLXD_* environment over the config file over defaults."""
+    return resolve({s.name: getattr(args, s.name) for s in SETTINGS}, environ, args.config)
+
+
+def config_from(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> Config:
+    return resolved_from(args, environ).config
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def print_config(resolved: Resolved, fmt: str = "table", out: TextIO = sys.stdout) -> None:
+    config, sources = resolved.config, resolved.sources
+    file_note = "" if resolved.file_read else " (not found: defaults apply)"
+    if fmt == "json":
+        json.dump({"config_file": str(resolved.file), "config_file_read": resolved.file_read,
+                   "settings": {s.name: {"value": _jsonable(getattr(config, s.name)),
+                                         "source": sources[s.name]} for s in SETTINGS}},
+                  out, indent=2)
+        out.write("\n")
+        return
+    rows = [("setting", "value", "source")]
+    rows += [(s.name, s.show(getattr(config, s.name)), sources[s.name]) for s in SETTINGS]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    out.write(f"config file: {resolved.file}{file_note}\n")
+    for name, value, source in rows:
+        out.write(f"{name:<{widths[0]}}  {value:<{widths[1]}}  {source}\n")
 
 
 def setup_logging(config: Config) -> None:
@@ -132,8 +101,6 @@ def serve(config: Config) -> None:
 
     from supervisor.app import create_app
 
-    if not config.models:
-        raise SystemExit("mlxd: no model given: pass --model (a path, a Hugging Face id, or `demo`)")
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     setup_logging(config)
     log = logging.getLogger("mlxd")
@@ -152,7 +119,19 @@ def serve(config: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    serve(config_from(build_parser().parse_args(argv)))
+    args = build_parser().parse_args(argv)  # bad flags: argparse's usage line, status 2
+    try:
+        resolved = resolved_from(args)
+        if args.print_config:
+            print_config(resolved, args.print_config)
+            return
+        if not resolved.config.models:
+            raise ConfigError("no model given: pass --model (a path, a Hugging Face id, or "
+                              "`demo`), or set MLXD_MODEL or `models` in the config file")
+    except ConfigError as e:  # one line and the status argparse uses for bad usage
+        print(f"mlxd: {e.message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    serve(resolved.config)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,11 @@
-"""Server configuration: one frozen dataclass, filled from flags over MLXD_* environment.
+"""Server configuration: one frozen `Config`, its fields and defaults those of the settings
+table (protocol/settings.py), its values from flags over MLXD_* environment over a TOML
+file over the defaults.
+
+Every value remembers where it came from (`Resolved.sources`), so `mlxd --print-config`
+can say why a server runs with what it runs with. A configuration mlxd cannot run with
+(an unknown key, a value of the wrong type, a missing file that was asked for) is a
+`ConfigError`: one line naming the setting and where it was set, never a traceback.
 
 Everything mlxd writes goes under `state_dir` (models it builds, the response store,
 logs), so two servers with different state dirs never touch each other.
@@ -6,18 +13,24 @@ logs), so two servers with different state dirs never touch each other.
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
+from protocol.settings import BY_NAME, SETTINGS, Setting, default_state_dir, size
 
-def default_state_dir() -> Path:
-    """The platform's proper place for mlxd's state."""
-    if sys.platform == "darwin":
-        return Path.home() / "Library" / "Application Support" / "mlxd"
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "mlxd"
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+__all__ = ["Config", "ConfigError", "Resolved", "default_config_path", "default_log_dir",
+           "default_state_dir", "read_file", "resolve", "size"]
+
+DEFAULT = "default"
 
 
 def default_log_dir(state_dir: Path, explicit_state_dir: bool) -> Path:
@@ -27,75 +40,131 @@ def default_log_dir(state_dir: Path, explicit_state_dir: bool) -> Path:
     return state_dir / "logs"
 
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20,
-          "mb": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-          "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
+def default_config_path(environ: Mapping[str, str] = os.environ) -> Path:
+    """Where the config file is looked for when none is named: the platform's place."""
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Application Support" / "mlxd" / "config.toml"
+    base = environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "mlxd" / "config.toml"
 
 
-def size(text: str) -> int:
-    """Bytes from "12G", "512MiB", "1.5g" or a plain number (binary units: memory is
-    counted in GiB everywhere in mlxd)."""
-    raw = str(text).strip().lower().replace(" ", "")
-    digits = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = raw[len(digits):]
-    if unit not in _UNITS or not digits:
-        raise ValueError(f"not a size: {text!r}")
-    return int(float(digits) * _UNITS[unit])
+def _field(s: Setting):
+    typ = s.kind.type | None if s.optional else s.kind.type
+    default = field(default_factory=s.factory) if s.factory else field(default=s.default)
+    return s.name, typ, default
+
+
+def _logs(self) -> Path:
+    return self.log_dir or self.state_dir / "logs"
+
+
+Config = make_dataclass(
+    "Config", [_field(s) for s in SETTINGS], frozen=True,
+    namespace={"logs": _logs, "__module__": __name__,
+               "__doc__": "The server's settings; see protocol/settings.py for each one."})
+
+
+class ConfigError(SystemExit):
+    """A configuration mlxd cannot run with. A SystemExit, so that no caller (mlxd,
+    `mlxctl service install`) can let it out as a traceback; mlxd exits 2 with `message`."""
+
+    def __init__(self, message: str):
+        super().__init__(f"mlxd: {message}")
+        self.message = message
+
+
+# ---- the sources, lowest first -----------------------------------------------------------
+
+def read_file(path: Path) -> dict[str, Any]:
+    """The settings a TOML file sets, checked against the table. Relative paths in it are
+    relative to the file (a service's working directory is not the file's)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    values = {}
+    for key, raw in data.items():
+        setting = BY_NAME.get(key)
+        if setting is None:
+            close = difflib.get_close_matches(key.replace("-", "_"), BY_NAME, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{path}: unknown setting {key!r}{hint}")
+        try:
+            value = setting.kind.toml(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{path}: {key} must be {setting.kind.what}, "
+                              f"not {_toml_repr(raw)}") from None
+        values[key] = _relative_to(path.parent, value)
+    return values
+
+
+def _toml_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _relative_to(base: Path, value: Any) -> Any:
+    if isinstance(value, Path):
+        return value if value.is_absolute() else base / value
+    if isinstance(value, tuple):
+        return tuple(_relative_to(base, v) for v in value)
+    return value
+
+
+def from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The settings MLXD_* variables set. An empty variable is an unset one."""
+    values = {}
+    for s in SETTINGS:
+        raw = environ.get(s.env, "")
+        if not raw.strip():
+            continue
+        try:
+            if s.kind.separator is None:
+                values[s.name] = s.kind.parse(raw)
+            else:
+                values[s.name] = tuple(s.kind.parse(item) for item in raw.split(s.kind.separator)
+                                       if item.strip())
+        except ValueError:
+            raise ConfigError(f"{s.env}={raw!r} is not {s.kind.what}") from None
+    return values
 
 
 @dataclass(frozen=True)
-class Config:
-    models: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-    port: int = 8080
-    state_dir: Path = field(default_factory=default_state_dir)
-    log_dir: Path | None = None
-    # Admission and time limits (seconds).
-    max_queue: int = 64              # requests waiting per model beyond those running
-    queue_timeout: float = 60.0      # waiting longer than this → 503 with Retry-After
-    request_timeout: float = 600.0   # generating longer than this → cancelled, 504
-    cancel_grace: float = 5.0        # a cancel unanswered this long → SIGKILL, respawn
-    heartbeat_timeout: float = 15.0  # no heartbeat this long → the worker is hung
-    hang_timeout: float = 120.0      # busy with no step progress this long → hung
-    max_body_bytes: int = 16 * 1024 * 1024
-    # Resident models and the memory gate (DESIGN.md, "Lifecycle and cancellation").
-    max_models: int = 0              # resident models at most; 0: only memory decides
-    memory_budget: int | None = None # bytes the resident models' estimates may total
-    memory_factor: float = 1.2       # need = weights on disk × this + kv_budget
-    kv_budget: int = 1 << 30         # bytes of KV cache and activations allowed per model
-    memory_wait: float = 30.0        # a load waits this long for memory, then 507
-    memory_probe: Path | None = None # tests: a JSON file whose readings replace the OS's
-    allow_load_on_request: bool = True   # a request may load a local path / cached id
-    # Where, besides the HF cache and STATE_DIR/models, a request may load models from
-    # (by real path); admin loads may name any path.
-    models_dirs: tuple[Path, ...] = ()
-    keep_alive: float = 300.0        # idle seconds before an on-request model unloads; 0: never
-    shutdown_timeout: float = 30.0   # SIGTERM/SIGINT: drain this long, then cancel the rest
-    # Passed to workers.
-    max_context_tokens: int | None = None
-    prefill_step: int = 512
-    heartbeat_interval: float = 1.0
-    # Decode steps that come faster than this travel (and stream) together: one message
-    # and one SSE chunk per interval instead of per token. Real models on Apple Silicon
-    # take longer than this per token, so for them every token still goes out at once.
-    stream_interval: float = 0.01
-    # Restarts: exponential backoff; more than `crash_budget` crashes within
-    # `crash_window` seconds marks the model broken (visible in /health).
-    restart_backoff: float = 0.5
-    restart_backoff_max: float = 30.0
-    crash_budget: int = 5
-    crash_window: float = 300.0
-    # The Responses API store: bounded by count and age (seconds); chain depth limit.
-    store_max_count: int = 10_000
-    store_max_age: float = 30 * 86400.0
-    max_chain_depth: int = 100
-    log_prompts: bool = False
-    log_level: str = "info"
-    # Generation defaults for what a request leaves out (None: the endpoint's own
-    # default: up to the context for chat, 16 for legacy completions; 1.0; none).
-    default_max_tokens: int | None = None
-    default_temperature: float | None = None
-    default_repetition_penalty: float | None = None
+class Resolved:
+    """The effective configuration and where each value came from: "default",
+    "file PATH", "env MLXD_X" or "flag --x"."""
+    config: Config
+    sources: dict[str, str]
+    file: Path          # the config file looked at
+    file_read: bool     # False: the default file, absent
 
-    def logs(self) -> Path:
-        return self.log_dir or self.state_dir / "logs"
+
+def resolve(flags: Mapping[str, Any], environ: Mapping[str, str] = os.environ,
+            config_file: Path | None = None) -> Resolved:
+    """Flags (setting name → value; None: not given) over MLXD_* environment over the
+    TOML file over the table's defaults. `config_file` (from --config) or MLXD_CONFIG names
+    a file that must exist; otherwise the platform's default file is read if it exists."""
+    explicit = config_file or (Path(environ["MLXD_CONFIG"]) if environ.get("MLXD_CONFIG")
+                               else None)
+    path = (explicit or default_config_path(environ)).expanduser()
+    file_read = explicit is not None or path.is_file()
+    layers = [("file", read_file(path) if file_read else {}),
+              ("env", from_environ(environ)),
+              ("flag", {k: v for k, v in flags.items() if v is not None})]
+    values: dict[str, Any] = {}
+    sources = {s.name: DEFAULT for s in SETTINGS}
+    for origin, layer in layers:
+        for name, value in layer.items():
+            s = BY_NAME[name]
+            values[name] = tuple(value) if isinstance(value, list) else value  # repeated flags
+            sources[name] = {"file": f"file {path}", "env": f"env {s.env}",
+                             "flag": f"flag {s.flag}"}[origin]
+    state_dir = values.get("state_dir") or BY_NAME["state_dir"].default_value()
+    values["state_dir"] = Path(state_dir).expanduser()
+    if not values.get("log_dir"):
+        values["log_dir"] = default_log_dir(values["state_dir"], sources["state_dir"] != DEFAULT)
+    return Resolved(Config(**values), sources, path, file_read)

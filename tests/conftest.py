@@ -28,11 +28,14 @@ def tiny_model(models_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def family_model(models_dir):
-    """family_model(name) -> path of a tiny model with a real tool-calling family's chat
-    template and special tokens (worker.demo.FAMILIES), built once per session."""
+    """family_model(name) -> path of a tiny model with a family's chat template and
+    special tokens (tests/families.py: plain ChatML or a real tool-calling format), built
+    once per session."""
+    from tests.families import FAMILIES
     from worker.demo import build_model
 
     def get(family: str) -> Path:
-        return build_model(models_dir / f"tiny-{family}", "tiny", family=family).path
+        return build_model(models_dir / f"tiny-{family}", "tiny",
+                           template=FAMILIES[family]).path
 
     return get

@@ -111,3 +111,27 @@ def test_no_import_cycles():
     for m in sorted(graph):
         if m not in state:
             visit(m)
+
+
+# Inside the supervisor, layers point one way: HTTP surfaces → worker management → protocol.
+LOWER = ("supervisor.workers", "supervisor.memory")
+UPPER = ("supervisor.http", "supervisor.api", "supervisor.admin", "supervisor.ctl",
+         "supervisor.app", "supervisor.cli")
+
+
+def test_worker_management_never_imports_the_http_layer():
+    graph = runtime_imports()
+    lower = [m for m in graph if m.startswith(LOWER)]
+    assert "supervisor.workers.pool" in lower and "supervisor.memory.gate" in lower
+    bad = {m: sorted(d for d in graph[m] if d.startswith(UPPER)) for m in lower}
+    assert not {m: d for m, d in bad.items() if d}, bad
+    http = [m for m in graph if m.startswith("supervisor.http")]
+    assert not {m: graph[m] & {d for d in graph if d.startswith("supervisor.api")} for m in http
+                if graph[m] & {d for d in graph if d.startswith("supervisor.api")}}
+
+
+def test_bench_never_loads_the_tests():
+    mods = modules_of("bench")
+    assert "bench.serverproc" in mods
+    loaded = top_level(loaded_after_importing(mods))
+    assert "tests" not in loaded and "bench" in loaded

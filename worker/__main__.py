@@ -6,9 +6,13 @@ Order matters:
 3. load and warm up the model, send Ready;
 4. the scheduler loop on the MAIN thread, which owns MLX until Shutdown or SIGTERM.
 
-Exit codes: 0 after a cooperative shutdown, 3 when the model could not be loaded.
+Exit codes: 0 after a cooperative shutdown, 3 when the model could not be loaded, 4 when a
+failed request left MLX unable to run a step (the scheduler's WorkerBroken): the
+supervisor starts a fresh worker and re-queues what this one never started.
 Logs go to stderr (the supervisor keeps its tail to explain a death) and never contain
-prompt or generated text unless --log-prompts.
+prompt or generated text unless --log-prompts. Each line is capped (`LogLineCap`): the
+supervisor reads stderr line by line, and an exception that echoes a client's input (a
+schema, a prompt) must not become a line of megabytes.
 """
 
 from __future__ import annotations
@@ -19,29 +23,20 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
+from protocol.settings import worker_parser
 
 EXIT_LOAD_FAILED = 3
+EXIT_BROKEN = 4
+LOG_LINE_LIMIT = 2000  # characters
+
 
 log = logging.getLogger("worker")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m worker", description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, help="demo, a model directory, or an HF repo id")
-    p.add_argument("--commands", required=True, help="endpoint to PULL commands from")
-    p.add_argument("--events", required=True, help="endpoint to PUSH events to")
-    p.add_argument("--epoch", required=True, type=int, help="incarnation number")
-    p.add_argument("--state-dir", required=True, type=Path)
-    p.add_argument("--name", help="model id echoed in Ready (default: --model)")
-    p.add_argument("--max-context-tokens", type=int, default=None)
-    p.add_argument("--prefill-step", type=int, default=512)
-    p.add_argument("--heartbeat-interval", type=float, default=1.0)
-    p.add_argument("--stream-interval", type=float, default=0.0,
-                   help="seconds: decode steps faster than this share one Delta")
-    p.add_argument("--log-prompts", action="store_true")
-    p.add_argument("--parent-pid", type=int, default=None)
-    return p.parse_args(argv)
+    """The worker's flags: the same settings table, names and defaults as `mlxd`'s
+    (protocol/settings.py), plus the per-process ones (sockets, epoch, parent)."""
+    return worker_parser(description=__doc__.splitlines()[0]).parse_args(argv)
 
 
 def main(argv=None) -> int:
@@ -50,8 +45,9 @@ def main(argv=None) -> int:
 
     lifeline.install(args.parent_pid)
     # No timestamp: the supervisor logs each stderr line with its own.
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                        format="worker[%(process)d] %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LogLineCap("worker[%(process)d] %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     # `kill -USR1 <pid>` dumps every thread's stack to stderr: how a hang gets explained.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
 
@@ -119,18 +115,37 @@ def main(argv=None) -> int:
 
     import mlx.core as mx
 
-    from worker.scheduler import Scheduler
+    from worker.scheduler import Scheduler, WorkerBroken
 
     log.info("ready: %s (context %d, %s)", name, loaded.context_length, loaded.path)
     memory = mx.get_active_memory(), mx.get_peak_memory()
     status.publish("ready", (), (), *memory)  # no heartbeat says "loading" after Ready
     link.send(Ready(args.epoch, name, loaded.context_length, os.getpid(), 1,
                     loaded.random_weights, *memory, vocab_size=engine.vocab_size))
-    Scheduler(engine, link, status, log_prompts=args.log_prompts,
-              stream_interval=args.stream_interval).run()
+    try:
+        Scheduler(engine, link, status, log_prompts=args.log_prompts,
+                  stream_interval=args.stream_interval).run()
+    except WorkerBroken:
+        # No Done for what waits here: the supervisor re-queues what never started.
+        log.critical("exiting with code %d: MLX cannot run a step in this process after a "
+                     "failed request; the supervisor starts a fresh worker", EXIT_BROKEN)
+        link.close()
+        return EXIT_BROKEN
     log.info("shutting down")
     link.close()
     return 0
+
+
+class LogLineCap(logging.Formatter):
+    """Each line of a record (tracebacks included) at most LOG_LINE_LIMIT characters."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if len(text) <= LOG_LINE_LIMIT:
+            return text
+        return "\n".join(line if len(line) <= LOG_LINE_LIMIT
+                         else f"{line[:LOG_LINE_LIMIT]}… [{len(line)} chars]"
+                         for line in text.split("\n"))
 
 
 def _set_wired_limit() -> None:

@@ -7,60 +7,64 @@
   family's own call format (tool_formats), so the family's parser reads them back;
 - tool_choice "auto" with a JSON response_format → either;
 - a thinking model may think first (`<think>…</think>`), then the constrained part.
+Compiling (limits, time budget, cache) is worker/grammar_compile.py's job.
 
 A `Constraint` wraps one llguidance LLMatcher. Per decode step: `mask()` computes the
 allowed-token bitmask (native code, GIL released, so it overlaps the MLX forward pass
 running on MLX's own threads) and `consume(token)` advances it. When the grammar is
 complete the matcher stops: only EOS remains allowed, and the engine ends the sequence
-there without asking the model (whose EOS logit may be anything).
+there without asking the model (whose EOS logit may be anything). A grammar that runs
+out of llguidance's per-step budget, or cannot go on (a schema with only infinite
+words), raises GrammarError mid-decode: a request error, never the worker's.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Optional
 
 import mlx.core as mx
 import numpy as np
 
-from protocol.messages import INVALID_REQUEST
+from worker.grammar_compile import Compiler, GrammarError, clean
 from worker.tool_formats import JSON_OPTIONS, ToolFormat, json_rule
 
 log = logging.getLogger("worker.constraints")
 
 
-class GrammarError(Exception):
-    """A constraint that cannot be built; the message is safe to show (a 400)."""
-
-    def __init__(self, message: str, param: str):
-        super().__init__(message)
-        self.code = INVALID_REQUEST
-        self.message = message
-        self.param = param
-
-
 class Constraint:
-    """One request's grammar state. Not thread-safe; used by the MLX thread only."""
-    __slots__ = ("matcher", "_bitmask", "_vocab", "_fill")
+    """One request's grammar state. Not thread-safe: made by the preparation thread, then
+    used by the MLX thread only."""
+    __slots__ = ("matcher", "param", "_bitmask", "_vocab", "_fill")
 
-    def __init__(self, matcher, vocab_size: int):
+    def __init__(self, matcher, vocab_size: int, param: str = "response_format"):
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
         self.matcher = matcher
+        self.param = param                # what a failure names: response_format or tool_choice
         self._vocab = vocab_size
         self._bitmask = allocate_token_bitmask(1, vocab_size)
         self._fill = fill_next_token_bitmask
 
-    def mask(self) -> mx.array:
-        """The allowed tokens of the next step, as a boolean (vocab,) array."""
+    def allowed(self) -> np.ndarray:
+        """The allowed tokens of the next step, as a boolean (vocab,) numpy array."""
         self._fill(self.matcher, self._bitmask)
+        if self.matcher.is_error():  # out of per-step fuel, or no way to go on
+            raise self._failure()
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")
-        return mx.array(bits[:self._vocab].astype(np.bool_))
+        return bits[:self._vocab].astype(np.bool_)
 
-    def consume(self, token: int) -> bool:
-        """Advance by the sampled token; False if the grammar rejected it (a bug)."""
-        return self.matcher.consume_token(token)
+    def mask(self) -> mx.array:
+        """allowed() as an MLX array (MLX thread only)."""
+        return mx.array(self.allowed())
+
+    def consume(self, token: int) -> None:
+        """Advance by the sampled token. Raises GrammarError if the grammar cannot take it
+        (it had allowed it: the grammar hit a limit on the way)."""
+        if not self.matcher.consume_token(token):
+            raise self._failure()
 
     @property
     def done(self) -> bool:
@@ -71,6 +75,10 @@ class Constraint:
     def error(self) -> str:
         return self.matcher.get_error()
 
+    def _failure(self) -> GrammarError:
+        return GrammarError(f"the output could not follow the {self.param} grammar: "
+                            f"{clean(self.matcher.get_error())}", self.param)
+
 
 class Grammars:
     """Builds Constraints for one model; the llguidance tokenizer is made once, lazily."""
@@ -79,22 +87,26 @@ class Grammars:
         self.tokenizer = tokenizer        # mlx-lm TokenizerWrapper
         self.vocab_size = vocab_size      # the logits' width (may exceed the tokenizer's)
         self.tool_format = tool_format
+        self.compiler = Compiler(lambda: self.ll_tokenizer, vocab_size)
         self._ll = None
+        self._ll_lock = threading.Lock()  # the preparation and MLX threads both ask
 
     @property
     def ll_tokenizer(self):
         """llguidance's view of the tokenizer (built from the HF fast tokenizer)."""
-        if self._ll is None:
-            import llguidance.hf
+        with self._ll_lock:
+            if self._ll is None:
+                import llguidance.hf
 
-            hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)
-            try:
-                self._ll = llguidance.hf.from_tokenizer(
-                    hf, n_vocab=self.vocab_size, eos_token=sorted(self.tokenizer.eos_token_ids))
-            except ValueError as e:  # a slow (Python) tokenizer
-                raise GrammarError(f"constrained decoding is not available for this model's "
-                                   f"tokenizer: {e}", "response_format") from None
-        return self._ll
+                hf = getattr(self.tokenizer, "_tokenizer", self.tokenizer)
+                try:
+                    self._ll = llguidance.hf.from_tokenizer(
+                        hf, n_vocab=self.vocab_size,
+                        eos_token=sorted(self.tokenizer.eos_token_ids))
+                except ValueError as e:  # a slow (Python) tokenizer
+                    raise GrammarError(f"constrained decoding is not available for this "
+                                       f"model's tokenizer: {e}", "response_format") from None
+            return self._ll
 
     # ---- grammar text -------------------------------------------------------------
 
@@ -174,14 +186,9 @@ class Grammars:
                             else "response_format")
 
     def compile(self, lark: str, param: str = "response_format") -> Constraint:
-        import llguidance
-
-        grammar = llguidance.LLMatcher.grammar_from_lark(lark)
-        matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
-        if matcher.is_error():
-            raise GrammarError(f"invalid schema or grammar: {_short(matcher.get_error())}",
-                               param)
-        return Constraint(matcher, self.vocab_size)
+        """A Constraint at the start of `lark` (compiled once, then copied from the cache).
+        Raises GrammarError: invalid, over budget, or admitting no output."""
+        return Constraint(self.compiler.matcher(lark, param), self.vocab_size, param)
 
 
 def closed(schema):
@@ -216,10 +223,6 @@ def _allowed(gen) -> list[tuple[str, dict]]:
         if gen.allowed_tools is None or fn["name"] in gen.allowed_tools:
             out.append((fn["name"], closed(fn.get("parameters") or {})))
     return out
-
-
-def _short(message: str, limit: int = 300) -> str:
-    return message if len(message) <= limit else message[:limit] + "…"
 
 
 __all__ = ["Grammars", "Constraint", "GrammarError", "JSON_OPTIONS"]

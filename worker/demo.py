@@ -5,6 +5,11 @@ models here: a qwen2-type config, float32 random weights (MLX's CPU backend runs
 far faster than half precision or 4-bit), a byte-level BPE tokenizer trained in-process
 with `tokenizers`, and a ChatML chat template. The output is an ordinary model directory
 that `mlx_lm.load` reads like any model from the Hugging Face hub.
+
+Templates: plain ChatML (the demo model, the benchmark presets) and QWEN, a tool-calling
+ChatML that the constrained-decoding benchmark needs. The other tool-calling families
+only tests use, so they live with the tests (tests/families.py), built with
+`tool_template` from here.
 """
 
 from __future__ import annotations
@@ -28,17 +33,29 @@ PRESETS["demo"] = PRESETS["tiny"]
 
 MARKER = "mlxd-random-weights.json"  # written into the model dir: these are not real weights
 
-CHATML_TEMPLATE = (
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A chat template and the special tokens it adds to the tokenizer. `name` is recorded
+    in the model's marker file, so a built model says which template it carries."""
+    name: str
+    text: str
+    special_tokens: tuple[str, ...] = ()
+
+
+CHATML = ChatTemplate("chatml", (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+))
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-# Chat templates of real tool-calling families, compact but rendering exactly the
-# families' formats, so mlx-lm infers the same tool parser and thinking markers as for
-# the real models (worker/tool_formats.py). Each: (template, added special tokens).
+# ChatML with tools, history and thinking, compact but rendering a real tool-calling
+# family's format exactly, so mlx-lm infers the same tool parser and thinking markers as
+# for the real model (worker/tool_formats.py). `tool_template` fills in one family's call
+# format; QWEN is here because the constrained-decoding benchmark needs a tool-calling
+# model. The other families only tests use: tests/families.py.
 _SYSTEM = ("{% if messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}"
            "<|im_end|>\n{% endif %}")
 _TOOLS_INTRO = ("{% if tools %}<|im_start|>system\n# Tools\n\nYou may call one or more "
@@ -59,65 +76,35 @@ _TURNS = (
     "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
     "{% endif %}{% endfor %}"
 )
-_GEN = "{% if add_generation_prompt %}<|im_start|>assistant\n{{ THINK }}{% endif %}"
-_ARGS_JSON = "{{ tool_call.arguments | tojson if tool_call.arguments is not string else tool_call.arguments }}"
+# A past call's arguments as the JSON object they are (strings pass through as sent).
+ARGS_JSON = "{{ tool_call.arguments | tojson if tool_call.arguments is not string else tool_call.arguments }}"
 
-FAMILIES = {
-    # Hermes / Qwen2.5 / Qwen3: <tool_call>{json}</tool_call>, <think>…</think>; the
-    # generation prompt opens <think> unless enable_thinking is false (Qwen3-thinking,
-    # DeepSeek-R1 style), so the answer starts as reasoning.
-    "qwen": (
-        _TOOLS_INTRO + "Return each call as <tool_call>\n{\"name\": <function-name>, "
-        "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n{% else %}" + _SYSTEM
-        + "{% endif %}" + _TURNS.replace(
-            "{{ CALL }}", "\n<tool_call>\n{\"name\": \"{{ tool_call.name }}\", "
-            "\"arguments\": " + _ARGS_JSON + "}\n</tool_call>")
-        + _GEN.replace("{{ THINK }}", "{% if enable_thinking is defined and enable_thinking "
-                       "is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"),
-        ["<tool_call>", "</tool_call>", "<think>", "</think>"]),
-    # Qwen3-Coder: <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...
-    "qwen3_coder": (
-        _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(
-            # (HF renders with trim_blocks: a newline right after a tag is dropped, so
-            # newlines next to tags are written as expressions.)
-            "{{ CALL }}", "\n<tool_call>\n<function={{ tool_call.name }}>"
-            "{% for k, v in tool_call.arguments.items() %}{{ '\\n' }}<parameter={{ k }}>\n"
-            "{{ v if v is string else v | tojson }}\n</parameter>{% endfor %}{{ '\\n' }}"
-            "</function>\n</tool_call>") + _GEN.replace("{{ THINK }}", ""),
-        ["<tool_call>", "</tool_call>"]),
-    # Llama 3.1+: a bare {"name": ..., "parameters": {...}} answer is a call.
-    "llama3": (
-        _TOOLS_INTRO + "Respond in the format {\"name\": function name, \"parameters\": "
-        "dictionary of argument name and its value}.<|im_end|>\n{% else %}" + _SYSTEM
-        + "{% endif %}" + _TURNS.replace(
-            "{{ CALL }}", "{\"name\": \"{{ tool_call.name }}\", \"parameters\": "
-            + _ARGS_JSON + "}") + _GEN.replace("{{ THINK }}", ""),
-        []),
-    # Mistral (v11+ templates): [TOOL_CALLS]name[ARGS]{json}
-    "mistral": (
-        _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(
-            "{{ CALL }}", "[TOOL_CALLS]{{ tool_call.name }}[ARGS]" + _ARGS_JSON)
-        + _GEN.replace("{{ THINK }}", ""),
-        ["[TOOL_CALLS]", "[ARGS]"]),
-    # FunctionGemma: <start_function_call>call:name{k:<escape>text<escape>,n:1}<end_function_call>
-    "gemma": (
-        _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(
-            # (braces as expressions: a literal "{" before "{%" would read as "{{")
-            "{{ CALL }}", "<start_function_call>call:{{ tool_call.name }}{{ '{' }}"
-            "{% for k, v in tool_call.arguments.items() %}{{ k }}:"
-            "{% if v is string %}<escape>{{ v }}<escape>{% else %}{{ v | tojson }}{% endif %}"
-            "{{ ',' if not loop.last }}{% endfor %}{{ '}' }}<end_function_call>")
-        + _GEN.replace("{{ THINK }}", ""),
-        ["<start_function_call>", "<end_function_call>", "<escape>"]),
-    # LFM2-style pythonic: <|tool_call_start|>[name(k=v, ...)]<|tool_call_end|>
-    "pythonic": (
-        _TOOLS_INTRO + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}" + _TURNS.replace(
-            "{{ CALL }}", "<|tool_call_start|>[{{ tool_call.name }}("
-            "{% for k, v in tool_call.arguments.items() %}{{ k }}={{ v | tojson }}"
-            "{{ ', ' if not loop.last }}{% endfor %})]<|tool_call_end|>")
-        + _GEN.replace("{{ THINK }}", ""),
-        ["<|tool_call_start|>", "<|tool_call_end|>"]),
-}
+
+def tool_template(name: str, call: str, special_tokens: tuple[str, ...] = (), *,
+                  instructions: str = "", generation_prefix: str = "") -> ChatTemplate:
+    """A tool-calling ChatML template. `call` renders one past call (Jinja, with
+    `tool_call.name` and `tool_call.arguments`); `instructions` follows the tool list in
+    the system turn; `generation_prefix` follows the assistant's opening (e.g. <think>)."""
+    return ChatTemplate(name, (
+        _TOOLS_INTRO + instructions + "<|im_end|>\n{% else %}" + _SYSTEM + "{% endif %}"
+        + _TURNS.replace("{{ CALL }}", call)
+        + "{% if add_generation_prompt %}<|im_start|>assistant\n" + generation_prefix
+        + "{% endif %}"), special_tokens)
+
+
+# Hermes / Qwen2.5 / Qwen3: <tool_call>{json}</tool_call>, <think>…</think>; the generation
+# prompt opens <think> unless enable_thinking is false (Qwen3-thinking, DeepSeek-R1 style),
+# so the answer starts as reasoning.
+QWEN = tool_template(
+    "qwen",
+    "\n<tool_call>\n{\"name\": \"{{ tool_call.name }}\", \"arguments\": " + ARGS_JSON
+    + "}\n</tool_call>",
+    ("<tool_call>", "</tool_call>", "<think>", "</think>"),
+    instructions="Return each call as <tool_call>\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\n</tool_call>",
+    generation_prefix="{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}")
+
 
 # Training text for the tokenizer: varied enough that merges cover common English and JSON.
 _CORPUS = [
@@ -145,14 +132,14 @@ def is_random_weights(path: str | Path) -> bool:
     return (Path(path) / MARKER).exists()
 
 
-def _train_tokenizer(vocab_size: int, family: str = "chatml"):
+def _train_tokenizer(vocab_size: int, template: ChatTemplate):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    template, extra = FAMILIES[family] if family != "chatml" else (CHATML_TEMPLATE, [])
+    extra = list(template.special_tokens)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(SPECIAL_TOKENS) - len(extra),
         special_tokens=SPECIAL_TOKENS + extra,
@@ -167,15 +154,15 @@ def _train_tokenizer(vocab_size: int, family: str = "chatml"):
         bos_token=None,
         additional_special_tokens=extra or None,
     )
-    fast.chat_template = template
+    fast.chat_template = template.text
     return fast
 
 
 def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
-                context_length: int = 4096, family: str = "chatml") -> BuiltModel:
+                context_length: int = 4096, template: ChatTemplate = CHATML) -> BuiltModel:
     """Build a random-weight model at `path` (atomically; reused if already there).
-    `family` picks the chat template and added special tokens: "chatml" (plain ChatML,
-    no tools) or one of FAMILIES (a real tool-calling format)."""
+    `template` is its chat template and added special tokens: plain ChatML (no tools),
+    QWEN, or a family of tests/families.py."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen2
@@ -186,7 +173,7 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
         meta = json.loads((path / MARKER).read_text())
         return BuiltModel(path, meta["context_length"], meta["vocab_size"])
 
-    tokenizer = _train_tokenizer(arch["vocab_size"], family)
+    tokenizer = _train_tokenizer(arch["vocab_size"], template)
     vocab_size = max(arch["vocab_size"], len(tokenizer))
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = {
@@ -220,7 +207,7 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
         mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(str(tmp))
-        meta = {"preset": preset, "family": family, "seed": seed,
+        meta = {"preset": preset, "family": template.name, "seed": seed,
                 "context_length": context_length,
                 "vocab_size": vocab_size, "note": "random weights: output is meaningless"}
         (tmp / MARKER).write_text(json.dumps(meta, indent=2))

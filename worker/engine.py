@@ -3,7 +3,10 @@
 `prepare` turns a Generate into prompt token ids and checks it against the context
 BEFORE any compute, raising RequestError with an OpenAI-style code and message; it also
 builds the request's grammar (worker/constraints.py: a bad schema is a 400 here, before
-any token) and its output splitter (worker/channels.py: reasoning and tool calls).
+any token) and its output splitter (worker/channels.py: reasoning and tool calls). It
+calls no MLX, so it runs on the preparation thread (worker/preparer.py) while the MLX
+thread decodes; a prompt whose byte length alone proves it cannot fit is refused before
+it is tokenized (worker/token_bound.py).
 `generate` is one generator in the style of mlx-lm's `generate_step`/`stream_generate`:
 it yields `None` after every prefill chunk (a point where the scheduler can cancel or
 look at new commands) and one `(token, text, finish, extra)` tuple per decode step.
@@ -14,6 +17,11 @@ stop strings, building the Delta) overlaps the computation of the next one. Per 
 does no logging, no extra syncs and as few allocations as it can. Plain requests take
 `_decode_plain`, untouched by the features of `_decode_full` (grammar, reasoning and
 tool-call splitting, logprobs).
+
+A failed step must not outlive its request: `recover()` reseeds the random key a failed
+compiled sampler leaves without a primitive (worker/sampling.py), clears MLX's buffer
+cache, and proves with a one-token probe that a step still runs; if it does not, the
+caller recycles the worker.
 """
 
 from __future__ import annotations
@@ -32,10 +40,13 @@ from worker.channels import REASONING, OutputSplitter
 from worker.constraints import Constraint, GrammarError, Grammars
 from worker.prompt import RequestError  # noqa: F401  (re-exported: callers catch it here)
 from worker.stops import StopMatcher
+from worker.token_bound import TokenBound
 
 # mlx-lm clears the buffer cache every 256 tokens: often enough to bound the cache,
 # rarely enough to cost nothing measurable.
 _CLEAR_CACHE_EVERY = 256
+# Texts shorter than this are tokenized (~0.1 s at most) rather than judged by the bound.
+_BOUND_MIN_CHARS = 100_000
 
 
 @dataclass
@@ -75,6 +86,7 @@ class TextEngine:
         self._eos = frozenset(tokenizer.eos_token_ids)
         self.tool_format = tool_formats.detect(tokenizer)
         self.grammars = Grammars(tokenizer, self.vocab_size, self.tool_format)
+        self.bound = TokenBound(tokenizer)
         self._token_bytes: dict[int, bytes] = {}
 
     # ---- preparation (no MLX compute) -----------------------------------------------
@@ -84,7 +96,9 @@ class TextEngine:
         grammar and output splitter. Raises RequestError (shown to the client)."""
         if gen.messages is not None:
             param = "messages"
-            ids = chat_prompt.chat_ids(self.tokenizer, gen)
+            text, special = chat_prompt.chat_text(self.tokenizer, gen)
+            self._check_bound(text, gen.max_tokens, param)
+            ids = list(self.tokenizer.encode(text, add_special_tokens=special))
         elif gen.prompt_ids is not None:
             param = "prompt"
             ids = unpack_ids(gen.prompt_ids)
@@ -95,6 +109,7 @@ class TextEngine:
         elif gen.prompt is not None:
             param = "prompt"
             tok = self.tokenizer
+            self._check_bound(gen.prompt, gen.max_tokens, param)
             # Like stream_generate: add BOS unless the prompt already starts with it.
             special = tok.bos_token is None or not gen.prompt.startswith(tok.bos_token)
             ids = tok.encode(gen.prompt, add_special_tokens=special)
@@ -107,6 +122,7 @@ class TextEngine:
                                len(ids))
         self._check_context(len(ids), gen.max_tokens, param)
         sampling.check_logit_bias(gen, self.vocab_size)
+        sampling.check_sampler_values(gen)
         return self._outputs(gen, ids)
 
     def _outputs(self, gen, ids: list[int]) -> Prepared:
@@ -118,7 +134,8 @@ class TextEngine:
         try:
             prep.constraint = self.grammars.constraint(gen, reasoning_first, may_think)
         except GrammarError as e:
-            raise RequestError(e.code, e.message, e.param, len(ids)) from None
+            e.prompt_tokens = len(ids)
+            raise
         fmt = self.tool_format
         calls = bool(gen.tools) and gen.tool_choice != "none"
         if chat and gen.tools and gen.tool_choice == "none" and fmt is not None and fmt.start:
@@ -131,22 +148,33 @@ class TextEngine:
                                            REASONING if reasoning_first else "normal")
         return prep
 
-    def _check_context(self, n: int, max_tokens: int | None, param: str) -> None:
+    def _check_bound(self, text: str, max_tokens: int | None, param: str) -> None:
+        """Refuse, without tokenizing, a text whose byte length alone proves that it
+        cannot fit (a lower bound on its tokens: worker/token_bound.py). Short texts are
+        left to the exact count: it costs nothing and reports the real number."""
+        if len(text) >= _BOUND_MIN_CHARS:
+            self._check_context(self.bound.at_least(text), max_tokens, param, bound=True)
+
+    def _check_context(self, n: int, max_tokens: int | None, param: str,
+                       bound: bool = False) -> None:
         ctx = self.context_length
         where = "the messages" if param == "messages" else "the prompt"
+        count = f"at least {n}" if bound else f"{n}"
+        used = 0 if bound else n  # usage reports only what was really counted
         if max_tokens is None:
             if n >= ctx:
                 raise RequestError(
                     CONTEXT_LENGTH_EXCEEDED,
                     f"This model's maximum context length is {ctx} tokens. However, "
-                    f"{where} resulted in {n} tokens, leaving no room for the completion. "
-                    f"Please reduce the length of {where}.", param, n)
+                    f"{where} resulted in {count} tokens, leaving no room for the "
+                    f"completion. Please reduce the length of {where}.", param, used)
         elif n + max_tokens > ctx:
             raise RequestError(
                 CONTEXT_LENGTH_EXCEEDED,
                 f"This model's maximum context length is {ctx} tokens. However, you "
-                f"requested {n + max_tokens} tokens ({n} in {where}, {max_tokens} in the "
-                f"completion). Please reduce the length of {where} or completion.", param, n)
+                f"requested {'at least ' if bound else ''}{n + max_tokens} tokens ({count} "
+                f"in {where}, {max_tokens} in the completion). Please reduce the length of "
+                f"{where} or completion.", param, used)
 
     # ---- generation -------------------------------------------------------------------
 
@@ -164,10 +192,11 @@ class TextEngine:
         budget = self.context_length - n
         if gen.max_tokens is not None:
             budget = min(budget, gen.max_tokens)
-        sampler = sampling.sampler_for(gen)
+        sampler = sampling.sampler_for(gen, self.vocab_size)
         processors = sampling.processors_for(gen, prep.banned)
         if gen.seed is not None:
-            mx.random.seed(gen.seed)  # one sequence at a time: this makes it reproducible
+            # One sequence at a time: this makes it reproducible.
+            mx.random.seed(sampling.seed_value(gen.seed))
 
         model, stream = self.model, generation_stream
         cache = make_prompt_cache(model)
@@ -285,8 +314,8 @@ class TextEngine:
             if tok in eos:
                 yield -1, *self._finish(detok, stops, splitter, "stop")
                 return
-            if constraint is not None and not constraint.consume(tok):
-                raise RuntimeError(f"the grammar rejected token {tok}: {constraint.error}")
+            if constraint is not None:
+                constraint.consume(tok)  # GrammarError: the request's, not the worker's
             done = constraint is not None and constraint.done
             if produced < budget and not done:
                 next_y, next_lp = sample(logits)
@@ -358,9 +387,24 @@ class TextEngine:
 
     def warmup(self) -> None:
         """One tiny forward pass and a sample, so the first request pays no setup."""
+        self._tiny_run(temperature=0.0, max_tokens=2)
+        mx.clear_cache()
+
+    def recover(self) -> None:
+        """After a request failed inside a step: drop what it may have left in MLX's
+        global state, then prove that a step still runs. Raises if one does not (the
+        worker then cannot serve, and must be replaced)."""
+        sampling.reseed()  # a failed compiled sampler leaves the key without a primitive
+        mx.clear_cache()
+        self.probe()
+
+    def probe(self) -> None:
+        """A forward pass and a random (compiled) sample on a one-token prompt."""
+        self._tiny_run(temperature=1.0, max_tokens=1)
+
+    def _tiny_run(self, temperature: float, max_tokens: int) -> None:
         from protocol.messages import Generate
 
-        gen = Generate(rid="warmup", prompt="", max_tokens=2, temperature=0.0)
+        gen = Generate(rid="probe", prompt="", max_tokens=max_tokens, temperature=temperature)
         for _ in self.generate(Prepared(gen, [0])):
             pass
-        mx.clear_cache()

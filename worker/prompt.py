@@ -110,21 +110,31 @@ def template_kwargs(tokenizer, gen) -> dict:
     return kwargs
 
 
-def chat_ids(tokenizer, gen) -> list[int]:
+def chat_text(tokenizer, gen) -> tuple[str, bool]:
+    """The rendered chat prompt, and whether encoding it adds the tokenizer's special
+    tokens. Rendering and encoding are apart so that the caller can judge the text's
+    length before paying for its tokenization (worker/token_bound.py)."""
     if not isinstance(gen.messages, list) or not gen.messages:
         raise RequestError(INVALID_REQUEST, "messages must be a non-empty list", "messages")
     messages = normalize_messages(gen.messages)
     if not tokenizer.has_chat_template:
-        return tokenizer.encode(render_plain_chat(messages))
+        return render_plain_chat(messages), True
     try:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                            **template_kwargs(tokenizer, gen))
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True,
+                                             **template_kwargs(tokenizer, gen))
     except Exception as e:
         # Templates reject conversations they cannot render (roles out of order,
         # unknown kwargs); their message explains it and holds no secrets.
         raise RequestError(INVALID_REQUEST, f"the chat template rejected the messages: {e}",
                            "messages") from None
-    return list(ids)
+    # What apply_chat_template(tokenize=True) does: encode the text, adding nothing.
+    return text, False
+
+
+def chat_ids(tokenizer, gen) -> list[int]:
+    text, special = chat_text(tokenizer, gen)
+    return list(tokenizer.encode(text, add_special_tokens=special))
 
 
 def thinking_closed(tokenizer, ids: list[int]) -> bool:

@@ -6,9 +6,19 @@ grammar mask, a banned tool-call marker — and before temperature, top_p, top_k
 min_p (which only pick among them). So at temperature 0 the sampled token is the top
 entry; a token the grammar forbids has logprob -inf, reported as -9999.0 (what OpenAI
 reports for impossible tokens; JSON has no -inf).
+
+mlx-lm's samplers are `mx.compile`d with `mx.random.state` as input AND output. If one
+raises while it is being traced, the global random key is left holding the tracer: an
+array without a primitive, and every later sample fails with "Attempting to eval an array
+without a primitive". So values mlx-lm would refuse inside the trace are mapped here
+first (top_k at or above the vocabulary means no filtering; any int64 seed maps onto
+`mx.random.seed`'s uint64; a min_p outside [0, 1] is refused), and `reseed()` is the
+cure for what still gets through.
 """
 
 from __future__ import annotations
+
+import os
 
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
@@ -17,12 +27,36 @@ from protocol.messages import INVALID_REQUEST
 from worker.prompt import RequestError
 
 IMPOSSIBLE = -9999.0
+_SEEDS = 2 ** 64  # mx.random.seed takes a uint64
 
 
-def sampler_for(gen):
+def sampler_for(gen, vocab_size: int):
+    """mlx-lm's sampler for the request. top_k outside (0, vocab_size) keeps every token,
+    which is what it means; mlx-lm would raise inside its compiled trace instead."""
     temp = 1.0 if gen.temperature is None else gen.temperature
-    return make_sampler(temp, top_p=gen.top_p or 0.0, min_p=gen.min_p or 0.0,
-                        top_k=gen.top_k or 0)
+    top_k = gen.top_k or 0
+    if not 0 < top_k < vocab_size:
+        top_k = 0
+    return make_sampler(temp, top_p=gen.top_p or 0.0, min_p=gen.min_p or 0.0, top_k=top_k)
+
+
+def check_sampler_values(gen) -> None:
+    """Refuse what mlx-lm's compiled samplers would refuse inside their trace (the API
+    validates these already; this keeps a value that slips through from the trace)."""
+    if gen.min_p is not None and not 0.0 <= gen.min_p <= 1.0:
+        raise RequestError(INVALID_REQUEST, f"min_p must be between 0 and 1, got {gen.min_p}",
+                           "min_p")
+
+
+def seed_value(seed: int) -> int:
+    """The API's seed (any int64, negatives included) as `mx.random.seed` takes it:
+    modulo 2**64, so every seed is accepted and the same seed gives the same output."""
+    return seed % _SEEDS
+
+
+def reseed() -> None:
+    """A fresh random key from the OS, replacing whatever a failed step left there."""
+    mx.random.seed(int.from_bytes(os.urandom(8), "little"))
 
 
 def check_logit_bias(gen, vocab_size: int) -> None:

@@ -6,15 +6,25 @@ step → queue that step's events for the sender thread (steps faster than the s
 interval share one Delta). So a Cancel or a new request is
 seen between any two steps, however long the generation.
 
+A new Generate goes to the preparation thread first (worker/preparer.py: tokenizing and
+grammar compiling, which can take seconds, never hold this thread); its outcome comes
+back on the command queue, and a prepared request waits for a slot.
+
 Guarantees the supervisor relies on:
-- every Generate gets exactly one terminal Done, also when it only waited, was cancelled,
-  failed, or the worker shut down;
+- every Generate gets exactly one terminal Done, also when it only waited, was being
+  prepared, was cancelled, failed, or the worker shut down (a worker that gives up, see
+  WorkerBroken below, leaves what it never started to the supervisor's re-queue);
 - Cancel is idempotent: an unknown or finished rid is ignored;
 - a failure inside one request (not of the worker) ends that request with Error + Done
-  ("error") and the worker keeps serving.
+  ("error") and the worker keeps serving: after an unexpected failure inside a step the
+  engine drops what the step left in MLX's state and proves a step still runs
+  (`engine.recover`). If it cannot, `run` raises WorkerBroken: the process exits and the
+  supervisor starts a fresh one (re-queueing what never started) rather than this one
+  answering every later request with an error.
 
-Sequences live in `active` (at most `slots`, one for now) and `waiting` (FIFO), so
-continuous batching can later replace `_step` without changing the command handling.
+Sequences live in `preparing` (handed to the preparation thread), `waiting` (prepared,
+FIFO) and `active` (at most `slots`, one for now), so continuous batching can later
+replace `_step` without changing the command handling.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from protocol.messages import (
     pack_floats, pack_ids,
 )
 from worker.engine import RequestError
+from worker.preparer import PrepDone, Preparer
 
 log = logging.getLogger("worker.scheduler")
 
@@ -40,13 +51,19 @@ _MEMORY_EVERY = 0.1      # s; how often the MLX thread refreshes the memory figu
 _pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, cheaper
 
 
+class WorkerBroken(Exception):
+    """MLX cannot run a step any more in this process: only a fresh worker can serve."""
+
+
 class Sequence:
-    __slots__ = ("gen", "rid", "it", "prompt_tokens", "completion_tokens", "t0",
-                 "held_text", "held_ids", "sent_at", "held", "reasoning_tokens")
+    __slots__ = ("gen", "rid", "prep", "dropped", "it", "prompt_tokens", "completion_tokens",
+                 "t0", "held_text", "held_ids", "sent_at", "held", "reasoning_tokens")
 
     def __init__(self, gen: Generate):
         self.gen = gen
         self.rid = gen.rid
+        self.prep = None        # the engine's Prepared, once the preparation thread is done
+        self.dropped = False    # answered while still being prepared: skip, ignore its outcome
         self.it = None
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -105,13 +122,23 @@ class Scheduler:
         self.log_prompts = log_prompts
         self.active: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
+        self.preparing: dict[str, Sequence] = {}
+        self.preparer = Preparer(engine.prepare, link.commands)
         self.stopping = False
         self._next_memory = 0.0
 
     # ---- the loop ---------------------------------------------------------------------
 
     def run(self) -> None:
-        """Serve until Shutdown (or SIGTERM, which arrives as a Shutdown command)."""
+        """Serve until Shutdown (or SIGTERM, which arrives as a Shutdown command).
+        Raises WorkerBroken when a failed request left MLX unable to run a step."""
+        self.preparer.start()
+        try:
+            self._serve()
+        finally:
+            self.preparer.stop()
+
+    def _serve(self) -> None:
         self._publish(memory=True)
         commands = self.link.commands
         while not self.stopping:
@@ -135,12 +162,15 @@ class Scheduler:
         self.drain()
 
     def drain(self) -> None:
-        """Shutdown: end every request (Done cancelled), including those still queued."""
-        self.status.publish("draining", self.active, (s.rid for s in self.waiting))
+        """Shutdown: end every request (Done cancelled), including those still queued or
+        being prepared (their preparation's outcome is ignored when it comes)."""
+        self.status.publish("draining", self.active, self._queued())
         for seq in list(self.active.values()):
             self._finish(seq, "cancelled")
         while self.waiting:
             self._finish(self.waiting.popleft(), "cancelled")
+        for seq in list(self.preparing.values()):
+            self._drop_preparing(seq)
         # Commands that arrived after the Shutdown may hold Generates: answer them too.
         while not self.link.commands.empty():
             cmd = self.link.commands.get_nowait()
@@ -150,13 +180,18 @@ class Scheduler:
     # ---- commands ---------------------------------------------------------------------
 
     def _handle(self, cmd) -> None:
-        if isinstance(cmd, Generate):
-            if cmd.rid in self.active or any(s.rid == cmd.rid for s in self.waiting):
+        if isinstance(cmd, PrepDone):
+            self._prepared(cmd.seq, cmd.result)
+        elif isinstance(cmd, Generate):
+            if (cmd.rid in self.active or cmd.rid in self.preparing
+                    or any(s.rid == cmd.rid for s in self.waiting)):
                 # Request ids are unique per attempt; a repeat is a supervisor bug, and a
                 # second Done for the same rid would end the first request.
                 log.warning("ignored a duplicate Generate for rid=%s", cmd.rid)
                 return
-            self.waiting.append(Sequence(cmd))
+            seq = Sequence(cmd)
+            self.preparing[seq.rid] = seq
+            self.preparer.submit(seq)
             self._publish()
         elif isinstance(cmd, Cancel):
             self._cancel(cmd.rid)
@@ -168,6 +203,10 @@ class Scheduler:
     def _cancel(self, rid: str) -> None:
         seq = self.active.get(rid)
         if seq is None:
+            seq = self.preparing.get(rid)
+            if seq is not None:  # answered now; its preparation's outcome is dropped
+                self._drop_preparing(seq)
+                return
             for s in self.waiting:
                 if s.rid == rid:
                     seq = s
@@ -179,20 +218,41 @@ class Scheduler:
 
     # ---- sequences --------------------------------------------------------------------
 
+    def _drop_preparing(self, seq: Sequence) -> None:
+        """End a request still on the preparation thread: its Done goes out now; the
+        thread skips it if it has not begun, and its outcome is ignored."""
+        del self.preparing[seq.rid]
+        seq.dropped = True
+        self._finish(seq, "cancelled")
+
+    def _prepared(self, seq: Sequence, result) -> None:
+        """A preparation's outcome: queue the request, or end it with its error."""
+        if seq.dropped:
+            return  # cancelled (or drained) while it was prepared: already answered
+        del self.preparing[seq.rid]
+        if isinstance(result, RequestError):
+            self._refuse(seq, result)
+        elif isinstance(result, Exception):
+            log.error("rid=%s failed in preparation", seq.rid,
+                      exc_info=(type(result), result, result.__traceback__))
+            self._fail(seq, in_step=False)
+        else:
+            seq.prep = result
+            self.waiting.append(seq)
+            self._publish()
+
+    def _refuse(self, seq: Sequence, e: RequestError) -> None:
+        """A request error (a 400-class one, safe to show): Error + Done("error")."""
+        seq.prompt_tokens = seq.prompt_tokens or e.prompt_tokens
+        self._flush(seq)
+        self.link.send(Error(self.epoch, e.code, e.message, seq.rid, e.param))
+        self._finish(seq, "error", log_it=False)
+        log.info("rid=%s refused: %s", seq.rid, e.code)
+
     def _admit(self) -> None:
         seq = self.waiting.popleft()
-        gen = seq.gen
-        try:
-            prep = self.engine.prepare(gen)
-        except RequestError as e:
-            seq.prompt_tokens = e.prompt_tokens
-            self.link.send(Error(self.epoch, e.code, e.message, seq.rid, e.param))
-            self._finish(seq, "error", log_it=False)
-            log.info("rid=%s refused: %s", seq.rid, e.code)
-            return
-        except Exception:
-            self._fail(seq)
-            return
+        gen, prep = seq.gen, seq.prep
+        seq.prep = None  # the generator holds it from now on
         seq.prompt_tokens = len(prep.ids)
         # Prompt text in logs needs both the operator's --log-prompts and the request's
         # own permission; by default logs carry ids and counts only.
@@ -208,7 +268,11 @@ class Scheduler:
         """Advance one sequence by one prefill chunk or one decode step."""
         try:
             out = next(seq.it)
+        except RequestError as e:  # the request's own fault (a grammar it cannot follow)
+            self._refuse(seq, e)
+            return
         except Exception:  # StopIteration too: the generator always ends with a finish
+            log.exception("rid=%s failed", seq.rid)
             self._fail(seq)
             return
         self.status.steps += 1
@@ -244,12 +308,22 @@ class Scheduler:
             seq.held_text, seq.held_ids = "", b""
             seq.sent_at = time.monotonic()
 
-    def _fail(self, seq: Sequence) -> None:
-        """An unexpected error in one request: report it safely, keep serving."""
-        log.exception("rid=%s failed", seq.rid)
+    def _fail(self, seq: Sequence, in_step: bool = True) -> None:
+        """An unexpected error in one request (logged by the caller): report it safely,
+        and after a failed step make sure the next one can run."""
+        self._flush(seq)
         self.link.send(Error(self.epoch, INTERNAL, "internal error while generating; see "
                              "the server log", seq.rid))
         self._finish(seq, "error", log_it=False)
+        if not in_step:
+            return
+        try:
+            self.engine.recover()
+        except Exception as e:
+            log.critical("rid=%s left MLX unable to run a step (%s: %s); this worker must "
+                         "be replaced", seq.rid, type(e).__name__, str(e)[:200])
+            raise WorkerBroken(str(e)[:200]) from e
+        log.info("rid=%s failed; the worker recovered and keeps serving", seq.rid)
 
     def _finish(self, seq: Sequence, reason: str, *, log_it: bool = True) -> None:
         """Send the one Done of a request and forget it."""
@@ -271,12 +345,15 @@ class Scheduler:
     # ---- status -----------------------------------------------------------------------
 
     def _publish(self, memory: bool = False) -> None:
-        state = "draining" if self.stopping else ("busy" if self.active or self.waiting
-                                                  else "ready")
+        state = "draining" if self.stopping else (
+            "busy" if self.active or self.waiting or self.preparing else "ready")
         active_bytes = peak_bytes = None  # None: keep the last published figures
         if memory:
             # Only this thread may call MLX; the I/O threads read the published figures.
             self._next_memory = time.monotonic() + _MEMORY_EVERY
             active_bytes, peak_bytes = mx.get_active_memory(), mx.get_peak_memory()
-        self.status.publish(state, self.active, (s.rid for s in self.waiting),
-                            active_bytes, peak_bytes)
+        self.status.publish(state, self.active, self._queued(), active_bytes, peak_bytes)
+
+    def _queued(self) -> list:
+        """Rids accepted and not started: prepared ones first, then those in preparation."""
+        return [s.rid for s in self.waiting] + list(self.preparing)

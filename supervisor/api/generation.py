@@ -19,7 +19,8 @@ from aiohttp import web
 from supervisor.api.render import shapes
 from supervisor.http import sse
 from supervisor.api.render.output import Output, Part
-from supervisor.http.errors import APIError, get_request_id
+from supervisor.http.errors import APIError, api_error, get_request_id
+from supervisor.workers.errors import WorkerError
 from supervisor.keys import CONFIG, POOL
 
 log = logging.getLogger("mlxd.api")
@@ -104,9 +105,9 @@ async def _stream(request, parsed, objects: Shapes, handle, deadline: float,
                 continue
             for chunk in objects.chunks(Part.of(batch, logprobs)):
                 await resp.write(sse.encode_event(chunk))
-    except APIError as e:
+    except (APIError, WorkerError) as e:
         # The status line has gone out: the error travels as the stream's last event.
-        await resp.write(sse.error_event(e))
+        await resp.write(sse.error_event(api_error(e)))
         return resp
     done = handle.done
     await resp.write(sse.encode_event(objects.final_chunk(done.finish_reason)))

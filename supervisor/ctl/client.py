@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from supervisor.admin.token import read_token, token_path
-from supervisor.config import default_log_dir, default_state_dir
+from supervisor.config import default_log_dir, resolve
 from supervisor.ctl.format import format_models, format_status
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -82,6 +82,7 @@ class Client:
     state_dir: Path
     timeout: float = 600.0
     token: str | None = field(default=None, init=False)
+    state_dir_explicit: bool = False   # set by config, not the platform's default
 
     def __post_init__(self):
         self.token = read_token(self.state_dir)
@@ -199,7 +200,7 @@ def _log_file(args, client: Client) -> Path:
     try:
         return Path(client.call("GET", "/admin/status", timeout=3)["server"]["log_file"])
     except (ServerDown, Refused, Failed, KeyError):
-        explicit = args.state_dir is not None or bool(os.environ.get("MLXD_STATE_DIR"))
+        explicit = args.state_dir is not None or client.state_dir_explicit
         return default_log_dir(client.state_dir, explicit) / "mlxd.log"
 
 
@@ -359,8 +360,12 @@ def main(argv: list[str] | None = None, deps: Deps | None = None) -> int:
         flags = [f for f in passthrough if f != "--json"]
         args.json = args.json or len(flags) != len(passthrough)
         args.mlxd_flags = flags
-    state_dir = args.state_dir or Path(os.environ.get("MLXD_STATE_DIR") or default_state_dir())
-    client = Client(args.url, Path(state_dir).expanduser(), args.timeout)
+    # The server's own resolution (flag > MLXD_STATE_DIR > config file > default), so
+    # mlxctl finds the token where a server started the same way keeps it.
+    resolved = resolve({}, os.environ)
+    state_dir = args.state_dir or resolved.config.state_dir
+    client = Client(args.url, Path(state_dir).expanduser(), args.timeout,
+                    state_dir_explicit=resolved.sources["state_dir"] != "default")
     try:
         return args.func(args, client, deps)
     except ServerDown as e:

@@ -29,7 +29,7 @@ TEMPLATES = importlib.resources.files("launchd")  # packaged with mlxd, see laun
 # Environment the service inherits from the installing shell, when set: where models
 # and the HF cache are, and how mlxd finds its state.
 PASSED_ENV = ("PATH", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "XDG_STATE_HOME",
-              "MLXD_STATE_DIR")
+              "XDG_CONFIG_HOME", "MLXD_STATE_DIR", "MLXD_CONFIG")
 
 
 @dataclass(frozen=True)

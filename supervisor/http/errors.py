@@ -25,6 +25,7 @@ from typing import Optional
 from aiohttp import web
 
 from supervisor.http.sse import error_event
+from supervisor.workers import errors as werr
 from supervisor.http.values import first_bad_value
 
 log = logging.getLogger(__name__)
@@ -116,9 +117,7 @@ class APIError(Exception):
     @classmethod
     def insufficient_memory(cls, need_bytes: int, free_bytes: int) -> "APIError":
         # DESIGN.md, memory gate: 507 with how much is needed and how much is free.
-        gib = 1024 ** 3
-        return cls(507, f"Not enough memory to load the model: it needs about "
-                   f"{need_bytes / gib:.1f} GiB and {free_bytes / gib:.1f} GiB is available.",
+        return cls(507, werr.InsufficientMemory(need_bytes, free_bytes).message,
                    SERVER_ERROR, None, "insufficient_memory")
 
     @classmethod
@@ -150,22 +149,35 @@ class APIError(Exception):
     def forbidden(cls, message: str = "You are not allowed to perform this request.") -> "APIError":
         return cls(403, message, INVALID_REQUEST, None, "forbidden")
 
-    @classmethod
-    def from_worker(cls, code: str, message: str, param: Optional[str] = None) -> "APIError":
-        """A worker's `Error` event (protocol.messages codes) as what the client sees. The
-        worker's message is safe to show by contract."""
-        if code == "context_length_exceeded":
-            return cls.context_length_exceeded(message, param or "messages")
-        if code == "invalid_request":
-            return cls.bad_request(message, param)
-        if code == "load_failed":
-            return cls(503, message, SERVER_ERROR, None, "model_load_failed")
-        return cls(500, message, SERVER_ERROR, None, code or None)
 
 
 def _retry_after(seconds: float) -> str:
     # Retry-After is whole seconds (RFC 9110); never 0, which reads as "hammer me".
     return str(max(1, math.ceil(seconds)))
+
+
+def api_error(e: Exception) -> "APIError":
+    """Worker management's domain errors (supervisor/workers/errors.py) as the OpenAI
+    envelope: the one place that decides their statuses. An APIError passes through."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, werr.BadRequest):
+        return APIError(400, e.message, INVALID_REQUEST, e.param, e.code)
+    if isinstance(e, werr.ModelNotFound):
+        return APIError.model_not_found(e.model)
+    if isinstance(e, werr.Overloaded):
+        return APIError.overloaded(e.message, e.retry_after_s)
+    if isinstance(e, werr.WorkerFailed):
+        return APIError.worker_failed(e.message)
+    if isinstance(e, werr.LoadFailed):
+        return APIError(503, e.message, SERVER_ERROR, None, "model_load_failed")
+    if isinstance(e, werr.InsufficientMemory):
+        return APIError.insufficient_memory(e.need_bytes, e.free_bytes)
+    if isinstance(e, werr.RequestTimeout):
+        return APIError.timeout(e.message)
+    if isinstance(e, werr.Internal):
+        return APIError.internal(e.message or None)
+    return APIError.internal()
 
 
 # ---- request ids ---------------------------------------------------------------------
@@ -216,7 +228,8 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         log.debug("request %s: %s %s -> %s", request[REQUEST_ID], request.method,
                   request.path, exc.status)
         return err.to_response()
-    except APIError as err:
+    except (APIError, werr.WorkerError) as exc:
+        err = api_error(exc)
         started = _started(request)
         if started is not None:
             return await _fail_started(request, started, err, err)
@@ -249,7 +262,12 @@ async def _fail_started(request, response: web.StreamResponse, exc: BaseExceptio
     else:
         log.error("request %s: %s %s failed mid-response", request[REQUEST_ID],
                   request.method, request.path, exc_info=exc)
-    if response.content_type != "text/event-stream":
+    writer = request.writer
+    if response.content_type != "text/event-stream" or (writer is not None
+                                                         and writer.output_size == 0):
+        # Not a stream, or its prepare failed while writing the headers (nothing went
+        # out, yet the connection's writer is set up for that response): no answer can
+        # be written cleanly any more. Dropping the connection is the honest end.
         raise exc
     try:
         await response.write(error_event(err))

@@ -16,7 +16,8 @@ import uuid
 from typing import AsyncIterator, Callable
 
 from protocol import Delta, Done, Started
-from supervisor.http.errors import APIError
+from supervisor.workers.errors import (Internal, Overloaded, RequestTimeout, WorkerError,
+                                       WorkerFailed)
 
 # A client this many step messages behind is cancelled rather than buffered forever.
 MAX_PENDING_EVENTS = 8192
@@ -79,7 +80,7 @@ class RequestHandle:
         self.last_token_at: float | None = None   # with first_token_at: inter-token latency
         self.started_msg: Started | None = None
         self.done: Done | None = None
-        self.failure: APIError | None = None
+        self.failure: WorkerError | None = None
         self.cancel_requested = False
         self.cancel_sent_at: float | None = None
         self._events = Inbox()
@@ -124,7 +125,7 @@ class RequestHandle:
         self.done = msg
         self._events.put(msg)
 
-    def fail(self, error: APIError) -> None:
+    def fail(self, error: WorkerError) -> None:
         """End the request with an error (worker died mid-stream, worker error, ...)."""
         if self.state == FINISHED:
             return
@@ -133,7 +134,7 @@ class RequestHandle:
         self.state = FINISHED
         self._events.put(error)
 
-    def set_failure(self, error: APIError) -> None:
+    def set_failure(self, error: WorkerError) -> None:
         """Record the error a worker reported; its Done follows."""
         if self.failure is None:
             self.failure = error
@@ -146,11 +147,11 @@ class RequestHandle:
     async def started(self, timeout: float) -> Started:
         """Wait until the worker has the prompt checked and prefill begins.
 
-        Raises the APIError the client should get: context too long (400), waited in
-        the queue too long (503), worker failed (503), ..."""
+        Raises the domain error (supervisor/workers/errors.py) that ended it: context
+        too long, waited in the queue too long, worker failed, ..."""
         if not await self._events.wait(timeout):
             self.cancel()
-            raise APIError.overloaded(
+            raise Overloaded(
                 f"The request waited more than {timeout:g} s for model `{self.model}`; "
                 "the server is busy, please retry.", retry_after_s=max(1, int(timeout // 4)))
         item = self._events.popleft()
@@ -159,17 +160,17 @@ class RequestHandle:
     def _check_first(self, item) -> Started:
         if isinstance(item, Started):
             return item
-        if isinstance(item, APIError):
+        if isinstance(item, WorkerError):
             raise item
         if isinstance(item, Done):
             if self.failure is not None:
                 raise self.failure
-            raise APIError.worker_failed("The request was cancelled before it started.")
-        raise APIError.internal()
+            raise WorkerFailed("The request was cancelled before it started.")
+        raise Internal()
 
     async def deltas(self, deadline: float, idle: float | None = None) -> AsyncIterator[list[Delta]]:
         """Yield the step outputs as they come, several at once when the client lags
-        (coalescing). Ends after the Done (then `self.done` is set); raises APIError on
+        (coalescing). Ends after the Done (then `self.done` is set); raises WorkerError on
         a failure, and cancels then raises 504 once `deadline` (monotonic) passes.
         With `idle`, an empty list comes after that many quiet seconds (for pings)."""
         while True:
@@ -180,7 +181,7 @@ class RequestHandle:
                     yield []
                     continue
                 self.cancel()
-                raise APIError.timeout(
+                raise RequestTimeout(
                     "The request exceeded the server's request timeout and was cancelled.")
             batch = []
             for item in self._events.drain():
@@ -190,11 +191,11 @@ class RequestHandle:
                 if batch:
                     yield batch
                     batch = []
-                if isinstance(item, APIError):
+                if isinstance(item, WorkerError):
                     raise item
                 if isinstance(item, Done):
                     if self.failure is not None or item.finish_reason == "error":
-                        raise self.failure or APIError.internal()
+                        raise self.failure or Internal()
                     return
             if batch:
                 yield batch

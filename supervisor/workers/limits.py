@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from protocol import EncodeError
-from supervisor.http.errors import APIError
+from supervisor.workers.errors import BadRequest, ContextTooLong, Internal, WorkerError
 
 log = logging.getLogger("mlxd.runner")
 
@@ -26,7 +26,7 @@ def check_limits(fields: dict, params: dict, context_length: int | None,
     if ctx and max_tokens is not None and max_tokens > ctx:
         # Whatever the prompt, it cannot fit: OpenAI's code for it, before any queueing.
         name = params.get("max_tokens", "max_tokens")
-        raise APIError.context_length_exceeded(
+        raise ContextTooLong(
             f"This model's maximum context length is {ctx} tokens. However, you requested "
             f"{max_tokens} tokens in the completion alone ({name}). Please reduce {name}.",
             name)
@@ -35,26 +35,26 @@ def check_limits(fields: dict, params: dict, context_length: int | None,
     top_k = fields.get("top_k")
     if top_k is not None and top_k > vocab:
         name = params.get("top_k", "top_k")
-        raise APIError.bad_request(
+        raise BadRequest(
             f"Invalid value for '{name}': integer above maximum value. This model's "
             f"vocabulary has {vocab} tokens, so top_k must be at most {vocab}, but got "
             f"{top_k} instead.", name, "integer_above_max_value")
     for token, _ in fields.get("logit_bias") or ():
         if not 0 <= token < vocab:
             name = params.get("logit_bias", "logit_bias")
-            raise APIError.bad_request(
+            raise BadRequest(
                 f"Invalid value for '{name}': token id {token} is out of range: this "
                 f"model's vocabulary has {vocab} tokens (ids 0 to {vocab - 1}).",
                 name, "invalid_value")
 
 
-def unsendable(e: Exception) -> APIError:
+def unsendable(e: Exception) -> WorkerError:
     """The error for a request that could not be sent to its worker. The surface refuses
     values that cannot travel before this (a 400 naming the parameter); this is the
     guard behind it, so a field added later cannot wedge a model."""
     if isinstance(e, EncodeError):
         log.warning("a request could not be encoded for the worker: %s", e)
-        return APIError.bad_request(f"The request holds a value this server cannot process "
-                                    f"({e}).", e.field)
+        return BadRequest(f"The request holds a value this server cannot process ({e}).",
+                          e.field)
     log.error("a request could not be sent to the worker", exc_info=e)
-    return APIError.internal()
+    return Internal()

@@ -76,6 +76,7 @@ class ProcessLink(WorkerLink):
     """A real worker subprocess speaking the protocol over ipc:// sockets."""
 
     STDERR_LINES = 50
+    MAX_LINE = 2000  # characters of one stderr line that reach the log
 
     def __init__(self, *, epoch: int, model: str, name: str, runtime_dir: Path,
                  ctx: zmq.asyncio.Context, worker_args: list[str],
@@ -112,12 +113,18 @@ class ProcessLink(WorkerLink):
         self._stderr_task = asyncio.create_task(self._read_stderr())
 
     async def _read_stderr(self) -> None:
+        """Log the worker's stderr line by line, each line cut at MAX_LINE. Read in chunks,
+        not readline(): a line over asyncio's 64 KiB limit would end the reader, the pipe
+        would fill, and the worker would block on its next write with heartbeats still
+        flowing (a hang nothing notices)."""
         wlog = logging.getLogger(f"mlxd.worker.{self._name}")
         assert self._proc and self._proc.stderr
-        while line := await self._proc.stderr.readline():
-            text = line.decode("utf-8", "replace").rstrip()
-            self._stderr.append(text)
-            wlog.info("%s", text)
+        try:
+            async for line in stderr_lines(self._proc.stderr, self.MAX_LINE):
+                self._stderr.append(line)
+                wlog.info("%s", line)
+        except Exception:  # never silently: a dead reader is how the pipe fills
+            log.exception("reading worker %s's stderr failed", self._name)
 
     def send(self, msg) -> None:
         if self._cmd is None:
@@ -190,3 +197,28 @@ def name_slug(name: str) -> str:
     """A short filesystem-safe tag for socket names (AF_UNIX paths are short)."""
     keep = "".join(c if c.isalnum() else "-" for c in name.rsplit("/", 1)[-1])
     return keep[:16] or "model"
+
+
+async def stderr_lines(stream: asyncio.StreamReader, max_line: int):
+    """The stream's lines (decoded, right-stripped), each cut at `max_line` characters
+    with a note of its full size; lines of any length, in bounded memory."""
+    keep = max_line * 4  # bytes of one line held (UTF-8: at most 4 bytes a character)
+    buf, dropped = b"", 0
+    while chunk := await stream.read(1 << 16):
+        buf += chunk
+        while (end := buf.find(b"\n")) >= 0:
+            line, buf = buf[:end], buf[end + 1:]
+            yield _cut(line, dropped, max_line)
+            dropped = 0
+        if len(buf) > keep:  # a line longer than is kept: count the rest, drop it
+            dropped += len(buf) - keep
+            buf = buf[:keep]
+    if buf or dropped:
+        yield _cut(buf, dropped, max_line)
+
+
+def _cut(line: bytes, dropped: int, max_line: int) -> str:
+    text = line.decode("utf-8", "replace").rstrip()
+    if len(text) > max_line or dropped:
+        text = f"{text[:max_line]}… [line cut: {len(line) + dropped} bytes]"
+    return text

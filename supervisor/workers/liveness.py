@@ -13,6 +13,7 @@ from typing import Iterable
 
 from protocol import Heartbeat
 from supervisor.config import Config
+from supervisor.workers.states import ExitCause, Verdict
 
 
 @dataclass
@@ -35,14 +36,16 @@ class Liveness:
         self.active_bytes, self.peak_bytes = msg.active_bytes, msg.peak_bytes
 
     def verdict(self, now: float, config: Config, *, busy: bool,
-                cancels_sent_at: Iterable[float | None]) -> str | None:
+                cancels_sent_at: Iterable[float | None]) -> Verdict | None:
         """Why the worker must be killed now, or None. `busy`: it has requests and is
         serving (a worker still loading makes no steps and is not hung)."""
         if now - self.heartbeat_at > config.heartbeat_timeout:
-            return f"no heartbeat for {config.heartbeat_timeout:g} s"
+            return Verdict(ExitCause.HEARTBEAT, f"no heartbeat for {config.heartbeat_timeout:g} s")
         if busy and now - self.steps_changed_at > config.hang_timeout:
-            return f"hung: busy with no progress for {config.hang_timeout:g} s"
+            return Verdict(ExitCause.HUNG,
+                           f"hung: busy with no progress for {config.hang_timeout:g} s")
         for sent in cancels_sent_at:
             if sent is not None and now - sent > config.cancel_grace:
-                return f"cancel unanswered for {config.cancel_grace:g} s"
+                return Verdict(ExitCause.CANCEL,
+                               f"cancel unanswered for {config.cancel_grace:g} s")
         return None

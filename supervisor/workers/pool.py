@@ -38,9 +38,11 @@ from pathlib import Path
 
 import zmq.asyncio
 
+from protocol.settings import worker_argv
 from supervisor.memory import catalog
 from supervisor.config import Config
-from supervisor.http.errors import APIError
+from supervisor.workers.errors import (BadRequest, InsufficientMemory, LoadFailed, ModelNotFound,
+                                       Overloaded, WorkerError, WorkerFailed)
 from supervisor.memory.gate import MemoryGate
 from supervisor.workers.link import LinkFactory, ProcessLink
 from supervisor.memory.probe import CRITICAL, Probe, probe_for
@@ -55,15 +57,9 @@ GATE_POLL_S = 0.25
 
 
 def worker_args(config: Config) -> list[str]:
-    """Flags every worker gets from the server's configuration."""
-    args = ["--state-dir", str(config.state_dir), "--prefill-step", str(config.prefill_step),
-            "--heartbeat-interval", str(config.heartbeat_interval),
-            "--stream-interval", str(config.stream_interval)]
-    if config.max_context_tokens:
-        args += ["--max-context-tokens", str(config.max_context_tokens)]
-    if config.log_prompts:
-        args.append("--log-prompts")
-    return args
+    """Flags every worker gets from the server's configuration: the worker settings of
+    the one table (protocol/settings.py), which the worker's parser reads back."""
+    return worker_argv(config)
 
 
 def process_link_factory(config: Config, model: str, runtime_dir: Path,
@@ -154,13 +150,13 @@ class Pool:
         if found is not None and (runner := self.at(found.real)) is not None:
             return runner  # another spelling of a loaded model (loading is not routing)
         if self._shutting_down:
-            raise APIError.worker_failed("The server is shutting down.")
+            raise WorkerFailed("The server is shutting down.")
         why = catalog.refusal(name, found, None if anywhere else self.roots())
         if not why and not self.config.allow_load_on_request:
             why = "--allow-load-on-request is off"
         if why:
             self._reject(name, why)
-            raise APIError.model_not_found(name)
+            raise ModelNotFound(name)
         log.info("loading %s on request (%s)", catalog.shown(name), found.real)
         return self.add(name, target=found, on_request=True)
 
@@ -229,7 +225,7 @@ class Pool:
         async with self._admission:
             while True:
                 if not self._slot_free(runner):
-                    refusal = APIError.overloaded(
+                    refusal = Overloaded(
                         f"{self.config.max_models} model(s) are loaded (--max-models) and "
                         f"none is idle; `{runner.id}` cannot be loaded now.", 5)
                     why = "max-models"
@@ -243,7 +239,7 @@ class Pool:
                         log.info("model %s admitted: needs %.2f GiB, %.2f GiB free",
                                  runner.id, need / 2**30, verdict.free_bytes / 2**30)
                         return
-                    refusal = APIError.insufficient_memory(verdict.need_bytes, verdict.free_bytes)
+                    refusal = InsufficientMemory(verdict.need_bytes, verdict.free_bytes)
                     why = "memory"
                     log.info("model %s waits for memory: %s", runner.id, verdict.describe())
                     if not self._eviction_could_help(runner, verdict, reading.pressure):
@@ -320,20 +316,20 @@ class Pool:
         if h.finished:
             return
         if h.cancel_requested:
-            h.fail(APIError.worker_failed("The request was cancelled."))
+            h.fail(WorkerFailed("The request was cancelled."))
             return
         if not reroute:
-            h.fail(APIError.worker_failed(f"Model `{model}` was stopped; please retry."))
+            h.fail(WorkerFailed(f"Model `{model}` was stopped; please retry."))
             return
         try:
             self.get(model, anywhere=anywhere).adopt(h)
-        except APIError as e:
+        except WorkerError as e:
             h.fail(e)
 
     async def unload(self, name: str, mode: str = DRAIN, reason: str = "unloaded by admin") -> str:
         runner = self.lookup(name)
         if runner is None:
-            raise APIError.model_not_found(name)
+            raise ModelNotFound(name)
         await self._retire(runner, mode, reason, kind="admin")
         return runner.id
 
@@ -341,7 +337,7 @@ class Pool:
         """mlxctl kill: hard-cancel everything on the worker; restart it or not."""
         runner = self.lookup(name)
         if runner is None:
-            raise APIError.model_not_found(name)
+            raise ModelNotFound(name)
         if restart:
             ended = runner.kill()
         else:
@@ -356,7 +352,7 @@ class Pool:
         if runner is None:
             found = catalog.target(name, self.config.state_dir)
             if found is None:
-                raise APIError.model_not_found(name)
+                raise ModelNotFound(name)
             runner = self.add(name, pinned=True, target=found)
         runner.pinned = True
         await self._loaded(runner)
@@ -368,15 +364,14 @@ class Pool:
         if runner.refused is not None:
             raise runner.refused
         if runner.state in (BROKEN, STOPPED):
-            raise APIError(503, f"Model `{runner.id}` could not be loaded: {runner.last_error}",
-                           "server_error", None, "model_load_failed")
+            raise LoadFailed(f"Model `{runner.id}` could not be loaded: {runner.last_error}")
 
     async def swap(self, name: str, mode: str = DRAIN, replace: list[str] | None = None) -> SwapResult:
         """Load `name` behind the memory gate, then retire the models it replaces (by
         default every other resident model) in `mode`. The old ones keep serving while
         the new one loads, unless the gate needs their memory first."""
         if mode not in (DRAIN, FORCE):
-            raise APIError.bad_request("mode must be `drain` or `force`.", "mode")
+            raise BadRequest("mode must be `drain` or `force`.", "mode")
         t0 = self._clock()
         async with self._swaps:
             new = self.lookup(name)
@@ -385,7 +380,7 @@ class Pool:
                 for n in replace:
                     old = self.lookup(n)
                     if old is None:
-                        raise APIError.model_not_found(n)
+                        raise ModelNotFound(n)
                     olds.append(old)
             else:
                 olds = [r for r in self.runners.values() if r is not new]
@@ -394,7 +389,7 @@ class Pool:
                 if new is None:
                     found = catalog.target(name, self.config.state_dir)
                     if found is None:
-                        raise APIError.model_not_found(name)
+                        raise ModelNotFound(name)
                     new = self.add(name, pinned=True, target=found)
                     # Before its gate runs (no await since add): the gate may retire these.
                     self._replaces[new] = (olds, mode)
@@ -402,7 +397,7 @@ class Pool:
                 await self._loaded(new)
                 await asyncio.gather(*(self._retire(o, mode, f"swapped for {new.id}", kind="swap")
                                        for o in olds if o in self.runners.values()))
-            except APIError:
+            except WorkerError:
                 self.observer.swapped(mode, "failed", self._clock() - t0)
                 raise
             seconds = self._clock() - t0

@@ -73,7 +73,7 @@ def test_swap_under_load(tiny_model, model_b, mode):
                 lines = s.iter_lines()
                 next(line for line in lines if line.startswith("data: "))
                 queued = pool.submit(chat, srv, a, 5)  # waits behind the stream on `a`
-                wait_for(lambda: workers(srv)[a]["queued"] == 1, 10)
+                wait_for(lambda: workers(srv)[a]["in_flight"] == 2, 10)  # sent ahead
                 swap = pool.submit(timed, admin, srv, "POST", "/admin/swap", {"model": b, "mode": mode})
                 rest = [line for line in lines if line.startswith("data: ")]
                 stream_ended = time.monotonic()

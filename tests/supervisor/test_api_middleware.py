@@ -95,6 +95,15 @@ async def plain_started_bug(request):
     raise RuntimeError("secret-internal-detail")
 
 
+@routes.get("/bad-header-stream")
+async def bad_header_stream(request):
+    # A header value the writer refuses: prepare() fails before anything is sent.
+    resp = web.StreamResponse(headers={"X-Note": "a\x1fb"})
+    resp.content_type = "text/event-stream"
+    await resp.prepare(request)
+    await resp.write(b"data: never\n\n")
+
+
 def make_app() -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
     install_request_id(app)
@@ -277,3 +286,12 @@ async def test_bug_in_started_plain_body_drops_connection(client):
     assert resp.status == 200
     with pytest.raises(aiohttp.ClientError):
         await resp.read()  # never a clean end to a truncated JSON body
+
+
+async def test_a_prepare_that_fails_on_its_headers_drops_the_connection(client):
+    # No status line went out, so no SSE error event may follow (a client would read
+    # it as a garbled response): the connection is dropped, and the server goes on.
+    with pytest.raises(aiohttp.ClientError):
+        r = await client.get("/bad-header-stream")
+        await r.read()
+    assert (await client.get("/ok")).status == 200

@@ -12,6 +12,7 @@ from protocol import Heartbeat
 from supervisor.config import Config, size
 from supervisor.memory.gate import MemoryGate
 from supervisor.workers.liveness import Liveness
+from supervisor.workers.states import ExitCause
 from supervisor.memory.probe import (CRITICAL, NORMAL, WARN, FileProbe, MemoryReading, SystemProbe,
                                parse_macos_pressure, parse_psi, psi_level, worse)
 from supervisor.workers.throughput import TokenRate
@@ -137,11 +138,12 @@ def test_liveness_verdicts():
     cfg = Config(heartbeat_timeout=2, hang_timeout=5, cancel_grace=1)
     lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)
     assert lv.verdict(101.0, cfg, busy=True, cancels_sent_at=[]) is None
-    assert "heartbeat" in lv.verdict(102.5, cfg, busy=False, cancels_sent_at=[])
+    assert lv.verdict(102.5, cfg, busy=False, cancels_sent_at=[]).cause is ExitCause.HEARTBEAT
     lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=0), 104.0)
     assert lv.verdict(104.0, cfg, busy=False, cancels_sent_at=[]) is None  # idle: not hung
-    assert "hung" in lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[])
+    assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[]).cause is ExitCause.HUNG
     lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=7), 105.5)
     assert lv.steps_changed_at == 105.5
-    assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[None, 104.0]) is not None
+    verdict = lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[None, 104.0])
+    assert verdict.cause is ExitCause.CANCEL and "1 s" in verdict.reason
     assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[105.0]) is None

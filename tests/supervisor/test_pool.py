@@ -11,6 +11,7 @@ import pytest
 
 from supervisor.config import Config
 from supervisor.http.errors import APIError
+from tests.supervisor.errors_seen import raises_api
 from supervisor.memory.probe import CRITICAL, MemoryReading
 from supervisor.workers.pool import Pool
 from supervisor.workers.runner import BROKEN, DRAIN, FORCE, READY
@@ -96,7 +97,7 @@ async def test_a_request_for_a_local_model_loads_it_and_unknown_names_are_404(tm
         assert await collect(runner.submit({"prompt": "x"})) == "w1 w2 "
         assert pool.find("a") is runner  # the path's last component is an alias
         assert not runner.pinned  # loaded on request: keep-alive may unload it
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             pool.get(str(tmp_path / "nope"))
         assert err.value.status == 404 and err.value.code == "model_not_found"
     finally:
@@ -107,7 +108,7 @@ async def test_load_on_request_can_be_switched_off(tmp_path):
     a = model_dir(tmp_path, "a")
     pool = make_pool(tmp_path, Worlds(), allow_load_on_request=False)
     try:
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             pool.get(a)
         assert err.value.status == 404 and not pool.runners
     finally:
@@ -122,7 +123,7 @@ async def test_gate_refuses_with_507_saying_need_and_free(tmp_path):
     try:
         h = pool.get(a).submit({"prompt": "x"})
         t0 = time.monotonic()
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await h.started(5)
         assert time.monotonic() - t0 >= 0.3  # it waited for memory before refusing
         e = err.value
@@ -158,7 +159,7 @@ async def test_critical_pressure_refuses_whatever_the_bytes(tmp_path):
     pool = make_pool(tmp_path, Worlds(), memory, memory_wait=0.2)
     try:
         h = pool.get(a).submit({"prompt": "x"})
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await h.started(5)
         assert err.value.status == 507
     finally:
@@ -189,7 +190,7 @@ async def test_max_models_evicts_lru_idle_and_refuses_when_all_are_busy(tmp_path
         await long.started(5)
         # a is busy: b cannot take its slot, and is refused once --memory-wait passes.
         hb = pool.get(b).submit({"prompt": "x", "max_tokens": 1})
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await hb.started(5)
         assert err.value.status == 503 and "--max-models" in err.value.message
         long.cancel()
@@ -244,14 +245,14 @@ async def test_swap_force_fails_in_flight_cleanly_and_still_serves_the_queued(tm
         queued = pool.get(a).submit({"prompt": "y", "max_tokens": 2})
         await running.started(5)
         await pool.swap(b, FORCE)
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await collect(running)
         assert err.value.status == 503 and "unloaded" in err.value.message
         # The queued request named `a`: it is served by a worker of `a`, loaded again
         # (the admin had loaded `a`: the model roots bind only what requests load).
         assert await collect(queued) == "w1 w2 "
         assert set(pool.runners) == {a, b}
-        with pytest.raises(APIError) as err:  # a new request still may not load it
+        with raises_api() as err:  # a new request still may not load it
             await pool.unload(a)
             pool.get(a)
         assert err.value.status == 404
@@ -265,7 +266,7 @@ async def test_swap_to_a_model_that_cannot_load_keeps_the_old_one(tmp_path):
     try:
         old = pool.add(a, pinned=True)
         await old.wait_ready(5)
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await pool.swap(b, DRAIN)
         assert err.value.status == 507
         assert pool.find(a) is old and old.state == READY
@@ -296,7 +297,7 @@ async def test_drain_lets_running_requests_finish_and_refuses_new_ones(tmp_path)
         await h.started(5)
         drained = asyncio.create_task(pool.drain(5))
         await asyncio.sleep(0)
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             runner.submit({"prompt": "late"})
         assert err.value.status == 503 and "shutting down" in err.value.message
         assert await drained is True
@@ -315,7 +316,7 @@ async def test_drain_gives_up_after_its_timeout(tmp_path):
         assert await pool.drain(0.2) is False
         assert 0.2 <= time.monotonic() - t0 < 1.0
         pool.begin_shutdown()
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await collect(h)
         assert "shutting down" in err.value.message
     finally:
@@ -333,7 +334,7 @@ async def test_admin_kill_ends_running_requests_and_respawns_without_counting_a_
         waiting = runner.submit({"prompt": "y", "max_tokens": 2})
         out = await pool.kill(a)
         assert out == {"model": a, "cancelled": 1, "restarted": True}
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await collect(h)
         assert "killed" in err.value.message
         assert await collect(waiting) == "w1 w2 "  # queued: served by the new worker
@@ -354,7 +355,7 @@ async def test_admin_kill_without_restart_unloads(tmp_path):
         await pool.kill(a, restart=False)
         assert pool.find(a) is None and runner.state == "stopped"
         for handle in (h, queued):
-            with pytest.raises(APIError):
+            with raises_api():
                 await collect(handle)
     finally:
         await pool.stop()
@@ -384,7 +385,7 @@ def shape(err: APIError, name: str) -> tuple:
 
 async def not_found(call, *args) -> APIError:
     """The APIError that `call(*args)` raises (awaited if need be); it must be the 404."""
-    with pytest.raises(APIError) as err:
+    with raises_api() as err:
         out = call(*args)
         if asyncio.iscoroutine(out):
             await out
@@ -451,7 +452,7 @@ async def test_absurd_names_are_the_plain_404_everywhere(tmp_path, name):
         await not_found(pool.get, name)
         for admin_call in (pool.load, pool.unload, pool.kill):
             await not_found(admin_call, name)
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await pool.swap(name)
         assert err.value.status == 404
         assert not pool.runners and "\0" not in pool.rejections[0]["model"]
@@ -465,7 +466,7 @@ async def test_a_failed_load_on_request_leaves_no_entry_and_may_be_retried(tmp_p
     pool = make_pool(tmp_path, worlds)
     try:
         h = pool.get(a).submit({"prompt": "x"})
-        with pytest.raises(APIError) as err:  # the client that asked gets the load error
+        with raises_api() as err:  # the client that asked gets the load error
             await h.started(5)
         assert err.value.status == 503 and "bad weights" in err.value.message
         await until(lambda: pool.find(a) is None)

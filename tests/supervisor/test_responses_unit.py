@@ -132,3 +132,17 @@ def test_request_tools_choice_and_formats():
     with pytest.raises(APIError) as e:
         parse_responses_request({"model": "m"})
     assert e.value.param == "input"
+
+
+@pytest.mark.parametrize("kind", ["\u001f", "web search", "x\r\nSet-Cookie: a=b", "A" * 65, ""])
+def test_a_tool_type_that_is_no_tool_type_is_a_400_not_a_header(kind):
+    # Skipped built-in tools are named in the X-MLXD-Warning header: only names shaped
+    # like OpenAI's tool types may get there.
+    from supervisor.api.responses.request import parse_responses_request
+
+    with pytest.raises(APIError) as err:
+        parse_responses_request({"model": "m", "input": "hi", "tools": [{"type": kind}]})
+    assert err.value.status == 400 and err.value.param == "tools[0].type"
+    req = parse_responses_request({"model": "m", "input": "hi", "tools": [
+        {"type": "web_search_preview_2025_03_11"}]})
+    assert req.skipped_tools == ["web_search_preview_2025_03_11"]

@@ -10,6 +10,7 @@ import pytest
 from protocol import Cancel, Generate
 from supervisor.config import Config
 from supervisor.http.errors import APIError
+from tests.supervisor.errors_seen import raises_api
 from supervisor.workers.runner import BROKEN, READY, ModelRunner
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 
@@ -51,15 +52,17 @@ async def test_crash_mid_stream_fails_started_and_requeues_waiting():
     try:
         first = runner.submit({"prompt": "a"})
         second = runner.submit({"prompt": "b"})
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await collect(first)
         assert err.value.status == 503 and "retry" in err.value.message
         assert await collect(second) == "w1 w2 w3 "  # served by the next incarnation
         assert runner.restarts == 1 and runner.epoch == 2
-        # The waiting request went down only once it had a live worker, under a new rid.
+        # The waiting request had been sent ahead (prefetch), never started, and went
+        # down again to the next incarnation under a new rid.
         gens = [m for m in world.received if isinstance(m, Generate)]
-        assert [g.prompt for g in gens] == ["a", "b"]
-        assert gens[1].rid.endswith("-1") and runner.restart_causes["crash"] == 1
+        assert [g.prompt for g in gens] == ["a", "b", "b"]
+        assert gens[1].rid.endswith("-1") and gens[2].rid.endswith("-2")
+        assert runner.restart_causes["crash"] == 1
     finally:
         await runner.stop()
 
@@ -73,10 +76,10 @@ async def test_dispatched_but_not_started_is_requeued_after_death():
     try:
         a = runner.submit({"prompt": "a"})
         b = runner.submit({"prompt": "b"})
-        with pytest.raises(APIError):
+        with raises_api():
             await collect(a)
         assert await collect(b) == "w1 w2 "
-        assert b.attempt == 1  # it was queued on the supervisor, never sent to epoch 1
+        assert b.attempt == 2  # sent ahead to epoch 1, never started there: sent again
     finally:
         await runner.stop()
 
@@ -86,7 +89,7 @@ async def test_hung_worker_is_killed_by_heartbeat_timeout_and_replaced():
                       behaviour=FakeBehaviour(tokens=2))
     runner = make(world, heartbeat_timeout=0.3)
     try:
-        with pytest.raises(APIError):
+        with raises_api():
             await collect(runner.submit({"prompt": "a"}))
         assert await collect(runner.submit({"prompt": "b"})) == "w1 w2 "
         assert runner.restart_causes["heartbeat"] == 1
@@ -122,7 +125,7 @@ async def test_crash_loop_marks_broken_and_refuses():
             await asyncio.sleep(0.02)
             assert time.monotonic() - t0 < 5
         assert runner.epoch == 3 and "crash loop" in runner.last_error
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             runner.submit({"prompt": "x"})
         assert err.value.status == 503 and "crash loop" in err.value.message
     finally:
@@ -134,7 +137,7 @@ async def test_load_error_is_broken_at_once_with_its_message():
     runner = make(world)
     try:
         h = runner.submit({"prompt": "x"})
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await h.started(3)
         assert err.value.status == 503 and "not in the cache" in err.value.message
         assert runner.state == BROKEN and runner.epoch == 1
@@ -148,15 +151,20 @@ async def test_queue_full_and_queue_timeout_are_503_with_retry_after():
     try:
         running = runner.submit({"prompt": "a"})
         await running.started(2)
-        waiting = runner.submit({"prompt": "b"})
-        with pytest.raises(APIError) as full:
-            runner.submit({"prompt": "c"})
+        ahead = runner.submit({"prompt": "b"})     # sent ahead to the worker (prefetch)
+        waiting = runner.submit({"prompt": "c"})   # the one queue place
+        with raises_api() as full:
+            runner.submit({"prompt": "d"})
         assert full.value.status == 503 and "Retry-After" in full.value.headers
-        with pytest.raises(APIError) as late:
+        with raises_api() as late:
             await waiting.started(0.2)
         assert late.value.status == 503 and "Retry-After" in late.value.headers
         assert not runner.queue  # the timed-out request left the queue
-        assert all(g.prompt != "b" for g in world.received if isinstance(g, Generate))
+        assert all(g.prompt != "c" for g in world.received if isinstance(g, Generate))
+        with raises_api() as late:  # waiting on the worker times out the same way
+            await ahead.started(0.2)
+        assert late.value.status == 503
+        assert any(isinstance(m, Cancel) and m.rid == ahead.rid for m in world.received)
     finally:
         await runner.stop()
 
@@ -167,7 +175,7 @@ async def test_request_timeout_cancels_and_is_504():
     try:
         h = runner.submit({"prompt": "a"})
         await h.started(2)
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             async for _ in h.deltas(time.monotonic() + 0.1):
                 pass
         assert err.value.status == 504
@@ -185,7 +193,7 @@ async def test_context_error_from_worker_maps_to_400():
     runner = make(world)
     try:
         h = runner.submit({"prompt": "abcdef", "max_tokens": 8})
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await h.started(2)
         assert err.value.status == 400 and err.value.code == "context_length_exceeded"
     finally:
@@ -231,7 +239,7 @@ async def test_a_client_too_far_behind_is_cancelled(monkeypatch):
         await h.started(2)
         await asyncio.sleep(0.2)  # the handler does not read: events pile up
         assert any(isinstance(m, Cancel) and m.rid == h.rid for m in world.received)
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             async for _ in h.deltas(time.monotonic() + 5):
                 pass
         assert err.value.status == 503 and "too slowly" in err.value.message
@@ -251,7 +259,7 @@ async def test_a_request_that_cannot_be_sent_fails_alone_and_frees_its_slot(fiel
         assert await runner.wait_ready(5)
         bad = runner.submit(fields)
         good = runner.submit({"prompt": "b"})
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             await bad.started(1.0)
         assert err.value.status == 400 and err.value.param in fields
         assert bad.finished and bad.attempt == 1  # tried once, never re-queued
@@ -276,7 +284,7 @@ async def test_integers_beyond_the_models_limits_are_refused_before_queueing(
     runner = make(world)
     try:
         assert await runner.wait_ready(5)
-        with pytest.raises(APIError) as err:
+        with raises_api() as err:
             runner.submit(fields, params)
         assert err.value.status == 400 and err.value.param == param
         assert not runner.queue and not runner.inflight

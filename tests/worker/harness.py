@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 class WorkerProc:
     """The test plays the supervisor: it binds both sockets and spawns the worker."""
 
-    def __init__(self, model, state_dir, *extra, epoch: int = 1, name: str = "w"):
+    def __init__(self, model, state_dir, *extra, epoch: int = 1, name: str = "w",
+                 env: dict | None = None):
         self.runtime = sockets.make_runtime_dir()
         self.endpoints = sockets.Endpoints.for_worker(self.runtime, name)
         self.ctx = zmq.Context()
@@ -31,8 +32,10 @@ class WorkerProc:
         self.epoch = epoch
         self.argv = [sys.executable, "-m", "worker", "--model", str(model),
                      "--commands", self.endpoints.commands, "--events", self.endpoints.events,
-                     "--epoch", str(epoch), "--state-dir", str(state_dir), *map(str, extra)]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+                     "--epoch", str(epoch), "--state-dir", str(state_dir),
+                     # One Delta per token: the tests count them.
+                     "--stream-interval", "0", *map(str, extra)]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}
         # stderr to a file, not a pipe nobody drains (a full pipe would block the worker).
         self.stderr_path = self.runtime / "stderr.log"
         with open(self.stderr_path, "wb") as err:

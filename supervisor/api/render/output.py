@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.messages import ToolCall, unpack_floats, unpack_ids
+from protocol.messages import ToolCall, unpack_ids
 
 
 @dataclass(frozen=True)
@@ -29,21 +29,9 @@ def _token_text(raw: bytes) -> str:
 
 def token_logprobs(delta) -> list[TokenLogprob]:
     """The per-token logprobs of one Delta (empty unless the request asked for them)."""
-    if not delta.logprobs:
-        return []
-    values = unpack_floats(delta.logprobs)
-    n = len(values)
-    top_lp = unpack_floats(delta.top_logprobs) if delta.top_logprobs else []
-    k = len(top_lp) // n if n else 0
-    raw = delta.token_bytes
-    out = []
-    for i, lp in enumerate(values):
-        base = i * (k + 1)
-        tok = raw[base] if base < len(raw) else b""
-        top = [(_token_text(raw[base + 1 + j]), top_lp[i * k + j], list(raw[base + 1 + j]))
-               for j in range(k) if base + 1 + j < len(raw)]
-        out.append(TokenLogprob(_token_text(tok), lp, list(tok), top))
-    return out
+    return [TokenLogprob(_token_text(tok), lp, list(tok),
+                         [(_token_text(b), alt, list(b)) for b, alt in top])
+            for tok, lp, top in delta.logprob_rows()]
 
 
 @dataclass
@@ -67,7 +55,7 @@ class Part:
                 part.tool_calls.append(ToolCall.from_wire(item))
             if want_logprobs and d.logprobs:
                 part.logprobs.extend(token_logprobs(d))
-            part.tokens += len(d.token_ids) // 4
+            part.tokens += d.n_tokens
         part.text = "".join(texts)
         part.reasoning = "".join(reasoning)
         return part

@@ -8,6 +8,8 @@ text.format go through the same parsers as chat completions (supervisor/api/pars
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -116,11 +118,19 @@ def _split_tools(body: dict) -> tuple[list, list]:
         kind = tool.get("type")
         if kind == "function":
             tools.append(tool)
-        elif isinstance(kind, str):
-            skipped.append(kind)
-        else:
+        elif not isinstance(kind, str):
             raise invalid_type(f"tools[{i}].type", "a string", kind)
+        elif _TOOL_TYPE.fullmatch(kind):
+            skipped.append(kind)  # a built-in tool (web_search, ...): named in a header
+        else:
+            raise invalid_value(f"tools[{i}].type", f"'{kind[:64]}' is not a tool type.")
     return tools, skipped
+
+
+# What OpenAI's tool types look like (web_search_preview_2025_03_11, mcp, ...). Only such
+# names are skipped and echoed in the X-MLXD-Warning header: a header never carries text
+# a client chose freely.
+_TOOL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def _parse_reasoning(body: dict) -> Optional[dict]:

@@ -25,6 +25,7 @@ from supervisor.api.responses.items import output_to_items, to_chat_messages
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
 from supervisor.api.responses.runs import Run
 from supervisor.http.errors import SERVER_ERROR, APIError, read_json
+from supervisor.workers.errors import WorkerError
 from supervisor.keys import CONFIG, POOL
 from supervisor.api.responses.store import ChainError, ResponseStore, SchemaTooNew, StoreUnavailable
 
@@ -184,7 +185,7 @@ async def _background(svc: Responses, run: Run, headers: dict) -> web.Response:
     async def detached():
         try:
             await run.wait_started()
-        except APIError as e:
+        except (APIError, WorkerError) as e:
             run.handle.close()
             await run.fail_before_start(e)
             return

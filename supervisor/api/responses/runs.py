@@ -22,6 +22,7 @@ from typing import AsyncIterator
 from supervisor.api.render.output import Part
 from supervisor.api.responses.builder import ResponseBuilder, usage
 from supervisor.http.errors import APIError
+from supervisor.workers.errors import BadRequest, WorkerError
 from supervisor.api.responses.store import ResponseStore, StoredResponse, StoreUnavailable
 
 log = logging.getLogger("mlxd.responses")
@@ -83,9 +84,10 @@ class Run:
                 self._emit(b.finish("incomplete", usage=u, incomplete_reason="max_output_tokens"))
             else:
                 self._emit(b.finish("completed", usage=u))
-        except APIError as e:
-            # Mid-stream failures (worker died: retryable; timeout) end the response.
-            self._emit(b.finish("failed", error={"code": "server_error", "message": e.message}))
+        except (APIError, WorkerError) as e:
+            # Mid-stream failures (worker died: retryable; timeout; a grammar the request
+            # brought failing) end the response.
+            self._emit(b.finish("failed", error=response_error(e)))
         finally:
             handle.close()
             await self._final_save()
@@ -118,15 +120,14 @@ class Run:
             log.exception("response %s: could not record its final state", self.id)
         return None
 
-    async def fail_before_start(self, error: APIError) -> None:
+    async def fail_before_start(self, error: APIError | WorkerError) -> None:
         """A background run that never started: cancelled while queued, or refused
         (context too long, ...): the response says so rather than an HTTP error nobody
         is there to read."""
         if self.handle.cancel_requested:
             self._emit(self.builder.finish("cancelled"))
         else:
-            self._emit(self.builder.finish("failed", error={"code": "server_error",
-                                                             "message": error.message}))
+            self._emit(self.builder.finish("failed", error=response_error(error)))
         await self._final_save()
 
     async def follow(self, start: int = 0) -> AsyncIterator[dict]:
@@ -145,3 +146,10 @@ class Run:
 
     def cancel(self) -> None:
         self.handle.cancel()
+
+
+def response_error(e: APIError | WorkerError) -> dict:
+    """A failure as a response's `error` (the spec's ResponseErrorCode): the request's
+    own fault is `invalid_prompt`, anything else `server_error`."""
+    own = isinstance(e, BadRequest) or (isinstance(e, APIError) and e.status < 500)
+    return {"code": "invalid_prompt" if own else "server_error", "message": e.message}

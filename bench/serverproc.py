@@ -1,0 +1,107 @@
+"""Start a real `mlxd` (supervisor + worker subprocesses) on a free port, for benchmarks
+and integration tests.
+
+It lives in bench/ because both need it and the dependency may only point one way: the
+benchmarks run as `python -m bench.…` from the repository root and must not reach into
+tests/ (test code is not a library), while tests may use this package like any other
+module of the repository. tests/serverproc.py re-exports it under its old name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, models: list[str], *args: str, state_dir: Path | None = None,
+                 env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._tmp = None
+        if state_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="mlxd-test-")
+            state_dir = Path(self._tmp.name)
+        self.state_dir = state_dir
+        self.log_path = state_dir / "server.stderr"
+        argv = [sys.executable, "-m", "supervisor", "--port", str(self.port),
+                "--state-dir", str(state_dir)]
+        for m in models:
+            argv += ["--model", m]
+        argv += list(args)
+        self._log = open(self.log_path, "wb")
+        # Hermetic: an empty Hugging Face cache unless a test brings one, so /v1/models
+        # lists only what the test made, whatever this machine has downloaded.
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1",
+                    "HF_HUB_CACHE": str(state_dir / "hf-cache"), **(env or {})}
+        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=full_env)
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+                return r.status, json.load(r)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)
+
+    def wait_healthy(self, timeout: float = 120.0) -> dict:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlxd exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                code, body = self.get("/health", timeout=2)
+                last = body
+                if code == 200 and body.get("status") == "ok":
+                    return body
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"mlxd not healthy after {timeout}s: {last}\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def worker_pids(self) -> list[int]:
+        _, body = self.get("/health")
+        return [w["pid"] for w in body.get("workers", []) if w.get("pid")]
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

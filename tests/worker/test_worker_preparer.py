@@ -1,0 +1,116 @@
+"""Preparation (template, tokenization, grammar) runs off the MLX thread (issue #9, 3 and 7).
+
+In-process with the real engine and scheduler; the engine's `prepare` is wrapped so a
+test can hold one request's preparation open and act meanwhile. Every wait is bounded:
+if preparation held the MLX thread, or a Done went missing, a test fails, never hangs.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from protocol.messages import Cancel, Generate, Shutdown
+from tests.worker.test_worker_scheduler import FakeLink, serve
+from worker.scheduler import Scheduler
+from worker.status import WorkerStatus
+
+WAIT = 10.0  # s: far beyond what any of these steps takes
+
+
+class HeldPreparation:
+    """engine.prepare, except that the request `rid` signals `entered` and then waits
+    for `release` before it is prepared."""
+
+    def __init__(self, engine, monkeypatch, rid: str):
+        self.rid = rid
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.released_in_time = None
+        self.threads = set()
+        real = engine.prepare
+
+        def prepare(gen):
+            self.threads.add(threading.current_thread().name)
+            if gen.rid == rid:
+                self.entered.set()
+                self.released_in_time = self.release.wait(WAIT)
+            return real(gen)
+
+        monkeypatch.setattr(engine, "prepare", prepare)
+
+
+def gen(rid: str, max_tokens: int = 5) -> Generate:
+    return Generate(rid=rid, prompt="Hello", max_tokens=max_tokens, temperature=0.0)
+
+
+def test_decoding_goes_on_while_a_request_is_prepared(engine, monkeypatch):
+    held = HeldPreparation(engine, monkeypatch, "b")
+    after_entered = []
+
+    def on_send(msg, link):
+        # b's preparation is released only once a streams on while it is held open:
+        # impossible if preparing b held the thread that decodes a.
+        if msg.kind == "delta" and msg.rid == "a" and held.entered.is_set():
+            after_entered.append(msg)
+            if len(after_entered) == 5:
+                held.release.set()
+
+    link, _ = serve(engine, [gen("a", max_tokens=400), gen("b")], on_send)
+    assert held.released_in_time and len(after_entered) >= 5
+    assert link.of("a")[-1].finish_reason == "length"
+    assert link.kinds("b")[0] == "started" and link.of("b")[-1].finish_reason == "length"
+    assert held.threads == {"prepare"}  # never the MLX (here: the test's) thread
+
+
+def run_with_client(engine, commands, client, stop_after: str | None = None) -> FakeLink:
+    """Run a scheduler over `commands` while `client(link)` acts from another thread; a
+    Shutdown follows the Done of `stop_after`."""
+    link, status = FakeLink(), WorkerStatus(epoch=3)
+    link.on_send = lambda msg: (msg.kind == "done" and msg.rid == stop_after
+                                and link.commands.put(Shutdown()))
+    for c in commands:
+        link.commands.put(c)
+    t = threading.Thread(target=client, args=(link,))
+    t.start()
+    Scheduler(engine, link, status).run()
+    t.join(WAIT)
+    return link
+
+
+def test_cancel_during_preparation_is_answered_at_once_and_only_once(engine, monkeypatch):
+    held = HeldPreparation(engine, monkeypatch, "slow")
+    answered_while_held = []
+
+    def client(link):
+        held.entered.wait(WAIT)
+        link.commands.put(Cancel("slow"))
+        for _ in range(int(WAIT / 2 / 0.01)):  # well within the hold
+            if "done" in link.kinds("slow"):
+                break
+            threading.Event().wait(0.01)
+        answered_while_held.append("done" in link.kinds("slow"))
+        held.release.set()
+
+    link = run_with_client(engine, [gen("slow"), gen("after")], client, stop_after="after")
+    assert answered_while_held == [True] and held.released_in_time
+    assert link.kinds("slow") == ["done"] and link.of("slow")[0].finish_reason == "cancelled"
+    # Behind it in the preparation queue, the next request is served normally.
+    assert link.kinds("after")[0] == "started"
+    assert link.of("after")[-1].finish_reason == "length"
+
+
+def test_shutdown_during_preparation_answers_it_once(engine, monkeypatch):
+    held = HeldPreparation(engine, monkeypatch, "slow")
+
+    def client(link):
+        held.entered.wait(WAIT)
+        link.commands.put(Shutdown())
+
+    try:
+        link = run_with_client(engine, [gen("slow")], client)
+        assert held.entered.is_set() and not held.release.is_set()
+        assert link.kinds("slow") == ["done"]
+        assert link.of("slow")[0].finish_reason == "cancelled"
+    finally:
+        held.release.set()
