@@ -1,10 +1,10 @@
-"""The one request flow behind /v1/chat/completions and /v1/completions.
+"""Chat and legacy completions over the one request lifecycle (api/stream.py).
 
 Admission → wait for `started` (errors before the first byte get their real HTTP
 status: 400 context too long or a bad schema, 503 queue full/timeout) → stream SSE
-chunks or collect one body. Leaving for any reason (done, error, client gone: aiohttp
-cancels the handler) closes the handle, which cancels the worker's sequence if it is
-still running. The server's defaults (--default-max-tokens, --default-temperature,
+chunks or collect one body, rendered by the endpoint's Shapes. Leaving for any reason
+(done, error, client gone: aiohttp cancels the handler) closes the generation, which
+cancels the worker's sequence if it is still running. The server's defaults (--default-max-tokens, --default-temperature,
 --default-repetition-penalty) fill what the client left out, here, for every surface.
 """
 
@@ -18,7 +18,7 @@ from aiohttp import web
 
 from supervisor.api.render import shapes
 from supervisor.http import sse
-from supervisor.api.render.output import Output, Part
+from supervisor.api.stream import Generation
 from supervisor.http.errors import APIError, api_error, get_request_id
 from supervisor.workers.errors import WorkerError
 from supervisor.keys import CONFIG, POOL
@@ -57,59 +57,57 @@ async def run(request: web.Request, parsed,
               make_shapes: Callable[[str, int], Shapes]) -> web.StreamResponse:
     """`make_shapes(model, created)` gives the response's object builders."""
     config = request.app[CONFIG]
-    runner = request.app[POOL].get(parsed.model)
+    runner = await request.app[POOL].get(parsed.model)
     fields = apply_defaults(parsed.to_generate_fields(), config,
                             getattr(parsed, "default_max_tokens", None))
-    handle = runner.submit(fields)
+    gen = Generation(runner.submit(fields), queue_timeout=config.queue_timeout,
+                     request_timeout=config.request_timeout,
+                     logprobs=bool(fields.get("logprobs")))
     model = runner.id
     objects = make_shapes(model, int(time.time()))
     t0 = time.monotonic()
-    outcome = "error"
     try:
-        await handle.started(config.queue_timeout)
-        deadline = time.monotonic() + config.request_timeout
+        await gen.started()
         if parsed.stream:
-            resp = await _stream(request, parsed, objects, handle, deadline,
-                                 bool(fields.get("logprobs")))
-        else:
-            output = Output()
-            logprobs = bool(fields.get("logprobs"))
-            async for batch in handle.deltas(deadline):
-                output.add(Part.of(batch, logprobs))
-            done = handle.done
-            resp = web.json_response(objects.body(output, done.finish_reason, usage_of(done)))
-        outcome = handle.done.finish_reason if handle.done else "error"
-        return resp
+            return await _stream(request, parsed, objects, gen)
+        output = await gen.collect()
+        return web.json_response(objects.body(output, gen.done.finish_reason,
+                                              usage_of(gen.done)))
     finally:
-        handle.close()
-        done = handle.done
-        log.info("request %s model=%s stream=%s outcome=%s prompt_tokens=%s "
-                 "completion_tokens=%s queued_ms=%.0f total_ms=%.0f",
-                 get_request_id(request), model, parsed.stream,
-                 outcome if not handle.cancel_requested or outcome != "error" else "cancelled",
-                 done.prompt_tokens if done else "-", done.completion_tokens if done else "-",
-                 ((handle.started_at or time.monotonic()) - handle.created) * 1000,
-                 (time.monotonic() - t0) * 1000)
+        gen.close()
+        _log_request(request, gen, model, parsed.stream, t0)
 
 
-async def _stream(request, parsed, objects: Shapes, handle, deadline: float,
-                  logprobs: bool) -> web.StreamResponse:
+def _log_request(request, gen: Generation, model: str, stream: bool, t0: float) -> None:
+    h, done = gen.handle, gen.done
+    outcome = done.finish_reason if done else "error"
+    if h.cancel_requested and outcome == "error":
+        outcome = "cancelled"
+    log.info("request %s model=%s stream=%s outcome=%s prompt_tokens=%s "
+             "completion_tokens=%s queued_ms=%.0f total_ms=%.0f",
+             get_request_id(request), model, stream, outcome,
+             done.prompt_tokens if done else "-", done.completion_tokens if done else "-",
+             ((h.started_at or time.monotonic()) - h.created) * 1000,
+             (time.monotonic() - t0) * 1000)
+
+
+async def _stream(request, parsed, objects: Shapes, gen: Generation) -> web.StreamResponse:
     resp = await sse.open_stream(request)
     first = objects.first_chunk()
     if first is not None:
         await resp.write(sse.encode_event(first))
     try:
-        async for batch in handle.deltas(deadline, idle=sse.PING_INTERVAL_S):
-            if not batch:
+        async for part in gen.parts(idle=sse.PING_INTERVAL_S):
+            if part is None:
                 await resp.write(sse.PING)
                 continue
-            for chunk in objects.chunks(Part.of(batch, logprobs)):
+            for chunk in objects.chunks(part):
                 await resp.write(sse.encode_event(chunk))
     except (APIError, WorkerError) as e:
         # The status line has gone out: the error travels as the stream's last event.
         await resp.write(sse.error_event(api_error(e)))
         return resp
-    done = handle.done
+    done = gen.done
     await resp.write(sse.encode_event(objects.final_chunk(done.finish_reason)))
     if parsed.include_usage:
         await resp.write(sse.encode_event(objects.usage_chunk(usage_of(done))))

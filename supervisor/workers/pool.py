@@ -128,30 +128,38 @@ class Pool:
         """The runner serving the directory whose real path is `real`."""
         return self.runners.get(self._real.get(real, ""))
 
-    def lookup(self, name: str) -> ModelRunner | None:
-        """The runner `name` leads to, by id, alias or real path (a few stat calls)."""
+    async def lookup(self, name: str) -> ModelRunner | None:
+        """The runner `name` leads to, by id, alias or real path (stat calls: a thread)."""
         runner = self.find(name)
         if runner is None:
-            found = catalog.target(name, self.config.state_dir)
-            runner = self.at(found.real) if found is not None else None
+            found = await asyncio.to_thread(catalog.target, name, self.config.state_dir)
+            runner = self.find(name) or (self.at(found.real) if found is not None else None)
         return runner
 
     def roots(self) -> list[Path]:
         return catalog.model_roots(self.config.state_dir, self.config.models_dirs)
 
-    def get(self, name: str, *, anywhere: bool = False) -> ModelRunner:
+    def _resolve(self, name: str, anywhere: bool) -> tuple[catalog.Target | None, str]:
+        """(where `name` leads, why a request may not load it: "" if it may). Disk work:
+        runs in a thread."""
+        found = catalog.target(name, self.config.state_dir)
+        return found, catalog.refusal(name, found, None if anywhere else self.roots())
+
+    async def get(self, name: str, *, anywhere: bool = False) -> ModelRunner:
         """The runner for a request's `model`, loading the model if it may be.
         `anywhere`: outside the model roots too (a request the admin's model had
-        accepted, routed again). Inline on the event loop: a handful of stat calls."""
+        accepted, routed again). A name already routed costs a dict lookup; any other
+        is looked up on disk in a thread, never on the event loop."""
         runner = self.find(name)
         if runner is not None:
             return runner
-        found = catalog.target(name, self.config.state_dir)
-        if found is not None and (runner := self.at(found.real)) is not None:
+        found, why = await asyncio.to_thread(self._resolve, name, anywhere)
+        # Meanwhile another request may have loaded it (under this or another spelling).
+        runner = self.find(name) or (self.at(found.real) if found is not None else None)
+        if runner is not None:
             return runner  # another spelling of a loaded model (loading is not routing)
         if self._shutting_down:
             raise WorkerFailed("The server is shutting down.")
-        why = catalog.refusal(name, found, None if anywhere else self.roots())
         if not why and not self.config.allow_load_on_request:
             why = "--allow-load-on-request is off"
         if why:
@@ -306,9 +314,10 @@ class Pool:
             self.retiring.discard(runner)
         self.observer.model_unloaded(runner, kind)
         for h in leftovers:
-            self._reroute(h, runner.id, reroute, anywhere=runner.pinned)
+            await self._reroute(h, runner.id, reroute, anywhere=runner.pinned)
 
-    def _reroute(self, h: RequestHandle, model: str, reroute: bool, *, anywhere: bool) -> None:
+    async def _reroute(self, h: RequestHandle, model: str, reroute: bool, *,
+                       anywhere: bool) -> None:
         """A request the retired runner never started: served by whichever runner its
         model names now (loading it again if need be), never dropped silently. A model
         the admin loaded (`anywhere`) may be loaded again wherever it lies: the request
@@ -322,12 +331,12 @@ class Pool:
             h.fail(WorkerFailed(f"Model `{model}` was stopped; please retry."))
             return
         try:
-            self.get(model, anywhere=anywhere).adopt(h)
+            (await self.get(model, anywhere=anywhere)).adopt(h)
         except WorkerError as e:
             h.fail(e)
 
     async def unload(self, name: str, mode: str = DRAIN, reason: str = "unloaded by admin") -> str:
-        runner = self.lookup(name)
+        runner = await self.lookup(name)
         if runner is None:
             raise ModelNotFound(name)
         await self._retire(runner, mode, reason, kind="admin")
@@ -335,7 +344,7 @@ class Pool:
 
     async def kill(self, name: str, *, restart: bool = True) -> dict:
         """mlxctl kill: hard-cancel everything on the worker; restart it or not."""
-        runner = self.lookup(name)
+        runner = await self.lookup(name)
         if runner is None:
             raise ModelNotFound(name)
         if restart:
@@ -348,9 +357,9 @@ class Pool:
     async def load(self, name: str) -> ModelRunner:
         """mlxctl load: load (pinned) and wait until it is ready or refused. The admin
         may name any local path: the model roots bind requests only."""
-        runner = self.lookup(name)
+        runner = await self.lookup(name)
         if runner is None:
-            found = catalog.target(name, self.config.state_dir)
+            found = await asyncio.to_thread(catalog.target, name, self.config.state_dir)
             if found is None:
                 raise ModelNotFound(name)
             runner = self.add(name, pinned=True, target=found)
@@ -374,11 +383,11 @@ class Pool:
             raise BadRequest("mode must be `drain` or `force`.", "mode")
         t0 = self._clock()
         async with self._swaps:
-            new = self.lookup(name)
+            new = await self.lookup(name)
             if replace:
                 olds = []
                 for n in replace:
-                    old = self.lookup(n)
+                    old = await self.lookup(n)
                     if old is None:
                         raise ModelNotFound(n)
                     olds.append(old)
@@ -387,7 +396,8 @@ class Pool:
             olds = [o for o in olds if o is not new]
             try:
                 if new is None:
-                    found = catalog.target(name, self.config.state_dir)
+                    found = await asyncio.to_thread(catalog.target, name,
+                                                    self.config.state_dir)
                     if found is None:
                         raise ModelNotFound(name)
                     new = self.add(name, pinned=True, target=found)

@@ -93,12 +93,12 @@ async def test_a_request_for_a_local_model_loads_it_and_unknown_names_are_404(tm
     a = model_dir(tmp_path, "a")
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=2)))
     try:
-        runner = pool.get(a)
+        runner = await pool.get(a)
         assert await collect(runner.submit({"prompt": "x"})) == "w1 w2 "
         assert pool.find("a") is runner  # the path's last component is an alias
         assert not runner.pinned  # loaded on request: keep-alive may unload it
         with raises_api() as err:
-            pool.get(str(tmp_path / "nope"))
+            await pool.get(str(tmp_path / "nope"))
         assert err.value.status == 404 and err.value.code == "model_not_found"
     finally:
         await pool.stop()
@@ -109,7 +109,7 @@ async def test_load_on_request_can_be_switched_off(tmp_path):
     pool = make_pool(tmp_path, Worlds(), allow_load_on_request=False)
     try:
         with raises_api() as err:
-            pool.get(a)
+            await pool.get(a)
         assert err.value.status == 404 and not pool.runners
     finally:
         await pool.stop()
@@ -121,7 +121,7 @@ async def test_gate_refuses_with_507_saying_need_and_free(tmp_path):
     memory.available = 1 * GiB
     pool = make_pool(tmp_path, Worlds(), memory, memory_wait=0.3)
     try:
-        h = pool.get(a).submit({"prompt": "x"})
+        h = (await pool.get(a)).submit({"prompt": "x"})
         t0 = time.monotonic()
         with raises_api() as err:
             await h.started(5)
@@ -140,7 +140,7 @@ async def test_gate_waits_for_memory_to_appear_then_loads(tmp_path):
     memory.available = 1 * GiB
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), memory, memory_wait=5)
     try:
-        runner = pool.get(a)
+        runner = await pool.get(a)
         h = runner.submit({"prompt": "x"})
         await until(lambda: runner.state == "waiting")
         await asyncio.sleep(0.3)
@@ -158,7 +158,7 @@ async def test_critical_pressure_refuses_whatever_the_bytes(tmp_path):
     memory.pressure = CRITICAL
     pool = make_pool(tmp_path, Worlds(), memory, memory_wait=0.2)
     try:
-        h = pool.get(a).submit({"prompt": "x"})
+        h = (await pool.get(a)).submit({"prompt": "x"})
         with raises_api() as err:
             await h.started(5)
         assert err.value.status == 507
@@ -171,10 +171,10 @@ async def test_memory_short_evicts_the_least_recently_used_idle_model(tmp_path):
     worlds = Worlds(FakeBehaviour(tokens=1))
     pool = make_pool(tmp_path, worlds, Memory(capacity=9 * GiB))
     try:
-        await collect(pool.get(a).submit({"prompt": "x"}))
-        await collect(pool.get(b).submit({"prompt": "x"}))
-        await collect(pool.get(a).submit({"prompt": "y"}))  # a is now the most recent
-        assert await collect(pool.get(c).submit({"prompt": "x"})) == "w1 "
+        await collect((await pool.get(a)).submit({"prompt": "x"}))
+        await collect((await pool.get(b)).submit({"prompt": "x"}))
+        await collect((await pool.get(a)).submit({"prompt": "y"}))  # a is now the most recent
+        assert await collect((await pool.get(c)).submit({"prompt": "x"})) == "w1 "
         assert set(pool.runners) == {a, c}  # b, least recently used, made room
         assert worlds.by_model[b].links[0].closed
     finally:
@@ -186,17 +186,17 @@ async def test_max_models_evicts_lru_idle_and_refuses_when_all_are_busy(tmp_path
     worlds = Worlds(FakeBehaviour(tokens=1000, step_s=0.01))
     pool = make_pool(tmp_path, worlds, max_models=1, memory_wait=0.3)
     try:
-        long = pool.get(a).submit({"prompt": "x"})
+        long = (await pool.get(a)).submit({"prompt": "x"})
         await long.started(5)
         # a is busy: b cannot take its slot, and is refused once --memory-wait passes.
-        hb = pool.get(b).submit({"prompt": "x", "max_tokens": 1})
+        hb = (await pool.get(b)).submit({"prompt": "x", "max_tokens": 1})
         with raises_api() as err:
             await hb.started(5)
         assert err.value.status == 503 and "--max-models" in err.value.message
         long.cancel()
         await until(lambda: pool.find(a).is_idle())
         # Now a is idle: c evicts it.
-        assert await collect(pool.get(c).submit({"prompt": "x", "max_tokens": 2})) == "w1 w2 "
+        assert await collect((await pool.get(c)).submit({"prompt": "x", "max_tokens": 2})) == "w1 w2 "
         assert list(pool.runners) == [c]
     finally:
         await pool.stop()
@@ -207,7 +207,7 @@ async def test_keep_alive_unloads_idle_on_request_models_but_not_pinned_ones(tmp
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), keep_alive=0.3)
     try:
         pinned = pool.add(a, pinned=True)
-        await collect(pool.get(b).submit({"prompt": "x"}))
+        await collect((await pool.get(b)).submit({"prompt": "x"}))
         t_used = time.monotonic()
         await until(lambda: pool.find(b) is None, timeout=3)
         assert time.monotonic() - t_used >= 0.3 - 0.01  # t_used is taken just after the Done
@@ -241,8 +241,8 @@ async def test_swap_force_fails_in_flight_cleanly_and_still_serves_the_queued(tm
     pool = make_pool(tmp_path, worlds, models_dirs=())  # a and b lie outside the roots
     try:
         pool.add(a, pinned=True)
-        running = pool.get(a).submit({"prompt": "x"})
-        queued = pool.get(a).submit({"prompt": "y", "max_tokens": 2})
+        running = (await pool.get(a)).submit({"prompt": "x"})
+        queued = (await pool.get(a)).submit({"prompt": "y", "max_tokens": 2})
         await running.started(5)
         await pool.swap(b, FORCE)
         with raises_api() as err:
@@ -254,7 +254,7 @@ async def test_swap_force_fails_in_flight_cleanly_and_still_serves_the_queued(tm
         assert set(pool.runners) == {a, b}
         with raises_api() as err:  # a new request still may not load it
             await pool.unload(a)
-            pool.get(a)
+            await pool.get(a)
         assert err.value.status == 404
     finally:
         await pool.stop()
@@ -401,11 +401,11 @@ async def test_one_runner_per_real_path_whatever_the_spelling(tmp_path):
     worlds = Worlds(FakeBehaviour(tokens=1))
     pool = make_pool(tmp_path, worlds, models_dirs=(root,))
     try:
-        runner = pool.get(f"{root}/./a")  # the first spelling names the model
+        runner = await pool.get(f"{root}/./a")  # the first spelling names the model
         spellings = [a, f"{root}/sub/../a", a + "/", str(tmp_path / "link")]
-        assert all(pool.get(s) is runner for s in spellings)
+        assert all([(await pool.get(s)) is runner for s in spellings])
         for s in spellings:
-            assert await collect(pool.get(s).submit({"prompt": "x"})) == "w1 "
+            assert await collect((await pool.get(s)).submit({"prompt": "x"})) == "w1 "
         assert list(pool.runners) == [f"{root}/./a"]
         assert list(worlds.by_model) == [a]  # its worker loads the real path...
         assert len(worlds.by_model[a].links) == 1  # ...and there is one worker
@@ -419,9 +419,9 @@ async def test_demo_and_the_demo_directory_are_one_runner(tmp_path):
         worlds = Worlds(FakeBehaviour(tokens=1))
         pool = make_pool(tmp_path, worlds, models_dirs=())  # STATE_DIR/models is a root
         try:
-            runner = pool.get(first)
-            assert pool.get(second) is runner and len(pool.runners) == 1
-            assert await collect(pool.get(second).submit({"prompt": "x"})) == "w1 "
+            runner = await pool.get(first)
+            assert (await pool.get(second)) is runner and len(pool.runners) == 1
+            assert await collect((await pool.get(second)).submit({"prompt": "x"})) == "w1 "
             assert sum(len(w.links) for w in worlds.by_model.values()) == 1
         finally:
             await pool.stop()
@@ -439,8 +439,8 @@ async def test_requests_load_only_inside_the_roots_the_admin_anywhere(tmp_path):
         assert not pool.runners and not worlds.by_model  # nothing was spawned
         assert [r["reason"] for r in pool.rejections][0].endswith("outside the model roots")
         runner = await pool.load(outside)  # mlxctl load: any local path
-        assert runner.state == READY and pool.get(outside) is runner  # routing is not loading
-        assert pool.get(f"{tmp_path}/outside/./m") is runner
+        assert runner.state == READY and (await pool.get(outside)) is runner  # routing is not loading
+        assert (await pool.get(f"{tmp_path}/outside/./m")) is runner
     finally:
         await pool.stop()
 
@@ -465,7 +465,7 @@ async def test_a_failed_load_on_request_leaves_no_entry_and_may_be_retried(tmp_p
     worlds = Worlds(FakeBehaviour(load_error="bad weights"))
     pool = make_pool(tmp_path, worlds)
     try:
-        h = pool.get(a).submit({"prompt": "x"})
+        h = (await pool.get(a)).submit({"prompt": "x"})
         with raises_api() as err:  # the client that asked gets the load error
             await h.started(5)
         assert err.value.status == 503 and "bad weights" in err.value.message
@@ -473,7 +473,7 @@ async def test_a_failed_load_on_request_leaves_no_entry_and_may_be_retried(tmp_p
         assert pool.health()[1]["workers"] == [] and a not in pool.created
         assert "bad weights" in pool.rejections[-1]["reason"]
         worlds.by_model[a].default = FakeBehaviour(tokens=1)  # fixed on disk meanwhile
-        assert await collect(pool.get(a).submit({"prompt": "x"})) == "w1 "
+        assert await collect((await pool.get(a)).submit({"prompt": "x"})) == "w1 "
         assert len(worlds.by_model[a].links) == 2  # a second, fresh attempt
     finally:
         await pool.stop()
@@ -487,5 +487,31 @@ async def test_a_pinned_model_that_fails_to_load_stays_visible(tmp_path):
         await until(lambda: runner.state == BROKEN)
         await asyncio.sleep(0.05)
         assert pool.find(a) is runner
+    finally:
+        await pool.stop()
+
+
+async def test_names_not_routed_are_looked_up_on_disk_off_the_event_loop(tmp_path, monkeypatch):
+    import threading
+
+    from supervisor.memory import catalog
+
+    a = model_dir(tmp_path, "a")
+    pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), models_dirs=(tmp_path,))
+    threads = []
+    real_target = catalog.target
+
+    def spying(name, state_dir):
+        threads.append(threading.current_thread())
+        return real_target(name, state_dir)
+
+    monkeypatch.setattr(catalog, "target", spying)
+    try:
+        runner = await pool.get(a)
+        assert threads and threading.main_thread() not in threads  # the disk, in a thread
+        seen = len(threads)
+        assert await pool.get(a) is runner and len(threads) == seen  # routed: no disk at all
+        await not_found(pool.get, str(tmp_path / "absent"))
+        assert threading.main_thread() not in threads
     finally:
         await pool.stop()

@@ -23,6 +23,7 @@ from supervisor.api.parse.params import invalid_value, opt_int
 from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items, to_chat_messages
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
+from supervisor.api.stream import Generation
 from supervisor.api.responses.runs import Run
 from supervisor.http.errors import SERVER_ERROR, APIError, read_json
 from supervisor.workers.errors import WorkerError
@@ -140,13 +141,14 @@ async def create(request: web.Request) -> web.StreamResponse:
     config, svc = request.app[CONFIG], request.app[RESPONSES]
     if req.store:
         await svc.store.check()  # a store that is down refuses before the model works
-    runner = request.app[POOL].get(req.model)
+    runner = await request.app[POOL].get(req.model)
     items = await _conversation(svc, req)
     handle = runner.submit(generate_fields(req, items, config),
                            {"max_tokens": "max_output_tokens"})
-    run = Run(ResponseBuilder(req, runner.id), handle, svc.store if req.store else None,
-              req.input_items, queue_timeout=config.queue_timeout,
-              request_timeout=config.request_timeout)
+    gen = Generation(handle, queue_timeout=config.queue_timeout,
+                     request_timeout=config.request_timeout)
+    run = Run(ResponseBuilder(req, runner.id), gen, svc.store if req.store else None,
+              req.input_items)
     headers = {}
     if req.skipped_tools:
         headers["X-MLXD-Warning"] = ("skipped tools this server cannot run: "

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import AsyncIterator
 
-from supervisor.api.render.output import Part
 from supervisor.api.responses.builder import ResponseBuilder, usage
+from supervisor.api.stream import Generation
 from supervisor.http.errors import APIError
 from supervisor.workers.errors import BadRequest, WorkerError
 from supervisor.api.responses.store import ResponseStore, StoredResponse, StoreUnavailable
@@ -29,14 +28,13 @@ log = logging.getLogger("mlxd.responses")
 
 
 class Run:
-    def __init__(self, builder: ResponseBuilder, handle, store: ResponseStore | None,
-                 input_items: list, *, queue_timeout: float, request_timeout: float):
+    def __init__(self, builder: ResponseBuilder, gen: Generation, store: ResponseStore | None,
+                 input_items: list):
         self.builder = builder
-        self.handle = handle
+        self.gen = gen
+        self.handle = gen.handle
         self.store = store
         self.input_items = input_items
-        self.queue_timeout = queue_timeout
-        self.request_timeout = request_timeout
         self.events: list[dict] = []
         self.finished = asyncio.Event()
         self._changed = asyncio.Event()
@@ -55,7 +53,7 @@ class Run:
     async def wait_started(self):
         """Until the worker took the prompt: errors before that are plain HTTP errors
         (400 context too long, 503 busy), not a failed response."""
-        return await self.handle.started(self.queue_timeout)
+        return await self.gen.started()
 
     async def save(self, status: str | None = None) -> None:
         if self.store is not None:
@@ -66,16 +64,15 @@ class Run:
 
     async def generate(self) -> None:
         """After wait_started(): stream the worker's output into events, then finish."""
-        b, handle = self.builder, self.handle
+        b, gen = self.builder, self.gen
         self._emit(b.start())
         try:
-            async for batch in handle.deltas(time.monotonic() + self.request_timeout):
-                part = Part.of(batch)
+            async for part in gen.parts():
                 self._emit(b.reasoning(part.reasoning))
                 self._emit(b.text(part.text))
                 for call in part.tool_calls:
                     self._emit(b.function_call(call.name, call.arguments, call.id))
-            done = handle.done
+            done = gen.done
             u = usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
                       done.reasoning_tokens)
             if done.finish_reason == "cancelled":
@@ -89,7 +86,7 @@ class Run:
             # brought failing) end the response.
             self._emit(b.finish("failed", error=response_error(e)))
         finally:
-            handle.close()
+            gen.close()
             await self._final_save()
 
     async def _final_save(self) -> None:
