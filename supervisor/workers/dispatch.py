@@ -1,11 +1,19 @@
-"""Request dispatch for one model: the admission queue, what runs on the worker, cancels.
+"""Request dispatch for one model: admission, sending to the worker, cancels.
 
 The runner (runner.py) keeps a worker process alive; this part only moves requests:
-`submit` admits one to the queue, `pump` sends queued requests down while the worker has
-free slots, `cancel` drops a queued request or tells the worker, and the request events the
-worker sends (Started, Delta, Done, Error with a rid) are routed to their handles. When a
-worker ends, `on_worker_gone` fails what had started (retryable) and puts the rest back in
-the queue for the next one.
+`admit` checks one against the model's limits and the waiting limit (--max-queue), `pump`
+sends it down as soon as a worker serves, `cancel` drops a queued request or tells the
+worker, and the request events the worker sends (Started, Delta, Done, Error with a rid)
+are routed to their handles. When a worker ends, `on_worker_gone` fails what had started
+(retryable) and puts the rest back in the queue for the next one.
+
+Requests go to the worker on arrival, not when a slot frees: its preparation thread
+renders and tokenizes them in arrival order while others decode, so a prompt that cannot
+fit gets its 400 at once, even behind a long generation, and the next request starts
+without waiting for its template, tokens or grammar. The worker runs `slots` of them at a
+time and holds the rest prepared. The queue here holds requests only while no worker
+serves (loading, restarting). What waits, here or on the worker, counts against
+--max-queue, so the limit still means what it says.
 
 Anything that fails between admission and the worker's `Started` (encoding, sending) fails
 that request alone and frees its slot at once: it is never re-queued, since it would fail
@@ -27,10 +35,6 @@ from supervisor.workers.link import LinkClosed, WorkerLink
 
 log = logging.getLogger("mlxd.runner")
 
-# Requests sent to a worker beyond its slots, to be prepared while others decode. One is
-# enough to hide preparation; more would only move waiting from here (where a cancel is
-# free and the queue limit applies) into the worker.
-PREFETCH = 1
 
 
 class Dispatcher:
@@ -50,7 +54,7 @@ class Dispatcher:
     def admit(self, fields: dict, params: dict) -> RequestHandle:
         """Check the request against the model's limits and queue it."""
         check_limits(fields, params, self.context_length, self.vocab_size)
-        if len(self.queue) >= self.config.max_queue:
+        if self.waiting() >= self.config.max_queue:
             raise Overloaded(
                 f"Too many requests are waiting for model `{self.model_id}`; please retry.", 1)
         h = RequestHandle(self.model_id, fields, on_cancel=self.cancel)
@@ -67,6 +71,13 @@ class Dispatcher:
     def is_idle(self) -> bool:
         return not self.queue and not self.inflight
 
+    def waiting(self) -> int:
+        """Requests accepted and not started: queued here or held by the worker. One
+        whose cancel was sent no longer counts: the worker drops it at its next step."""
+        return len(self.queue) + sum(1 for h in self.inflight.values()
+                                     if h.state != STARTED and not h.finished
+                                     and h.cancel_sent_at is None)
+
     # ---- to the worker ------------------------------------------------------------------
     def serve(self, link: WorkerLink | None) -> None:
         """The worker requests go to from now on (None: none takes requests)."""
@@ -74,16 +85,11 @@ class Dispatcher:
         self.pump()
 
     def pump(self) -> None:
-        """Dispatch queued requests while the worker has free slots, plus PREFETCH more:
-        the worker prepares those (template, tokens, grammar) on its preparation thread
-        while the running ones decode, so the next starts without that wait. A request
-        whose cancel was sent no longer holds a slot: the worker applies cancels before
-        it starts the next request, so the next one may go down at once."""
+        """Send every queued request to the serving worker (see the module docstring)."""
         link = self.link
         if link is None:
             return
-        busy = sum(1 for h in self.inflight.values() if h.cancel_sent_at is None)
-        while self.queue and busy < self.slots + PREFETCH:
+        while self.queue:
             h = self.queue.popleft()
             rid = h.new_attempt()
             self.inflight[rid] = h
@@ -94,8 +100,6 @@ class Dispatcher:
             except Exception as e:
                 self.inflight.pop(rid, None)
                 h.fail(unsendable(e))
-                continue
-            busy += 1
 
     def cancel(self, h: RequestHandle) -> None:
         if h.state == QUEUED:

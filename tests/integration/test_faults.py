@@ -120,16 +120,14 @@ def test_queue_limits_and_timeouts(tiny_model):
                 concurrent.futures.ThreadPoolExecutor(3) as pool:
             running = pool.submit(http.post, "/v1/chat/completions", json=long_body)
             wait_for(lambda: worker(srv)["in_flight"] == 1, 5)
-            ahead = pool.submit(http.post, "/v1/chat/completions", json=long_body)
-            wait_for(lambda: worker(srv)["in_flight"] == 2, 5)  # sent ahead, not started
             waiting = pool.submit(http.post, "/v1/chat/completions", json=long_body)
-            wait_for(lambda: worker(srv)["queued"] == 1, 5)
+            wait_for(lambda: worker(srv)["in_flight"] == 2, 5)  # on the worker, not started
             full = http.post("/v1/chat/completions", json=long_body)
             err = assert_envelope(full, 503)
             assert int(full.headers["Retry-After"]) >= 1 and "retry" in err["message"].lower()
-            for late in (waiting.result(timeout=30), ahead.result(timeout=30)):
-                assert_envelope(late, 503)  # waited over --queue-timeout, here or there
-                assert "Retry-After" in late.headers
+            late = waiting.result(timeout=30)  # waited over --queue-timeout
+            assert_envelope(late, 503)
+            assert "Retry-After" in late.headers
             assert_envelope(running.result(timeout=30), 504, "timeout")  # over --request-timeout
             # Streaming: the timeout arrives as the stream's last event.
             with http.stream("POST", "/v1/chat/completions", json=long_stream_body(model)) as s:
@@ -165,3 +163,24 @@ def test_missing_model_makes_health_say_why(tmp_path):
             return code == 503 and body["workers"][0]["state"] == "broken" and body
         body = wait_for(broken, 60, 0.1)
         assert "nowhere" in body["reason"]
+
+
+def test_context_too_long_is_refused_at_once_behind_a_long_generation(tiny_model):
+    """Requests reach the worker's tokenizer on arrival, not when a slot frees: one that
+    cannot fit gets its 400 while a 2000-token generation runs on the same worker."""
+    model = str(tiny_model)
+    with ServerProcess([model]) as srv, httpx.Client(base_url=srv.url, timeout=60) as http:
+        srv.wait_healthy()
+        with http.stream("POST", "/v1/chat/completions", json=long_stream_body(model, 2000)) as s:
+            lines = s.iter_lines()
+            assert next(l for l in lines if l.startswith("data: "))
+            too_long = {"model": model, "max_tokens": 10,
+                        "messages": [{"role": "user", "content": "word " * 5000}]}
+            t0 = time.monotonic()
+            r = http.post("/v1/chat/completions", json=too_long)
+            elapsed = time.monotonic() - t0
+            assert_envelope(r, 400, "context_length_exceeded")
+            assert elapsed < 1.0, f"the refusal waited {elapsed:.2f} s behind the stream"
+            assert worker(srv)["in_flight"] == 1  # the stream still runs, untouched
+            rest = [l for l in lines if l.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
