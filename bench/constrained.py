@@ -19,6 +19,8 @@ import statistics
 import time
 from pathlib import Path
 
+import msgspec
+
 from bench.make_model import MODELS_DIR
 from bench.report import goal, print_table
 
@@ -63,7 +65,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
 
-    from protocol.messages import Generate
+    from protocol.messages import Generate, OutputSpec, SamplingParams
     from worker import models
     from worker.demo import QWEN, build_model
     from worker.engine import TextEngine
@@ -74,11 +76,11 @@ def main() -> None:
     engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 512,
                         loaded.vocab_size)
     engine.warmup()
-    base = dict(rid="b", messages=[{"role": "user", "content": "Write notes."}],
-                max_tokens=args.tokens, temperature=0.0,
-                template_kwargs={"enable_thinking": False})
-    plain = Generate(**base)
-    constrained = Generate(**base, response_format="json_schema", json_schema=SCHEMA)
+    plain = Generate(rid="b", messages=[{"role": "user", "content": "Write notes."}],
+                     sampling=SamplingParams(max_tokens=args.tokens, temperature=0.0),
+                     template_kwargs={"enable_thinking": False})
+    constrained = msgspec.structs.replace(plain, output=OutputSpec(
+        response_format="json_schema", json_schema=SCHEMA))
     decode_rate(engine, plain)
     decode_rate(engine, constrained)  # warm-up; also builds the llguidance tokenizer
     p_rates, c_rates = [], []
@@ -92,8 +94,7 @@ def main() -> None:
     # (the worker caches compiled grammars by their text).
     builds, cached = [], []
     for r in range(args.rounds):
-        twenty = Generate(**{**base, "max_tokens": 10}, tools=tools(20, f"r{r}"),
-                          tool_choice="required")
+        twenty = OutputSpec(tools=tools(20, f"r{r}"), tool_choice="required")
         for times in (builds, cached):
             t0 = time.perf_counter()
             engine.grammars.constraint(twenty)

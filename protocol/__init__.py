@@ -10,9 +10,13 @@ from protocol.messages import (
     Delta,
     Done,
     Error,
+    ErrorCode,
+    FinishReason,
     Generate,
     Heartbeat,
+    OutputSpec,
     Ready,
+    SamplingParams,
     Shutdown,
     Started,
     Status,
@@ -26,7 +30,8 @@ from protocol.messages import (
 
 __all__ = [
     "PROTOCOL_VERSION", "ProtocolError", "EncodeError", "encode", "decode_down", "decode_up",
-    "Generate", "Cancel", "StatusRequest", "Shutdown",
+    "Generate", "SamplingParams", "OutputSpec", "Cancel", "StatusRequest", "Shutdown",
     "Ready", "Started", "Delta", "Done", "Error", "Status", "Heartbeat",
-    "ToolCall", "pack_ids", "unpack_ids", "pack_floats", "unpack_floats",
+    "FinishReason", "ErrorCode", "ToolCall", "pack_ids", "unpack_ids", "pack_floats",
+    "unpack_floats",
 ]

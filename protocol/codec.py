@@ -1,26 +1,28 @@
-"""The one msgpack codec of the protocol.
+"""The one msgpack codec of the protocol: msgspec, one decoder per direction.
 
-Wire form: a msgpack map {"v": version, "type": kind, **fields}. Decoding checks the
-version, the type, that required fields are present and that every known field has the
-declared type; unknown fields are ignored (a newer peer may add fields at the end).
-Anything else raises ProtocolError: decoding never crashes on garbage.
+Wire form: a msgpack map {"type": kind, "v": version, **fields} (protocol/messages.py).
+Decoding validates the frame against the direction's tagged union of message types — the
+kind, that required fields are present, every field's declared type (nested structs,
+enums and literals included) — then checks the version. Unknown fields are ignored (a
+newer peer may add fields at the end). Anything else raises ProtocolError: decoding never
+crashes on garbage. (A map without "v" reads as this version, as a missing field takes its
+default: every peer since version 1 writes it, so only a frame of no mlxd peer lacks it.)
 
 Encoding is guarded the same way: a value msgpack cannot carry (a string with a lone UTF-16
-surrogate, an integer outside 64 bits, an object of no msgpack type) raises `EncodeError`
-naming the field, never a bare OverflowError or UnicodeEncodeError from inside msgpack. The
-supervisor fails that one request with it; a field added later cannot reopen the hole.
+surrogate, an integer outside 64 bits, an object of no msgpack type, nesting past the
+recursion limit) raises `EncodeError` naming the field, never a bare OverflowError or
+UnicodeEncodeError from inside msgpack. The supervisor fails that one request with it; a
+field added later cannot reopen the hole. Which field it was is found the slow way, and
+only on failure.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
-from typing import Any
+from typing import Any, Union
 
-import msgpack
+import msgspec
 
-from protocol.messages import DOWN, PROTOCOL_VERSION, UP
+from protocol.messages import DOWN, PROTOCOL_VERSION, UP, Message
 
 
 class ProtocolError(ValueError):
@@ -28,73 +30,45 @@ class ProtocolError(ValueError):
 
 
 class EncodeError(ProtocolError):
-    """A message holding a value that cannot travel; `field` names the message field."""
+    """A message holding a value that cannot travel. `field` names the message's field
+    (the innermost one for a nested struct: "max_tokens" of Generate.sampling); the text
+    gives the whole path ("generate.sampling.max_tokens")."""
 
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
         self.field = field
 
 
-def _allowed(tp) -> tuple[tuple[type, ...], bool]:
-    """(isinstance types, nullable) for an annotation."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        nullable = type(None) in args
-        allowed: tuple[type, ...] = ()
-        for a in args:
-            if a is not type(None):
-                allowed += _allowed(a)[0]
-        return allowed, nullable
-    if tp is float:
-        return (float, int), False
-    if tp is int:
-        return (int,), False
-    return ((origin or tp),), False
+# What msgspec raises for a value it cannot encode (RecursionError: nested too deep).
+_UNENCODABLE = (OverflowError, UnicodeEncodeError, TypeError, ValueError, RecursionError)
+
+_encoder = msgspec.msgpack.Encoder()
+_encode = _encoder.encode
+_down = msgspec.msgpack.Decoder(Union[DOWN])  # type: ignore[valid-type]
+_up = msgspec.msgpack.Decoder(Union[UP])  # type: ignore[valid-type]
+_MESSAGES = frozenset(DOWN + UP)
 
 
-class _Spec:
-    __slots__ = ("cls", "names", "required", "checks")
-
-    def __init__(self, cls):
-        hints = typing.get_type_hints(cls)
-        self.cls = cls
-        fields = dataclasses.fields(cls)
-        self.names = tuple(f.name for f in fields)
-        self.required = tuple(
-            f.name for f in fields
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        )
-        self.checks = {f.name: _allowed(hints[f.name]) for f in fields}
-
-
-def _registry(classes) -> dict[str, _Spec]:
-    return {c.kind: _Spec(c) for c in classes}
-
-
-_DOWN = _registry(DOWN)
-_UP = _registry(UP)
-_SPECS = {**{s.cls: s for s in _DOWN.values()}, **{s.cls: s for s in _UP.values()}}
-
-
-def encode(msg) -> bytes:
-    spec = _SPECS.get(type(msg))
-    if spec is None:
+def encode(msg: Message) -> bytes:
+    if type(msg) not in _MESSAGES:
         raise ProtocolError(f"not a protocol message: {type(msg).__name__}")
-    d: dict[str, Any] = {"v": PROTOCOL_VERSION, "type": msg.kind}
-    for name in spec.names:
-        d[name] = getattr(msg, name)
     try:
-        return msgpack.packb(d, use_bin_type=True)
-    except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as e:
-        # The slow path runs only on failure: find the field that cannot travel.
-        for name in spec.names:
-            try:
-                msgpack.packb(d[name], use_bin_type=True)
-            except (OverflowError, UnicodeEncodeError, TypeError, ValueError) as fe:
-                raise EncodeError(f"{msg.kind}.{name} cannot be encoded: {_why(fe)}",
-                                  name) from None
-        raise EncodeError(f"{msg.kind} cannot be encoded: {_why(e)}") from None
+        return _encode(msg)
+    except _UNENCODABLE as e:
+        raise _encode_error(msg, msg.kind, e) from None
+
+
+def _encode_error(struct: msgspec.Struct, path: str, e: Exception) -> EncodeError:
+    """The slow path, on failure only: the (innermost) field that cannot travel."""
+    for name in struct.__struct_fields__:
+        value = getattr(struct, name)
+        try:
+            _encode(value)
+        except _UNENCODABLE as fe:
+            if isinstance(value, msgspec.Struct):
+                return _encode_error(value, f"{path}.{name}", fe)
+            return EncodeError(f"{path}.{name} cannot be encoded: {_why(fe)}", name)
+    return EncodeError(f"{path} cannot be encoded: {_why(e)}")
 
 
 def _why(e: Exception) -> str:
@@ -102,45 +76,48 @@ def _why(e: Exception) -> str:
         return "a string is not valid Unicode (a lone surrogate)"
     if isinstance(e, OverflowError):
         return "an integer does not fit in 64 bits"
+    if isinstance(e, RecursionError):
+        return "values are nested too deeply"
     return str(e)
 
 
-def _decode(data: bytes, registry: dict[str, _Spec]):
+def _decode(decoder: msgspec.msgpack.Decoder, data: bytes):
     try:
-        d = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"undecodable frame: {e}") from None
-    if not isinstance(d, dict):
-        raise ProtocolError("frame is not a map")
-    v = d.get("v")
-    if v != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {v!r}, expected {PROTOCOL_VERSION}")
-    spec = registry.get(d.get("type"))  # type: ignore[arg-type]
-    if spec is None:
-        raise ProtocolError(f"unknown message type {d.get('type')!r}")
-    kwargs = {}
-    for name in spec.names:
-        if name not in d:
-            continue
-        value = d[name]
-        allowed, nullable = spec.checks[name]
-        if value is None:
-            if not nullable:
-                raise ProtocolError(f"{spec.cls.kind}.{name} may not be null")
-        elif not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise ProtocolError(f"{spec.cls.kind}.{name} has type {type(value).__name__}")
-        kwargs[name] = value
-    missing = [n for n in spec.required if n not in kwargs]
-    if missing:
-        raise ProtocolError(f"{spec.cls.kind} lacks {', '.join(missing)}")
-    return spec.cls(**kwargs)
+        msg = decoder.decode(data)
+    except (msgspec.MsgspecError, RecursionError) as e:
+        # DecodeError: not msgpack; ValidationError: not a message of this direction.
+        raise ProtocolError(f"invalid frame: {e}") from None
+    if msg.v != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {msg.v!r}, expected {PROTOCOL_VERSION}")
+    return msg
+
+
+class _Addressed(msgspec.Struct):
+    """What a frame that is no valid message may still tell: its kind and its rid."""
+    type: Any = None
+    rid: Any = None
+
+
+_addressed = msgspec.msgpack.Decoder(_Addressed)
+
+
+def unreadable_generate_rid(data: bytes) -> str | None:
+    """For a frame decode_down refused: the rid, if it is a Generate whose kind and rid can
+    still be read (so the worker can answer it rather than leave it waiting); else None."""
+    try:
+        head = _addressed.decode(data)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    if head.type == "generate" and isinstance(head.rid, str) and head.rid:
+        return head.rid
+    return None
 
 
 def decode_down(data: bytes):
     """Decode a supervisor → worker frame (what the worker reads)."""
-    return _decode(data, _DOWN)
+    return _decode(_down, data)
 
 
 def decode_up(data: bytes):
     """Decode a worker → supervisor frame (what the supervisor reads)."""
-    return _decode(data, _UP)
+    return _decode(_up, data)

@@ -1,30 +1,69 @@
 """Message types of the supervisor↔worker protocol (DESIGN.md, "Protocol").
 
-Every message is a frozen dataclass with a `kind` class attribute (its wire `type`).
+Every message is a frozen, keyword-only `msgspec.Struct`, tagged: on the wire it is a
+msgpack map whose "type" is the message's kind (its tag), then "v" (the protocol version),
+then its fields in declaration order. msgspec encodes and validates them in C (a one-token
+Delta: ~0.3 µs to encode, ~0.6 µs to decode, against 3.6 µs and 13.1 µs for the hand-written
+dataclass codec this replaced), so the types here ARE the schema: what a field's type says
+is checked when a frame is decoded (protocol/codec.py).
+
 Down (supervisor → worker): Generate, Cancel, StatusRequest, Shutdown.
 Up (worker → supervisor): Ready, Started, Delta, Done, Error, Status, Heartbeat.
 Up messages carry the worker's `epoch` (its incarnation): events of a dead epoch are dropped.
 
-Compatibility rule: a new field gets a default and goes at the end of its class.
+A `Generate` is one complete request, built once by the API surface that received it
+(supervisor/api/parse/generate.py) with the server's defaults applied; the dispatcher only
+stamps its `rid`. Sampling options live in `SamplingParams`, what the output must look like
+in `OutputSpec`: a new option is one field there plus its parsing.
+
+Compatibility rule: a new field gets a default and goes at the end of its class (an older
+peer's frame lacks it and decodes to the default; a newer peer's unknown fields are
+ignored). A change that breaks this, or a new enum value, bumps PROTOCOL_VERSION.
 """
 
 from __future__ import annotations
 
 import sys
 from array import array
-from dataclasses import dataclass, field
-from typing import ClassVar, Optional
+from enum import Enum
+from typing import Any, Literal, Optional
 
-PROTOCOL_VERSION = 1
+import msgspec
 
-# Finish reasons a Done may carry.
-FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error")
+PROTOCOL_VERSION = 2
 
-# Error codes a worker may send; the supervisor maps them to HTTP statuses.
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-INVALID_REQUEST = "invalid_request"
-LOAD_FAILED = "load_failed"
-INTERNAL = "internal_error"
+
+class WireEnum(str, Enum):
+    """A string-valued enum: what travels (and what str() and f-strings give) is the
+    value, so a member compares, hashes and renders as its string."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+
+class FinishReason(WireEnum):
+    """Why a Generate ended (Done.finish_reason)."""
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class ErrorCode(WireEnum):
+    """What an Error is about; the supervisor maps each to an HTTP status."""
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    INVALID_REQUEST = "invalid_request"
+    LOAD_FAILED = "load_failed"
+    INTERNAL = "internal_error"
+
+
+# The names both sides have always imported.
+FINISH_REASONS = tuple(r.value for r in FinishReason)
+CONTEXT_LENGTH_EXCEEDED = ErrorCode.CONTEXT_LENGTH_EXCEEDED
+INVALID_REQUEST = ErrorCode.INVALID_REQUEST
+LOAD_FAILED = ErrorCode.LOAD_FAILED
+INTERNAL = ErrorCode.INTERNAL
 
 
 def _pack(typecode: str, values) -> bytes:
@@ -60,11 +99,10 @@ def unpack_floats(data: bytes) -> list[float]:
     return _unpack("f", data)
 
 
-@dataclass(frozen=True)
-class ToolCall:
+class ToolCall(msgspec.Struct, frozen=True, array_like=True):
     """One parsed tool call (not a message: an item of Delta.tool_calls). Independent of
     any API's JSON shape; chat completions and the Responses API each render it.
-    On the wire it is the list [index, id, name, arguments] (to_wire/from_wire)."""
+    On the wire it is the list [index, id, name, arguments]."""
     index: int        # 0, 1, ... in the order the model made the calls
     id: str           # "call_..." (or the model's own id, when its format has one)
     name: str
@@ -75,77 +113,90 @@ class ToolCall:
 
     @classmethod
     def from_wire(cls, item) -> "ToolCall":
+        """A ToolCall from its wire list. Decoded Deltas already hold ToolCalls (returned
+        as they are), so readers need not call this."""
+        if isinstance(item, cls):
+            return item
         if not (isinstance(item, (list, tuple)) and len(item) == 4
                 and isinstance(item[0], int) and all(isinstance(x, str) for x in item[1:])):
             raise ValueError(f"not a tool call: {item!r}")
         return cls(item[0], item[1], item[2], item[3])
 
 
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every message: the tag ("type") is its kind, `v` the protocol version."""
+    v: int = PROTOCOL_VERSION
+
+    @property
+    def kind(self) -> str:
+        return self.__struct_config__.tag
+
+
 # ---- down: supervisor → worker -------------------------------------------------------
 
-@dataclass(frozen=True)
-class Generate:
-    """Generate for one request. Exactly one of `messages` (chat) and `prompt` (text
-    completion) is set; `prompt_ids` (packed) replaces `prompt` when the client sent
-    token ids. Sampling values arrive validated; the worker applies its own defaults to
-    what is None."""
-    kind: ClassVar[str] = "generate"
-    rid: str
-    messages: Optional[list] = None       # [{"role": str, "content": str, ...}]
-    prompt: Optional[str] = None
-    prompt_ids: Optional[bytes] = None
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """How the next token is chosen. None: the worker's (mlx-lm's) default."""
     max_tokens: Optional[int] = None      # None: up to the context length
-    temperature: Optional[float] = None
+    temperature: Optional[float] = None   # None: 1.0
     top_p: Optional[float] = None
-    top_k: Optional[int] = None
+    top_k: Optional[int] = None           # 0 or None: off
     min_p: Optional[float] = None
-    seed: Optional[int] = None
+    seed: Optional[int] = None            # any int64
     repetition_penalty: Optional[float] = None
-    stop: list = field(default_factory=list)  # up to 4 strings, never returned in text
-    template_kwargs: Optional[dict] = None
-    log_prompt: bool = False              # the worker may log prompt text only if set
-    # Tools, in chat completions' nested form ({"type": "function", "function": {...}}):
-    # rendered by the chat template, read by the tool-call parser and the grammar.
-    tools: Optional[list] = None
-    tool_choice: Optional[str] = None     # "none" | "auto" | "required"; None: auto
-    allowed_tools: Optional[list] = None  # names a call may use (named choice: one); None: all
-    parallel_tool_calls: bool = True
-    response_format: Optional[str] = None  # None | "text" | "json_object" | "json_schema"
-    json_schema: Optional[dict] = None    # the schema of "json_schema"
-    logprobs: bool = False                # per-token logprobs in the Deltas
-    top_logprobs: int = 0                 # alternatives per token (0..20)
-    logit_bias: Optional[list] = None     # [[token id, bias], ...] (msgpack keys are strings)
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
+    # (token id, bias) pairs: ids stay ints (JSON object keys are strings).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+
+class OutputSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What the output must look like, and what comes with it."""
+    stop: tuple[str, ...] = ()            # up to 4 strings, never returned in text
+    logprobs: bool = False                # per-token logprobs in the Deltas
+    top_logprobs: int = 0                 # alternatives per token (0..20)
+    response_format: Optional[Literal["json_object", "json_schema"]] = None  # None: text
+    json_schema: Optional[dict[str, Any]] = None  # the schema of "json_schema"
+    # Tools, in chat completions' nested form ({"type": "function", "function": {...}}):
+    # rendered by the chat template, read by the tool-call parser and the grammar.
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Literal["none", "auto", "required"]] = None  # None: auto
+    allowed_tools: Optional[tuple[str, ...]] = None  # names a call may use; None: all
+    parallel_tool_calls: bool = True
     reasoning_effort: Optional[str] = None  # mapped onto the template's thinking switch
 
 
-@dataclass(frozen=True)
-class Cancel:
+class Generate(Message, frozen=True, kw_only=True, tag="generate"):
+    """Generate for one request. Exactly one of `messages` (chat) and `prompt` (text
+    completion) is set; `prompt_ids` (packed) replaces `prompt` when the client sent
+    token ids. Values arrive validated by the API surface."""
+    rid: str
+    messages: Optional[list[dict[str, Any]]] = None  # [{"role": str, "content": str, ...}]
+    prompt: Optional[str] = None
+    prompt_ids: Optional[bytes] = None
+    sampling: SamplingParams = SamplingParams()
+    output: OutputSpec = OutputSpec()
+    template_kwargs: Optional[dict[str, Any]] = None
+    log_prompt: bool = False              # the worker may log prompt text only if set
+
+
+class Cancel(Message, frozen=True, kw_only=True, tag="cancel"):
     """Drop `rid` at the next decode step or prefill chunk. Idempotent; a Done with
     finish_reason "cancelled" answers it (unless the request had already finished)."""
-    kind: ClassVar[str] = "cancel"
     rid: str
 
 
-@dataclass(frozen=True)
-class StatusRequest:
-    kind: ClassVar[str] = "status"
+class StatusRequest(Message, frozen=True, kw_only=True, tag="status"):
     qid: int = 0  # echoed in the Status reply
 
 
-@dataclass(frozen=True)
-class Shutdown:
+class Shutdown(Message, frozen=True, kw_only=True, tag="shutdown"):
     """Cooperative stop: cancel everything, answer each with Done, then exit."""
-    kind: ClassVar[str] = "shutdown"
 
 
 # ---- up: worker → supervisor ---------------------------------------------------------
 
-@dataclass(frozen=True)
-class Ready:
+class Ready(Message, frozen=True, kw_only=True, tag="ready"):
     """Model loaded and warmed; the worker takes Generate from now on."""
-    kind: ClassVar[str] = "ready"
     epoch: int
     model: str
     context_length: int
@@ -157,36 +208,32 @@ class Ready:
     vocab_size: int = 0            # the logits' width: token ids (top_k, logit_bias) < this
 
 
-@dataclass(frozen=True)
-class Started:
+class Started(Message, frozen=True, kw_only=True, tag="started"):
     """Prompt tokenized and checked; prefill begins."""
-    kind: ClassVar[str] = "started"
     epoch: int
     rid: str
     prompt_tokens: int
     cached_tokens: int = 0
 
 
-@dataclass(frozen=True)
-class Delta:
+class Delta(Message, frozen=True, kw_only=True, tag="delta"):
     """All output of one or more decode steps for one request (steps faster than the
     stream interval share one Delta: text is concatenated, per-token arrays are packed back
     to back, each aligned with `token_ids`).
 
     `text` is the answer only: reasoning goes to `reasoning`, tool-call markup never
     appears in either; each complete call comes once in `tool_calls`."""
-    kind: ClassVar[str] = "delta"
     epoch: int
     rid: str
     text: str
     token_ids: bytes = b""  # packed (pack_ids)
     reasoning: str = ""
-    tool_calls: list = field(default_factory=list)  # ToolCall.to_wire() each
+    tool_calls: list[ToolCall] = []
     logprobs: bytes = b""       # float32 per token (pack_floats); empty unless asked
-    top_ids: bytes = b""        # uint32, Generate.top_logprobs per token
+    top_ids: bytes = b""        # uint32, OutputSpec.top_logprobs per token
     top_logprobs: bytes = b""   # float32, aligned with top_ids
-    token_bytes: list = field(default_factory=list)  # per token: its bytes, then its
-    #                                                  alternatives' bytes (1 + top each)
+    token_bytes: list[bytes] = []  # per token: its bytes, then its alternatives' bytes
+    #                                (1 + top each)
 
     # Readers ask the message, never do byte arithmetic on its packed fields.
     @property
@@ -216,50 +263,42 @@ class Delta:
         return rows
 
 
-@dataclass(frozen=True)
-class Done:
+class Done(Message, frozen=True, kw_only=True, tag="done"):
     """The one terminal message of every Generate."""
-    kind: ClassVar[str] = "done"
     epoch: int
     rid: str
-    finish_reason: str
+    finish_reason: FinishReason
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0   # of completion_tokens, those spent reasoning
 
 
-@dataclass(frozen=True)
-class Error:
+class Error(Message, frozen=True, kw_only=True, tag="error"):
     """An error safe to show to the client. With a `rid` it concerns that request and a
     Done(finish_reason="error") follows; without, it concerns the worker (load failed)."""
-    kind: ClassVar[str] = "error"
     epoch: int
-    code: str
+    code: ErrorCode
     message: str
     rid: Optional[str] = None
     param: Optional[str] = None
 
 
-@dataclass(frozen=True)
-class Status:
+class Status(Message, frozen=True, kw_only=True, tag="status"):
     """Answer to StatusRequest."""
-    kind: ClassVar[str] = "status"
     epoch: int
     qid: int
     state: str                     # loading | ready | busy | draining
-    active: list = field(default_factory=list)   # rids being prefilled or decoded
-    waiting: list = field(default_factory=list)  # rids accepted, not started
+    active: list[str] = []         # rids being prefilled or decoded
+    waiting: list[str] = []        # rids accepted, not started
     steps: int = 0                 # decode steps + prefill chunks since start
     active_bytes: int = 0
     peak_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class Heartbeat:
+class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     """Sent by the worker's I/O thread about once a second, also while the MLX thread is
     busy in a long step: `steps` not advancing while busy is how a hang is seen."""
-    kind: ClassVar[str] = "heartbeat"
     epoch: int
     state: str
     steps: int = 0

@@ -53,7 +53,8 @@ def main(argv=None) -> int:
 
     import zmq
 
-    from protocol.messages import LOAD_FAILED, Done, Error, Generate, Ready, Shutdown
+    from protocol.messages import (LOAD_FAILED, Done, Error, FinishReason, Generate, Ready,
+                                   Shutdown)
     from worker import models
     from worker.link import Link
     from worker.status import WorkerStatus
@@ -66,12 +67,12 @@ def main(argv=None) -> int:
 
     loading = [True]  # a cell the signal handler can read and clear
 
-    def answer_queued(reason: str) -> None:
+    def answer_queued(reason: FinishReason) -> None:
         """Every Generate gets one Done, also those that arrived while we were loading."""
         while not link.commands.empty():
             cmd = link.commands.get_nowait()
             if isinstance(cmd, Generate):
-                link.send(Done(args.epoch, cmd.rid, reason))
+                link.send(Done(epoch=args.epoch, rid=cmd.rid, finish_reason=reason))
 
     def on_sigterm(signum, frame):
         # Serving: the same path as a Shutdown message (SimpleQueue.put is safe here).
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
         # ImportError). So finish right here: answer, flush the events, and leave.
         loading[0] = False
         log.info("terminated while loading")
-        answer_queued("cancelled")
+        answer_queued(FinishReason.CANCELLED)
         link.close()
         logging.shutdown()
         os._exit(0)
@@ -108,8 +109,8 @@ def main(argv=None) -> int:
             msg = f"could not load model {args.model}: {type(e).__name__}"
             log.exception("load failed")
         log.error("load failed: %s", msg)
-        link.send(Error(args.epoch, LOAD_FAILED, msg, None))
-        answer_queued("error")
+        link.send(Error(epoch=args.epoch, code=LOAD_FAILED, message=msg))
+        answer_queued(FinishReason.ERROR)
         link.close()
         return EXIT_LOAD_FAILED
 
@@ -120,8 +121,10 @@ def main(argv=None) -> int:
     log.info("ready: %s (context %d, %s)", name, loaded.context_length, loaded.path)
     memory = mx.get_active_memory(), mx.get_peak_memory()
     status.publish("ready", (), (), *memory)  # no heartbeat says "loading" after Ready
-    link.send(Ready(args.epoch, name, loaded.context_length, os.getpid(), 1,
-                    loaded.random_weights, *memory, vocab_size=engine.vocab_size))
+    link.send(Ready(epoch=args.epoch, model=name, context_length=loaded.context_length,
+                    pid=os.getpid(), slots=1, random_weights=loaded.random_weights,
+                    active_bytes=memory[0], peak_bytes=memory[1],
+                    vocab_size=engine.vocab_size))
     try:
         Scheduler(engine, link, status, log_prompts=args.log_prompts,
                   stream_interval=args.stream_interval).run()

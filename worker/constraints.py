@@ -1,6 +1,7 @@
 """Grammar-constrained decoding with llguidance: JSON mode, JSON schema, forced tool calls.
 
-`Grammars` (one per engine) turns a Generate into a Lark grammar and a `Constraint`:
+`Grammars` (one per engine) turns a request's OutputSpec into a Lark grammar and a
+`Constraint`:
 - response_format json_object / json_schema → the JSON (whitespace bounded, see
   tool_formats.JSON_OPTIONS);
 - tool_choice "required" / a named function → one or more calls written in the model
@@ -28,6 +29,7 @@ from typing import Optional
 import mlx.core as mx
 import numpy as np
 
+from protocol.messages import OutputSpec
 from worker.grammar_compile import Compiler, GrammarError, clean
 from worker.tool_formats import JSON_OPTIONS, ToolFormat, json_rule
 
@@ -118,26 +120,26 @@ class Grammars:
             return f"<[{ids[0]}]>"
         return json.dumps(marker)
 
-    def grammar_for(self, gen, reasoning_first: bool = False,
+    def grammar_for(self, out: OutputSpec, reasoning_first: bool = False,
                     may_think: bool = False) -> Optional[str]:
         """The Lark grammar a request's output must follow, or None (unconstrained).
         `reasoning_first`: the prompt leaves the model inside a think block;
         `may_think`: the model may open one first."""
         body = None
-        tools = _allowed(gen)
-        forced = gen.tool_choice == "required" and bool(gen.tools)
+        tools = _allowed(out)
+        forced = out.tool_choice == "required" and bool(out.tools)
         if forced:
             if not tools:
                 raise GrammarError("tool_choice names no tool of 'tools'", "tool_choice")
-            body = self._calls_rule(tools, gen.parallel_tool_calls)
-        elif gen.response_format in ("json_object", "json_schema"):
-            schema = {"type": "object"} if gen.response_format == "json_object" else gen.json_schema
+            body = self._calls_rule(tools, out.parallel_tool_calls)
+        elif out.response_format is not None:
+            schema = {"type": "object"} if out.response_format == "json_object" else out.json_schema
             if not isinstance(schema, dict):
                 raise GrammarError("response_format json_schema needs a schema object",
                                    "response_format")
             body = json_rule(closed(schema))
-            if tools and gen.tool_choice in (None, "auto") and self._can_force_calls():
-                body = f"{body} | {self._calls_rule(tools, gen.parallel_tool_calls)}"
+            if tools and out.tool_choice in (None, "auto") and self._can_force_calls():
+                body = f"{body} | {self._calls_rule(tools, out.parallel_tool_calls)}"
         if body is None:
             return None
         return f"start: {self._thinking(reasoning_first, may_think)} ({body})\n"
@@ -176,13 +178,14 @@ class Grammars:
 
     # ---- matchers -----------------------------------------------------------------
 
-    def constraint(self, gen, reasoning_first: bool = False,
+    def constraint(self, out: OutputSpec, reasoning_first: bool = False,
                    may_think: bool = False) -> Optional[Constraint]:
-        """A fresh Constraint for `gen`, or None. Raises GrammarError (a 400)."""
-        lark = self.grammar_for(gen, reasoning_first, may_think)
+        """A fresh Constraint for a request's output, or None. Raises GrammarError (a
+        400)."""
+        lark = self.grammar_for(out, reasoning_first, may_think)
         if lark is None:
             return None
-        return self.compile(lark, "tool_choice" if gen.tool_choice == "required"
+        return self.compile(lark, "tool_choice" if out.tool_choice == "required"
                             else "response_format")
 
     def compile(self, lark: str, param: str = "response_format") -> Constraint:
@@ -213,16 +216,16 @@ def closed(schema):
     return out
 
 
-def _allowed(gen) -> list[tuple[str, dict]]:
+def _allowed(out: OutputSpec) -> list[tuple[str, dict]]:
     """(name, parameters) of the tools a call may use."""
-    out = []
-    for t in gen.tools or ():
-        fn = t.get("function") if isinstance(t, dict) else None
+    allowed = []
+    for t in out.tools or ():
+        fn = t.get("function")
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             continue
-        if gen.allowed_tools is None or fn["name"] in gen.allowed_tools:
-            out.append((fn["name"], closed(fn.get("parameters") or {})))
-    return out
+        if out.allowed_tools is None or fn["name"] in out.allowed_tools:
+            allowed.append((fn["name"], closed(fn.get("parameters") or {})))
+    return allowed
 
 
 __all__ = ["Grammars", "Constraint", "GrammarError", "JSON_OPTIONS"]

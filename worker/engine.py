@@ -33,7 +33,8 @@ import mlx.core as mx
 from mlx_lm.generate import generation_stream
 from mlx_lm.models.cache import make_prompt_cache
 
-from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, ToolCall, unpack_ids
+from protocol.messages import (CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, FinishReason, Generate,
+                               SamplingParams, ToolCall, unpack_ids)
 from worker import prompt as chat_prompt
 from worker import sampling, tool_formats
 from worker.channels import REASONING, OutputSplitter
@@ -47,12 +48,13 @@ from worker.token_bound import TokenBound
 _CLEAR_CACHE_EVERY = 256
 # Texts shorter than this are tokenized (~0.1 s at most) rather than judged by the bound.
 _BOUND_MIN_CHARS = 100_000
+STOP, LENGTH = FinishReason.STOP, FinishReason.LENGTH
 
 
 @dataclass
 class Prepared:
     """A request checked and ready to generate: prompt ids and its output machinery."""
-    gen: object                                  # the Generate
+    gen: Generate
     ids: list
     constraint: Optional[Constraint] = None      # the grammar, if any
     splitter: Optional[OutputSplitter] = None    # reasoning / tool-call parsing, if any
@@ -94,10 +96,11 @@ class TextEngine:
     def prepare(self, gen) -> Prepared:
         """Prompt ids for `gen`, checked against the context length, and the request's
         grammar and output splitter. Raises RequestError (shown to the client)."""
+        max_tokens = gen.sampling.max_tokens
         if gen.messages is not None:
             param = "messages"
             text, special = chat_prompt.chat_text(self.tokenizer, gen)
-            self._check_bound(text, gen.max_tokens, param)
+            self._check_bound(text, max_tokens, param)
             ids = list(self.tokenizer.encode(text, add_special_tokens=special))
         elif gen.prompt_ids is not None:
             param = "prompt"
@@ -109,7 +112,7 @@ class TextEngine:
         elif gen.prompt is not None:
             param = "prompt"
             tok = self.tokenizer
-            self._check_bound(gen.prompt, gen.max_tokens, param)
+            self._check_bound(gen.prompt, max_tokens, param)
             # Like stream_generate: add BOS unless the prompt already starts with it.
             special = tok.bos_token is None or not gen.prompt.startswith(tok.bos_token)
             ids = tok.encode(gen.prompt, add_special_tokens=special)
@@ -117,34 +120,35 @@ class TextEngine:
             raise RequestError(INVALID_REQUEST, "a request needs messages or a prompt", "prompt")
         if not ids:
             raise RequestError(INVALID_REQUEST, "the prompt is empty", param)
-        if gen.max_tokens is not None and gen.max_tokens < 1:
+        if max_tokens is not None and max_tokens < 1:
             raise RequestError(INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens",
                                len(ids))
-        self._check_context(len(ids), gen.max_tokens, param)
-        sampling.check_logit_bias(gen, self.vocab_size)
-        sampling.check_sampler_values(gen)
+        self._check_context(len(ids), max_tokens, param)
+        sampling.check_logit_bias(gen.sampling, self.vocab_size)
+        sampling.check_sampler_values(gen.sampling)
         return self._outputs(gen, ids)
 
     def _outputs(self, gen, ids: list[int]) -> Prepared:
         """The grammar and the splitter a request needs (none for plain completions)."""
         prep = Prepared(gen, ids)
+        out = gen.output
         chat = gen.messages is not None
         reasoning_first = chat and chat_prompt.starts_in_reasoning(self.tokenizer, ids)
         may_think = chat and not chat_prompt.thinking_closed(self.tokenizer, ids)
         try:
-            prep.constraint = self.grammars.constraint(gen, reasoning_first, may_think)
+            prep.constraint = self.grammars.constraint(out, reasoning_first, may_think)
         except GrammarError as e:
             e.prompt_tokens = len(ids)
             raise
         fmt = self.tool_format
-        calls = bool(gen.tools) and gen.tool_choice != "none"
-        if chat and gen.tools and gen.tool_choice == "none" and fmt is not None and fmt.start:
+        calls = bool(out.tools) and out.tool_choice != "none"
+        if chat and out.tools and out.tool_choice == "none" and fmt is not None and fmt.start:
             # "none" means no calls: the marker that opens one cannot be sampled.
             start = self.tokenizer.encode(fmt.start, add_special_tokens=False)
             if len(start) == 1:
                 prep.banned = (start[0],)
         if chat and (self.tokenizer.has_thinking or (calls and fmt is not None)):
-            prep.splitter = OutputSplitter(self.tokenizer, fmt if calls else None, gen.tools,
+            prep.splitter = OutputSplitter(self.tokenizer, fmt if calls else None, out.tools,
                                            REASONING if reasoning_first else "normal")
         return prep
 
@@ -183,20 +187,20 @@ class TextEngine:
 
         token is -1 on the final step when it ends on EOS (no token to report; `text`
         may still carry text the detokenizer or the stop matcher held back). finish is
-        None until the last yield, then "stop", "length" or "tool_calls". `text` is the
-        answer; `extra` (a StepExtra, or None for plain requests) carries reasoning,
-        tool calls and logprobs.
+        None until the last yield, then a FinishReason (stop, length or tool_calls).
+        `text` is the answer; `extra` (a StepExtra, or None for plain requests) carries
+        reasoning, tool calls and logprobs.
         """
-        gen, ids = prep.gen, prep.ids
+        sp, out, ids = prep.gen.sampling, prep.gen.output, prep.ids
         n = len(ids)
         budget = self.context_length - n
-        if gen.max_tokens is not None:
-            budget = min(budget, gen.max_tokens)
-        sampler = sampling.sampler_for(gen, self.vocab_size)
-        processors = sampling.processors_for(gen, prep.banned)
-        if gen.seed is not None:
+        if sp.max_tokens is not None:
+            budget = min(budget, sp.max_tokens)
+        sampler = sampling.sampler_for(sp, self.vocab_size)
+        processors = sampling.processors_for(sp, prep.banned)
+        if sp.seed is not None:
             # One sequence at a time: this makes it reproducible.
-            mx.random.seed(sampling.seed_value(gen.seed))
+            mx.random.seed(sampling.seed_value(sp.seed))
 
         model, stream = self.model, generation_stream
         cache = make_prompt_cache(model)
@@ -227,8 +231,8 @@ class TextEngine:
         if processors:
             history = prompt[:pos]  # logits_of() appends what it feeds the model
         detok = self.tokenizer.detokenizer
-        stops = StopMatcher(gen.stop) if gen.stop else None
-        if prep.constraint is None and prep.splitter is None and not gen.logprobs:
+        stops = StopMatcher(out.stop) if out.stop else None
+        if prep.constraint is None and prep.splitter is None and not out.logprobs:
             yield from self._decode_plain(prompt[pos:], logits_of, sampler, budget, detok, stops)
         else:
             yield from self._decode_full(prep, prompt[pos:], logits_of, sampler, budget,
@@ -255,19 +259,19 @@ class TextEngine:
             tok = y.item()
             if tok in eos:
                 detok.finalize()
-                yield -1, self._tail(detok.last_segment, stops)[0], "stop", None
+                yield -1, self._tail(detok.last_segment, stops)[0], STOP, None
                 return
             detok.add_token(tok)
             text = detok.last_segment
             if stops is not None:
                 text, hit = stops.feed(text)
                 if hit:
-                    yield tok, text, "stop", None
+                    yield tok, text, STOP, None
                     return
             if produced >= budget:
                 detok.finalize()
                 tail, hit = self._tail(detok.last_segment, stops)
-                yield tok, text + tail, "stop" if hit else "length", None
+                yield tok, text + tail, STOP if hit else LENGTH, None
                 return
             yield tok, text, None, None
             if produced % _CLEAR_CACHE_EVERY == 0:
@@ -283,9 +287,9 @@ class TextEngine:
         forward pass already queued on the lazily sampled token; then the next sample
         and the forward pass after it are queued, and only then does the Python work of
         this token (detokenizing, splitting, the Delta) run."""
-        gen, eos = prep.gen, self._eos
+        out, eos = prep.gen.output, self._eos
         constraint, splitter = prep.constraint, prep.splitter
-        k = gen.top_logprobs if gen.logprobs else -1
+        k = out.top_logprobs if out.logprobs else -1
         neg_inf = mx.array(-mx.inf)
 
         def sample(logits):
@@ -312,7 +316,7 @@ class TextEngine:
             produced += 1
             tok = y.item()
             if tok in eos:
-                yield -1, *self._finish(detok, stops, splitter, "stop")
+                yield -1, *self._finish(detok, stops, splitter, STOP)
                 return
             if constraint is not None:
                 constraint.consume(tok)  # GrammarError: the request's, not the worker's
@@ -331,13 +335,13 @@ class TextEngine:
             if stops is not None:
                 text, hit = stops.feed(text)
                 if hit:
-                    yield tok, *self._split(text, splitter, extra, "stop", final=True)
+                    yield tok, *self._split(text, splitter, extra, STOP, final=True)
                     return
             if done or produced >= budget:
                 # done: the grammar is complete, only EOS could follow, so end here.
                 detok.finalize()
                 tail, hit = self._tail(detok.last_segment, stops)
-                finish = "stop" if done or hit else "length"
+                finish = STOP if done or hit else LENGTH
                 yield tok, *self._split(text + tail, splitter, extra, finish, final=True)
                 return
             yield tok, *self._split(text, splitter, extra, None)
@@ -355,8 +359,8 @@ class TextEngine:
             c2, r2, k2 = splitter.finish()
             content, reasoning, calls = content + c2, reasoning + r2, calls + k2
         extra.reasoning, extra.tool_calls = reasoning, calls
-        if finish == "stop" and splitter.made_calls:
-            finish = "tool_calls"
+        if finish == STOP and splitter.made_calls:
+            finish = FinishReason.TOOL_CALLS
         return content, finish, extra
 
     def _finish(self, detok, stops, splitter, finish):
@@ -403,8 +407,7 @@ class TextEngine:
         self._tiny_run(temperature=1.0, max_tokens=1)
 
     def _tiny_run(self, temperature: float, max_tokens: int) -> None:
-        from protocol.messages import Generate
-
-        gen = Generate(rid="probe", prompt="", max_tokens=max_tokens, temperature=temperature)
+        gen = Generate(rid="probe", prompt="", sampling=SamplingParams(
+            max_tokens=max_tokens, temperature=temperature))
         for _ in self.generate(Prepared(gen, [0])):
             pass

@@ -1,7 +1,9 @@
 """The worker's ZeroMQ I/O: two threads beside the MLX thread.
 
 - The receiver owns the PULL (commands) socket. It decodes each frame; garbage is logged
-  and skipped, never fatal. StatusRequest is answered right here from WorkerStatus, so a
+  and skipped, never fatal, but a Generate it cannot read whose rid it can still read gets
+  its Error and Done at once (the supervisor would wait for it until its request timeout:
+  only a supervisor bug or a version mismatch sends one). StatusRequest is answered right here from WorkerStatus, so a
   status answer never waits for a long MLX step. Everything else goes to `commands` for
   the scheduler.
 - The sender owns the PUSH (events) socket: ZMQ sockets are not thread-safe, so exactly
@@ -25,7 +27,9 @@ import time
 
 import zmq
 
-from protocol import ProtocolError, StatusRequest, decode_down, encode
+from protocol import (Done, Error, ErrorCode, FinishReason, ProtocolError, StatusRequest,
+                      decode_down, encode)
+from protocol.codec import unreadable_generate_rid
 from protocol import sockets
 
 log = logging.getLogger("worker.link")
@@ -85,6 +89,7 @@ class Link:
                     msg = decode_down(data)
                 except ProtocolError as e:
                     log.warning("dropped an invalid command frame (%d bytes): %s", len(data), e)
+                    self._answer_unreadable(data)
                     continue
                 if isinstance(msg, StatusRequest):
                     self.outbound.put(self.status.status(msg.qid))
@@ -98,6 +103,18 @@ class Link:
             raise
         finally:
             sock.close()
+
+    def _answer_unreadable(self, data: bytes) -> None:
+        """End a Generate that could not be decoded, if its rid can be read: the
+        scheduler never saw it, so this is its one Done."""
+        rid = unreadable_generate_rid(data)
+        if rid is None:
+            return
+        epoch = self.status.epoch
+        self.outbound.put(Error(epoch=epoch, code=ErrorCode.INTERNAL, rid=rid,
+                                message="the worker could not read the request; see the "
+                                        "server log"))
+        self.outbound.put(Done(epoch=epoch, rid=rid, finish_reason=FinishReason.ERROR))
 
     def _send_loop(self) -> None:
         sock, q, status, interval = self._push, self.outbound, self.status, self.interval

@@ -97,9 +97,9 @@ def template_kwargs(tokenizer, gen) -> dict:
     """Keyword arguments for apply_chat_template: tools, the thinking switch, and the
     client's chat_template_kwargs (last, so they win)."""
     kwargs: dict = {}
-    if gen.tools:
-        kwargs["tools"] = gen.tools
-    effort = gen.reasoning_effort
+    if gen.output.tools:
+        kwargs["tools"] = gen.output.tools
+    effort = gen.output.reasoning_effort
     if effort is not None:
         source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
         if "reasoning_effort" in source:

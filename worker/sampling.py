@@ -23,28 +23,28 @@ import os
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
-from protocol.messages import INVALID_REQUEST
+from protocol.messages import INVALID_REQUEST, SamplingParams
 from worker.prompt import RequestError
 
 IMPOSSIBLE = -9999.0
 _SEEDS = 2 ** 64  # mx.random.seed takes a uint64
 
 
-def sampler_for(gen, vocab_size: int):
+def sampler_for(sp: SamplingParams, vocab_size: int):
     """mlx-lm's sampler for the request. top_k outside (0, vocab_size) keeps every token,
     which is what it means; mlx-lm would raise inside its compiled trace instead."""
-    temp = 1.0 if gen.temperature is None else gen.temperature
-    top_k = gen.top_k or 0
+    temp = 1.0 if sp.temperature is None else sp.temperature
+    top_k = sp.top_k or 0
     if not 0 < top_k < vocab_size:
         top_k = 0
-    return make_sampler(temp, top_p=gen.top_p or 0.0, min_p=gen.min_p or 0.0, top_k=top_k)
+    return make_sampler(temp, top_p=sp.top_p or 0.0, min_p=sp.min_p or 0.0, top_k=top_k)
 
 
-def check_sampler_values(gen) -> None:
+def check_sampler_values(sp: SamplingParams) -> None:
     """Refuse what mlx-lm's compiled samplers would refuse inside their trace (the API
     validates these already; this keeps a value that slips through from the trace)."""
-    if gen.min_p is not None and not 0.0 <= gen.min_p <= 1.0:
-        raise RequestError(INVALID_REQUEST, f"min_p must be between 0 and 1, got {gen.min_p}",
+    if sp.min_p is not None and not 0.0 <= sp.min_p <= 1.0:
+        raise RequestError(INVALID_REQUEST, f"min_p must be between 0 and 1, got {sp.min_p}",
                            "min_p")
 
 
@@ -59,25 +59,25 @@ def reseed() -> None:
     mx.random.seed(int.from_bytes(os.urandom(8), "little"))
 
 
-def check_logit_bias(gen, vocab_size: int) -> None:
-    for pair in gen.logit_bias or ():
-        if not (isinstance(pair, (list, tuple)) and len(pair) == 2
-                and isinstance(pair[0], int) and 0 <= pair[0] < vocab_size):
-            tok = pair[0] if isinstance(pair, (list, tuple)) and pair else pair
+def check_logit_bias(sp: SamplingParams, vocab_size: int) -> None:
+    """The pairs' shape is the protocol's ((int, float) pairs, checked when the frame was
+    decoded); their ids must be in this model's vocabulary."""
+    for tok, _ in sp.logit_bias:
+        if not 0 <= tok < vocab_size:
             raise RequestError(INVALID_REQUEST, f"logit_bias: token id {tok} is out of range: "
                                f"the vocabulary has {vocab_size} tokens", "logit_bias")
 
 
-def processors_for(gen, banned: tuple = ()) -> list:
+def processors_for(sp: SamplingParams, banned: tuple = ()) -> list:
     """mlx-lm logits processors for the request's penalties and bias. `banned` token
     ids get -inf (tool_choice "none": the call marker)."""
-    bias = {int(t): float(b) for t, b in gen.logit_bias or ()}
-    rp = gen.repetition_penalty
+    bias = dict(sp.logit_bias)
+    rp = sp.repetition_penalty
     processors = make_logits_processors(
         logit_bias=bias or None,
         repetition_penalty=rp if rp not in (None, 1.0) else None,
-        presence_penalty=gen.presence_penalty or None,
-        frequency_penalty=gen.frequency_penalty or None,
+        presence_penalty=sp.presence_penalty or None,
+        frequency_penalty=sp.frequency_penalty or None,
     )
     if banned:
         ids = mx.array(list(banned))

@@ -38,8 +38,8 @@ from collections import deque
 import mlx.core as mx
 
 from protocol.messages import (
-    INTERNAL, Cancel, Delta, Done, Error, Generate, Shutdown, Started, StatusRequest,
-    pack_floats, pack_ids,
+    INTERNAL, Cancel, Delta, Done, Error, FinishReason, Generate, Shutdown, Started,
+    StatusRequest, pack_floats, pack_ids,
 )
 from worker.engine import RequestError
 from worker.preparer import PrepDone, Preparer
@@ -49,6 +49,7 @@ log = logging.getLogger("worker.scheduler")
 _IDLE_WAIT = 0.1         # s; idle get() timeout, so memory figures stay fresh
 _MEMORY_EVERY = 0.1      # s; how often the MLX thread refreshes the memory figures
 _pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, cheaper
+CANCELLED = FinishReason.CANCELLED
 
 
 class WorkerBroken(Exception):
@@ -91,7 +92,7 @@ class Held:
     def add(self, extra) -> None:
         self.reasoning += extra.reasoning
         for call in extra.tool_calls:
-            self.tool_calls.append(call.to_wire())
+            self.tool_calls.append(call)
         if extra.logprob is not None:
             self.logprobs.append(extra.logprob)
             for tok, lp in extra.top:
@@ -166,16 +167,16 @@ class Scheduler:
         being prepared (their preparation's outcome is ignored when it comes)."""
         self.status.publish("draining", self.active, self._queued())
         for seq in list(self.active.values()):
-            self._finish(seq, "cancelled")
+            self._finish(seq, CANCELLED)
         while self.waiting:
-            self._finish(self.waiting.popleft(), "cancelled")
+            self._finish(self.waiting.popleft(), CANCELLED)
         for seq in list(self.preparing.values()):
             self._drop_preparing(seq)
         # Commands that arrived after the Shutdown may hold Generates: answer them too.
         while not self.link.commands.empty():
             cmd = self.link.commands.get_nowait()
             if isinstance(cmd, Generate):
-                self.link.send(Done(self.epoch, cmd.rid, "cancelled"))
+                self.link.send(Done(epoch=self.epoch, rid=cmd.rid, finish_reason=CANCELLED))
 
     # ---- commands ---------------------------------------------------------------------
 
@@ -214,7 +215,7 @@ class Scheduler:
             else:
                 return  # unknown or already finished: idempotent, no second Done
             self.waiting.remove(seq)
-        self._finish(seq, "cancelled")
+        self._finish(seq, CANCELLED)
 
     # ---- sequences --------------------------------------------------------------------
 
@@ -223,7 +224,7 @@ class Scheduler:
         thread skips it if it has not begun, and its outcome is ignored."""
         del self.preparing[seq.rid]
         seq.dropped = True
-        self._finish(seq, "cancelled")
+        self._finish(seq, CANCELLED)
 
     def _prepared(self, seq: Sequence, result) -> None:
         """A preparation's outcome: queue the request, or end it with its error."""
@@ -245,8 +246,9 @@ class Scheduler:
         """A request error (a 400-class one, safe to show): Error + Done("error")."""
         seq.prompt_tokens = seq.prompt_tokens or e.prompt_tokens
         self._flush(seq)
-        self.link.send(Error(self.epoch, e.code, e.message, seq.rid, e.param))
-        self._finish(seq, "error", log_it=False)
+        self.link.send(Error(epoch=self.epoch, code=e.code, message=e.message, rid=seq.rid,
+                             param=e.param))
+        self._finish(seq, FinishReason.ERROR, log_it=False)
         log.info("rid=%s refused: %s", seq.rid, e.code)
 
     def _admit(self) -> None:
@@ -261,7 +263,7 @@ class Scheduler:
                      else gen.prompt)
         seq.it = self.engine.generate(prep)
         self.active[seq.rid] = seq
-        self.link.send(Started(self.epoch, seq.rid, seq.prompt_tokens, 0))
+        self.link.send(Started(epoch=self.epoch, rid=seq.rid, prompt_tokens=seq.prompt_tokens))
         self._publish()
 
     def _step(self, seq: Sequence) -> None:
@@ -298,13 +300,14 @@ class Scheduler:
         held = seq.held
         if held is not None:
             if seq.held_ids or seq.held_text or held.reasoning or held.tool_calls:
-                self.link.send(Delta(self.epoch, seq.rid, seq.held_text, seq.held_ids,
-                                     **held.fields()))
+                self.link.send(Delta(epoch=self.epoch, rid=seq.rid, text=seq.held_text,
+                                     token_ids=seq.held_ids, **held.fields()))
                 seq.held = None
                 seq.held_text, seq.held_ids = "", b""
                 seq.sent_at = time.monotonic()
         elif seq.held_ids or seq.held_text:
-            self.link.send(Delta(self.epoch, seq.rid, seq.held_text, seq.held_ids))
+            self.link.send(Delta(epoch=self.epoch, rid=seq.rid, text=seq.held_text,
+                                 token_ids=seq.held_ids))
             seq.held_text, seq.held_ids = "", b""
             seq.sent_at = time.monotonic()
 
@@ -312,9 +315,9 @@ class Scheduler:
         """An unexpected error in one request (logged by the caller): report it safely,
         and after a failed step make sure the next one can run."""
         self._flush(seq)
-        self.link.send(Error(self.epoch, INTERNAL, "internal error while generating; see "
-                             "the server log", seq.rid))
-        self._finish(seq, "error", log_it=False)
+        self.link.send(Error(epoch=self.epoch, code=INTERNAL, rid=seq.rid,
+                             message="internal error while generating; see the server log"))
+        self._finish(seq, FinishReason.ERROR, log_it=False)
         if not in_step:
             return
         try:
@@ -325,15 +328,17 @@ class Scheduler:
             raise WorkerBroken(str(e)[:200]) from e
         log.info("rid=%s failed; the worker recovered and keeps serving", seq.rid)
 
-    def _finish(self, seq: Sequence, reason: str, *, log_it: bool = True) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, *, log_it: bool = True) -> None:
         """Send the one Done of a request and forget it."""
         if seq.it is not None:
             seq.it.close()  # runs the generator's cleanup now, not at garbage collection
             seq.it = None
         self.active.pop(seq.rid, None)
         self._flush(seq)
-        self.link.send(Done(self.epoch, seq.rid, reason, seq.prompt_tokens,
-                            seq.completion_tokens, 0, seq.reasoning_tokens))
+        self.link.send(Done(epoch=self.epoch, rid=seq.rid, finish_reason=reason,
+                            prompt_tokens=seq.prompt_tokens,
+                            completion_tokens=seq.completion_tokens,
+                            reasoning_tokens=seq.reasoning_tokens))
         if log_it:
             dt = time.monotonic() - seq.t0
             log.info("rid=%s done: %s, %d prompt + %d completion tokens in %.2fs", seq.rid,

@@ -37,10 +37,12 @@ class WorkerStatus:
 
     def status(self, qid: int) -> Status:
         v, steps = self.view, self.steps
-        return Status(self.epoch, qid, v.state, list(v.active), list(v.waiting), steps,
-                      v.active_bytes, v.peak_bytes)
+        return Status(epoch=self.epoch, qid=qid, state=v.state, active=list(v.active),
+                      waiting=list(v.waiting), steps=steps, active_bytes=v.active_bytes,
+                      peak_bytes=v.peak_bytes)
 
     def heartbeat(self) -> Heartbeat:
         v, steps = self.view, self.steps
-        return Heartbeat(self.epoch, v.state, steps, len(v.active), len(v.waiting),
-                         v.active_bytes, v.peak_bytes)
+        return Heartbeat(epoch=self.epoch, state=v.state, steps=steps, active=len(v.active),
+                         waiting=len(v.waiting), active_bytes=v.active_bytes,
+                         peak_bytes=v.peak_bytes)

@@ -4,8 +4,8 @@ Admission → wait for `started` (errors before the first byte get their real HT
 status: 400 context too long or a bad schema, 503 queue full/timeout) → stream SSE
 chunks or collect one body, rendered by the endpoint's Shapes. Leaving for any reason
 (done, error, client gone: aiohttp cancels the handler) closes the generation, which
-cancels the worker's sequence if it is still running. The server's defaults (--default-max-tokens, --default-temperature,
---default-repetition-penalty) fill what the client left out, here, for every surface.
+cancels the worker's sequence if it is still running. The request becomes one complete
+protocol Generate, with the server's defaults, in one call (`to_generate`: api/parse/).
 """
 
 from __future__ import annotations
@@ -36,18 +36,6 @@ class Shapes(Protocol):
     def body(self, output: Output, finish_reason: str, usage: dict) -> dict: ...
 
 
-def apply_defaults(fields: dict, config, default_max_tokens: int | None = None) -> dict:
-    """Generate fields with the server's defaults where the client gave nothing.
-    `default_max_tokens`: the endpoint's own default (legacy completions: 16), used when
-    the server has none."""
-    if fields.get("max_tokens") is None:
-        fields["max_tokens"] = getattr(config, "default_max_tokens", None) or default_max_tokens
-    for key in ("temperature", "repetition_penalty"):
-        if fields.get(key) is None:
-            fields[key] = getattr(config, f"default_{key}", None)
-    return fields
-
-
 def usage_of(done) -> dict:
     return shapes.usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
                         done.reasoning_tokens)
@@ -58,11 +46,10 @@ async def run(request: web.Request, parsed,
     """`make_shapes(model, created)` gives the response's object builders."""
     config = request.app[CONFIG]
     runner = await request.app[POOL].get(parsed.model)
-    fields = apply_defaults(parsed.to_generate_fields(), config,
-                            getattr(parsed, "default_max_tokens", None))
-    gen = Generation(runner.submit(fields), queue_timeout=config.queue_timeout,
+    message = parsed.to_generate(config)  # the protocol Generate, less its rid
+    gen = Generation(runner.submit(message), queue_timeout=config.queue_timeout,
                      request_timeout=config.request_timeout,
-                     logprobs=bool(fields.get("logprobs")))
+                     logprobs=message.output.logprobs)
     model = runner.id
     objects = make_shapes(model, int(time.time()))
     t0 = time.monotonic()

@@ -26,7 +26,9 @@ import collections
 import logging
 from typing import Callable
 
-from protocol import Cancel, Delta, Done, Error, Generate, Started
+import msgspec
+
+from protocol import Cancel, Delta, Done, Error, FinishReason, Generate, Started
 from supervisor.config import Config
 from supervisor.workers.errors import Overloaded, WorkerError, WorkerFailed, from_worker
 from supervisor.workers.handle import QUEUED, STARTED, RequestHandle
@@ -34,7 +36,6 @@ from supervisor.workers.limits import check_limits, unsendable
 from supervisor.workers.link import LinkClosed, WorkerLink
 
 log = logging.getLogger("mlxd.runner")
-
 
 
 class Dispatcher:
@@ -51,13 +52,13 @@ class Dispatcher:
         self.vocab_size: int | None = None
 
     # ---- admission -----------------------------------------------------------------------
-    def admit(self, fields: dict, params: dict) -> RequestHandle:
+    def admit(self, request: Generate, params: dict) -> RequestHandle:
         """Check the request against the model's limits and queue it."""
-        check_limits(fields, params, self.context_length, self.vocab_size)
+        check_limits(request.sampling, params, self.context_length, self.vocab_size)
         if self.waiting() >= self.config.max_queue:
             raise Overloaded(
                 f"Too many requests are waiting for model `{self.model_id}`; please retry.", 1)
-        h = RequestHandle(self.model_id, fields, on_cancel=self.cancel)
+        h = RequestHandle(self.model_id, request, on_cancel=self.cancel)
         self.queue.append(h)
         self.pump()
         return h
@@ -94,7 +95,9 @@ class Dispatcher:
             rid = h.new_attempt()
             self.inflight[rid] = h
             try:
-                link.send(Generate(rid=rid, log_prompt=self.config.log_prompts, **h.fields))
+                # The surface built the whole request; each attempt only gets its rid.
+                link.send(msgspec.structs.replace(h.request, rid=rid,
+                                                  log_prompt=self.config.log_prompts))
             except LinkClosed:
                 return  # the exit handler re-queues it
             except Exception as e:
@@ -107,7 +110,8 @@ class Dispatcher:
                 self.queue.remove(h)
             except ValueError:
                 pass
-            h.on_done(Done(epoch=self.epoch, rid=h.rid or "", finish_reason="cancelled"))
+            h.on_done(Done(epoch=self.epoch, rid=h.rid or "",
+                           finish_reason=FinishReason.CANCELLED))
         else:
             self.send_cancel(h)
         self.pump()

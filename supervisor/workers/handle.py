@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import AsyncIterator, Callable
 
-from protocol import Delta, Done, Started
+from protocol import Delta, Done, FinishReason, Generate, Started
 from supervisor.workers.errors import (Internal, Overloaded, RequestTimeout, WorkerError,
                                        WorkerFailed)
 
@@ -67,10 +67,11 @@ class Inbox:
 
 
 class RequestHandle:
-    def __init__(self, model: str, fields: dict, *, on_cancel: Callable[["RequestHandle"], None]):
+    def __init__(self, model: str, request: Generate, *,
+                 on_cancel: Callable[["RequestHandle"], None]):
         self.id = uuid.uuid4().hex[:24]
         self.model = model
-        self.fields = fields            # Generate's keyword arguments, less rid
+        self.request = request          # complete, less its rid (stamped per attempt)
         self.state = QUEUED
         self.attempt = 0
         self.rid: str | None = None     # the current attempt's rid
@@ -194,7 +195,7 @@ class RequestHandle:
                 if isinstance(item, WorkerError):
                     raise item
                 if isinstance(item, Done):
-                    if self.failure is not None or item.finish_reason == "error":
+                    if self.failure is not None or item.finish_reason == FinishReason.ERROR:
                         raise self.failure or Internal()
                     return
             if batch:

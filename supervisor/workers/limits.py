@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import logging
 
-from protocol import EncodeError
+from protocol import EncodeError, SamplingParams
 from supervisor.workers.errors import BadRequest, ContextTooLong, Internal, WorkerError
 
 log = logging.getLogger("mlxd.runner")
 
 
-def check_limits(fields: dict, params: dict, context_length: int | None,
+def check_limits(sampling: SamplingParams, params: dict, context_length: int | None,
                  vocab_size: int | None) -> None:
     """Refuse integers outside their meaningful range for this model, before they
-    queue. Known once a worker was ready; until then the worker checks them itself."""
+    queue. Known once a worker was ready; until then the worker checks them itself.
+    `params` maps a field to the name the client's API gave it."""
     ctx, vocab = context_length, vocab_size
-    max_tokens = fields.get("max_tokens")
+    max_tokens = sampling.max_tokens
     if ctx and max_tokens is not None and max_tokens > ctx:
         # Whatever the prompt, it cannot fit: OpenAI's code for it, before any queueing.
         name = params.get("max_tokens", "max_tokens")
@@ -32,14 +33,14 @@ def check_limits(fields: dict, params: dict, context_length: int | None,
             name)
     if not vocab:
         return
-    top_k = fields.get("top_k")
+    top_k = sampling.top_k
     if top_k is not None and top_k > vocab:
         name = params.get("top_k", "top_k")
         raise BadRequest(
             f"Invalid value for '{name}': integer above maximum value. This model's "
             f"vocabulary has {vocab} tokens, so top_k must be at most {vocab}, but got "
             f"{top_k} instead.", name, "integer_above_max_value")
-    for token, _ in fields.get("logit_bias") or ():
+    for token, _ in sampling.logit_bias:
         if not 0 <= token < vocab:
             name = params.get("logit_bias", "logit_bias")
             raise BadRequest(

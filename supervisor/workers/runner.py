@@ -26,8 +26,8 @@ import logging
 import time
 from typing import Awaitable, Callable
 
-from protocol import (Delta, Done, Error, Heartbeat, Ready, Shutdown, Started, Status,
-                      StatusRequest)
+from protocol import (Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown, Started,
+                      Status, StatusRequest)
 from supervisor.config import Config
 from supervisor.workers.dispatch import Dispatcher
 from supervisor.workers.errors import Internal, WorkerError, WorkerFailed
@@ -422,16 +422,17 @@ class ModelRunner:
                 fut.set_result(msg)
 
     # ---- requests --------------------------------------------------------------------
-    def submit(self, fields: dict, params: dict | None = None) -> RequestHandle:
-        """Queue a request (Generate's fields, less rid). `params` maps a field to the
-        name the client's API gave it, for error messages (Responses: max_output_tokens)."""
+    def submit(self, request: Generate, params: dict | None = None) -> RequestHandle:
+        """Queue a request (a complete Generate; its rid is stamped per attempt).
+        `params` maps a field to the name the client's API gave it, for error messages
+        (Responses: max_output_tokens)."""
         if self.state == BROKEN:
             raise self._unavailable()
         if self._stopping or self._draining:
             raise WorkerFailed("The server is shutting down.")
         if self._retiring:
             raise WorkerFailed(f"Model `{self.id}` is being unloaded; please retry.")
-        h = self.dispatch.admit(fields, params or {})
+        h = self.dispatch.admit(request, params or {})
         self.last_used = self._clock()
         return h
 

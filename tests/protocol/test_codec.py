@@ -2,64 +2,67 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat
 
 import msgpack
+import msgspec
 import pytest
 
-from protocol import (PROTOCOL_VERSION, Cancel, Delta, Done, Error, Generate, Heartbeat,
-                      ProtocolError, Ready, Shutdown, Started, Status, StatusRequest,
-                      ToolCall, decode_down, decode_up, encode, pack_floats, pack_ids,
-                      unpack_floats, unpack_ids)
+from protocol import (PROTOCOL_VERSION, Cancel, Delta, Done, EncodeError, Error, ErrorCode,
+                      FinishReason, Generate, Heartbeat, OutputSpec, ProtocolError, Ready,
+                      SamplingParams, Shutdown, Started, Status, StatusRequest, ToolCall,
+                      decode_down, decode_up, encode, pack_floats, pack_ids, unpack_floats,
+                      unpack_ids)
 from protocol.messages import DOWN, UP
 from protocol.sockets import Endpoints, make_runtime_dir, remove_runtime_dir
 
-# A msgpack map: fixmap header, then key/value pairs ("v", 1), ("type", ...), fields in
-# declaration order. Pinned byte for byte: a change here breaks mixed-version peers.
+# A msgpack map: fixmap header, then ("type", kind), ("v", 2), then the fields in declaration
+# order (nested structs as maps of their own). Pinned byte for byte: a change here breaks
+# mixed-version peers, so it comes with a PROTOCOL_VERSION bump.
 GOLDEN = [
-    (Cancel(rid="r1"), b"\x83\xa1v\x01\xa4type\xa6cancel\xa3rid\xa2r1"),
-    (Shutdown(), b"\x82\xa1v\x01\xa4type\xa8shutdown"),
+    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x02\xa3rid\xa2r1"),
+    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x02"),
     (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
-     b"\x8c\xa1v\x01\xa4type\xa5delta\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\x8c\xa4type\xa5delta\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"
      b"\xa9reasoning\xa0\xaatool_calls\x90\xa8logprobs\xc4\x00\xa7top_ids\xc4\x00"
      b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90"),
-    (Done(epoch=2, rid="r1", finish_reason="length", prompt_tokens=3, completion_tokens=4),
-     b"\x89\xa1v\x01\xa4type\xa4done\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+    (Done(epoch=2, rid="r1", finish_reason=FinishReason.LENGTH, prompt_tokens=3,
+          completion_tokens=4),
+     b"\x89\xa4type\xa4done\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"
      b"\xb0reasoning_tokens\x00"),
+    (Generate(rid="r1", prompt="hi",
+              sampling=SamplingParams(max_tokens=2, logit_bias=((7, -1.5),)),
+              output=OutputSpec(stop=("x",))),
+     b"\x8a\xa4type\xa8generate\xa1v\x02\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\xaaprompt_ids\xc0"
+     b"\xa8sampling\x8a\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
+     b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
+     b"\xb1frequency_penalty\xc0\xaalogit_bias\x91\x92\x07\xcb\xbf\xf8\x00\x00\x00\x00\x00\x00"
+     b"\xa6output\x8a\xa4stop\x91\xa1x\xa8logprobs\xc2\xactop_logprobs\x00"
+     b"\xafresponse_format\xc0\xabjson_schema\xc0\xa5tools\xc0\xabtool_choice\xc0"
+     b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"
+     b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2"),
 ]
 
-# The same two messages as an older peer (before reasoning, tool calls and logprobs)
+# Two messages as an older peer of this version (before reasoning, tool calls and logprobs)
 # sent them: the fields added since decode to their defaults.
 OLD_WIRE = [
-    (b"\x86\xa1v\x01\xa4type\xa5delta\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+    (b"\x86\xa4type\xa5delta\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00", GOLDEN[2][0]),
-    (b"\x88\xa1v\x01\xa4type\xa4done\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+    (b"\x88\xa4type\xa4done\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
 ]
 
-
-@pytest.mark.parametrize("wire,msg", OLD_WIRE, ids=["Delta", "Done"])
-def test_an_older_peers_messages_still_decode(wire, msg):
-    assert decode_up(wire) == msg
-
-
-def test_tool_calls_and_logprobs_travel_packed():
-    call = ToolCall(0, "call_1", "get_weather", '{"city": "Paris"}')
-    d = Delta(epoch=1, rid="a", text="", token_ids=pack_ids([7, 8]), reasoning="hm",
-              tool_calls=[call.to_wire()], logprobs=pack_floats([-0.5, -1.25]),
-              top_ids=pack_ids([7, 3, 8, 2]), top_logprobs=pack_floats([-0.5, -2.0, -1.25, -3.0]),
-              token_bytes=[b"a", b"b", b"c", b"\xe2", b"d", b"e"])
-    back = decode_up(encode(d))
-    assert back == d
-    assert [ToolCall.from_wire(c) for c in back.tool_calls] == [call]
-    assert unpack_floats(back.logprobs) == [-0.5, -1.25]
-    assert unpack_ids(back.top_ids) == [7, 3, 8, 2]
-    with pytest.raises(ValueError):
-        ToolCall.from_wire([0, "id", "name"])
+# Version 1's bytes (the dataclass codec's) for the same Cancel and Done: refused.
+VERSION_1 = [
+    b"\x83\xa1v\x01\xa4type\xa6cancel\xa3rid\xa2r1",
+    b"\x89\xa1v\x01\xa4type\xa4done\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+    b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"
+    b"\xb0reasoning_tokens\x00",
+]
 
 
 @pytest.mark.parametrize("msg,wire", GOLDEN, ids=lambda x: type(x).__name__)
@@ -69,25 +72,76 @@ def test_golden_bytes(msg, wire):
     assert decode(wire) == msg
 
 
+@pytest.mark.parametrize("wire,msg", OLD_WIRE, ids=["Delta", "Done"])
+def test_an_older_peers_messages_still_decode(wire, msg):
+    assert decode_up(wire) == msg
+
+
+@pytest.mark.parametrize("wire", VERSION_1, ids=["Cancel", "Done"])
+def test_version_1_frames_are_refused(wire):
+    with pytest.raises(ProtocolError, match="version 1, expected 2"):
+        (decode_down if b"cancel" in wire else decode_up)(wire)
+
+
+def test_tool_calls_and_logprobs_travel_packed():
+    call = ToolCall(0, "call_1", "get_weather", '{"city": "Paris"}')
+    d = Delta(epoch=1, rid="a", text="", token_ids=pack_ids([7, 8]), reasoning="hm",
+              tool_calls=[call], logprobs=pack_floats([-0.5, -1.25]),
+              top_ids=pack_ids([7, 3, 8, 2]), top_logprobs=pack_floats([-0.5, -2.0, -1.25, -3.0]),
+              token_bytes=[b"a", b"b", b"c", b"\xe2", b"d", b"e"])
+    raw = encode(d)
+    # A call travels as the list [index, id, name, arguments]; it decodes as a ToolCall.
+    assert msgpack.unpackb(raw)["tool_calls"] == [[0, "call_1", "get_weather",
+                                                    '{"city": "Paris"}']]
+    back = decode_up(raw)
+    assert back == d and back.tool_calls == [call] and isinstance(back.tool_calls[0], ToolCall)
+    assert unpack_floats(back.logprobs) == [-0.5, -1.25]
+    assert unpack_ids(back.top_ids) == [7, 3, 8, 2]
+    assert back.n_tokens == 2 and back.ids() == [7, 8]
+    assert back.logprob_rows() == [(b"a", -0.5, [(b"b", -0.5), (b"c", -2.0)]),
+                                   (b"\xe2", -1.25, [(b"d", -1.25), (b"e", -3.0)])]
+    with pytest.raises(ValueError):
+        ToolCall.from_wire([0, "id", "name"])
+
+
+def test_enums_travel_as_their_strings_and_decode_as_members():
+    done = decode_up(encode(Done(epoch=1, rid="a", finish_reason=FinishReason.TOOL_CALLS)))
+    assert done.finish_reason is FinishReason.TOOL_CALLS
+    assert done.finish_reason == "tool_calls" and f"{done.finish_reason}" == "tool_calls"
+    err = decode_up(encode(Error(epoch=1, code=ErrorCode.LOAD_FAILED, message="m")))
+    assert err.code is ErrorCode.LOAD_FAILED and str(err.code) == "load_failed"
+    assert msgpack.unpackb(encode(err))["code"] == "load_failed"
+
+
 def test_every_message_round_trips_with_version():
     samples = [
-        Generate(rid="a", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-                 temperature=0.5, top_p=0.9, top_k=40, min_p=0.1, seed=3,
-                 repetition_penalty=1.1, stop=["x"], template_kwargs={"k": True}),
+        Generate(rid="a", messages=[{"role": "user", "content": "hi"}],
+                 sampling=SamplingParams(max_tokens=5, temperature=0.5, top_p=0.9, top_k=40,
+                                         min_p=0.1, seed=3, repetition_penalty=1.1,
+                                         presence_penalty=0.5, frequency_penalty=-0.5,
+                                         logit_bias=((1, 2.0), (5, -100.0))),
+                 output=OutputSpec(stop=("x",), logprobs=True, top_logprobs=2,
+                                   response_format="json_schema", json_schema={"type": "object"},
+                                   tools=[{"type": "function", "function": {"name": "f"}}],
+                                   tool_choice="required", allowed_tools=("f",),
+                                   parallel_tool_calls=False, reasoning_effort="low"),
+                 template_kwargs={"k": True}, log_prompt=True),
         Generate(rid="b", prompt_ids=pack_ids([1, 2, 3])),
         Cancel(rid="a"), StatusRequest(qid=7), Shutdown(),
         Ready(epoch=1, model="m", context_length=4096, pid=9, slots=1, random_weights=True),
         Started(epoch=1, rid="a", prompt_tokens=10, cached_tokens=2),
         Delta(epoch=1, rid="a", text="x", token_ids=pack_ids([5])),
-        Done(epoch=1, rid="a", finish_reason="stop"),
-        Error(epoch=1, code="context_length_exceeded", message="too long", rid="a", param="messages"),
+        Done(epoch=1, rid="a", finish_reason=FinishReason.STOP),
+        Error(epoch=1, code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, message="too long", rid="a",
+              param="messages"),
         Status(epoch=1, qid=7, state="busy", active=["a"], waiting=["b"], steps=3),
         Heartbeat(epoch=1, state="ready", steps=4),
     ]
     assert {type(m) for m in samples} == set(DOWN) | set(UP)
     for m in samples:
         raw = encode(m)
-        assert msgpack.unpackb(raw)["v"] == PROTOCOL_VERSION
+        wire = msgpack.unpackb(raw)
+        assert wire["v"] == PROTOCOL_VERSION and wire["type"] == m.kind
         assert (decode_up if type(m) in UP else decode_down)(raw) == m
 
 
@@ -97,40 +151,70 @@ def test_directions_are_separate():
         decode_up(encode(Cancel(rid="a")))
     with pytest.raises(ProtocolError):
         decode_down(encode(Heartbeat(epoch=1, state="ready")))
+    with pytest.raises(ProtocolError, match="not a protocol message"):
+        encode(ToolCall(0, "id", "name", "{}"))
+
+
+def _frame(**fields) -> bytes:
+    return msgpack.packb({"v": PROTOCOL_VERSION, **fields})
 
 
 @pytest.mark.parametrize("frame", [
-    b"", b"\xc1", b"garbage", b"\x93\x01\x02\x03",              # not msgpack / not a map
-    msgpack.packb({"type": "cancel", "rid": "a"}),              # no version
-    msgpack.packb({"v": 99, "type": "cancel", "rid": "a"}),     # wrong version
-    msgpack.packb({"v": 1, "type": "explode"}),                 # unknown type
-    msgpack.packb({"v": 1, "type": "cancel"}),                  # missing field
-    msgpack.packb({"v": 1, "type": "cancel", "rid": 5}),        # wrong type
-    msgpack.packb({"v": 1, "type": "generate", "rid": "a", "max_tokens": "5"}),
-    msgpack.packb({"v": 1, "type": "generate", "rid": "a", "max_tokens": True}),  # bool ≠ int
-    msgpack.packb({"v": 1, "type": "generate", "rid": None}),   # null where not nullable
-    msgpack.packb({1: 2}),                                      # non-string keys
+    b"", b"\xc1", b"garbage", b"\x93\x01\x02\x03",             # not msgpack / not a map
+    msgpack.packb({"v": 1, "type": "cancel", "rid": "a"}),     # an older version
+    msgpack.packb({"v": 99, "type": "cancel", "rid": "a"}),    # a newer one
+    msgpack.packb({"v": "2", "type": "cancel", "rid": "a"}),   # a version that is no int
+    msgpack.packb({"v": 2, "rid": "a"}),                       # no type
+    _frame(type="explode"),                                    # unknown type
+    _frame(type="cancel"),                                     # missing field
+    _frame(type="cancel", rid=5),                              # wrong type
+    _frame(type="generate", rid=None),                         # null where not nullable
+    _frame(type="generate", rid="a", sampling={"max_tokens": "5"}),
+    _frame(type="generate", rid="a", sampling={"max_tokens": True}),    # bool is no int
+    _frame(type="generate", rid="a", sampling=[1, 2]),                  # a struct is a map
+    _frame(type="generate", rid="a", sampling={"logit_bias": [[1, 2, 3]]}),  # not a pair
+    _frame(type="generate", rid="a", output={"tool_choice": "sometimes"}),   # a literal
+    _frame(type="generate", rid="a", messages=[{1: "x"}]),      # message keys are strings
+    msgpack.packb({1: 2}),                                     # non-string keys
+    # A Generate whose template_kwargs nest past the recursion limit.
+    b"\x84\xa4type\xa8generate\xa1v\x02\xa3rid\xa1a\xaftemplate_kwargs\x81\xa1k"
+    + b"\x91" * 100_000 + b"\x90",
 ])
 def test_malformed_frames_are_typed_errors(frame):
     with pytest.raises(ProtocolError):
         decode_down(frame)
 
 
+@pytest.mark.parametrize("frame", [
+    _frame(type="done", epoch=1, rid="a", finish_reason="exploded"),  # no FinishReason
+    _frame(type="error", epoch=1, code="oops", message="m"),          # no ErrorCode
+    _frame(type="delta", epoch=1, rid="a", text="", tool_calls=[[0, "id", "name"]]),
+])
+def test_values_outside_the_enums_and_shapes_are_typed_errors(frame):
+    with pytest.raises(ProtocolError):
+        decode_up(frame)
+
+
 def test_unknown_fields_are_ignored_and_defaults_fill_in():
-    raw = msgpack.packb({"v": 1, "type": "generate", "rid": "a", "future_field": [1, 2]})
+    raw = _frame(type="generate", rid="a", future_field=[1, 2],
+                 sampling={"max_tokens": 3, "future_option": 1.0})
     g = decode_down(raw)
-    assert g == Generate(rid="a") and g.stop == [] and g.max_tokens is None
+    assert g == Generate(rid="a", sampling=SamplingParams(max_tokens=3))
+    assert g.output == OutputSpec() and g.output.stop == () and g.sampling.top_k is None
 
 
-def test_new_fields_have_defaults_at_the_end():
-    # The compatibility rule: after the required fields, every field has a default.
-    for cls in DOWN + UP:
-        seen_default = False
-        for f in dataclasses.fields(cls):
-            has_default = (f.default is not dataclasses.MISSING
-                           or f.default_factory is not dataclasses.MISSING)
-            assert has_default or not seen_default, f"{cls.__name__}.{f.name}"
-            seen_default |= has_default
+@pytest.mark.parametrize("cls", DOWN + UP + (SamplingParams, OutputSpec, ToolCall))
+def test_new_fields_have_defaults_at_the_end(cls):
+    # The compatibility rule: after the required fields, every field has a default (the
+    # version header `v`, always written, aside).
+    seen_default = False
+    for f in msgspec.structs.fields(cls):
+        if f.name == "v":
+            continue
+        assert not f.required or not seen_default, f"{cls.__name__}.{f.name}"
+        seen_default |= not f.required
+    if cls in (SamplingParams, OutputSpec):
+        assert not any(f.required for f in msgspec.structs.fields(cls))
 
 
 def test_pack_ids_round_trip_and_size():
@@ -155,19 +239,42 @@ def test_runtime_dir_is_private_and_paths_fit_af_unix():
     assert not path.exists()
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
-    ({"stop": ["ok", "\udfff"]}, "stop"),
-    ({"max_tokens": 2 ** 64}, "max_tokens"),
-    ({"seed": -(2 ** 63) - 1}, "seed"),
-    ({"logit_bias": [[2 ** 70, 1.0]]}, "logit_bias"),
-    ({"json_schema": {"default": 2 ** 64}}, "json_schema"),
-    ({"template_kwargs": {"k": object()}}, "template_kwargs"),
-])
-def test_values_that_cannot_travel_are_typed_errors_naming_the_field(kwargs, field):
-    from protocol import EncodeError
+def _deep(n: int) -> list:
+    value: list = []
+    for _ in range(n):
+        value = [value]
+    return value
 
+
+@pytest.mark.parametrize("kwargs,field,path", [
+    ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages", "generate.messages"),
+    ({"output": OutputSpec(stop=("ok", "\udfff"))}, "stop", "generate.output.stop"),
+    ({"sampling": SamplingParams(max_tokens=2 ** 64)}, "max_tokens",
+     "generate.sampling.max_tokens"),
+    ({"sampling": SamplingParams(seed=-(2 ** 63) - 1)}, "seed", "generate.sampling.seed"),
+    ({"sampling": SamplingParams(logit_bias=((2 ** 70, 1.0),))}, "logit_bias",
+     "generate.sampling.logit_bias"),
+    ({"output": OutputSpec(json_schema={"default": 2 ** 64})}, "json_schema",
+     "generate.output.json_schema"),
+    ({"template_kwargs": {"k": object()}}, "template_kwargs", "generate.template_kwargs"),
+    ({"template_kwargs": {"k": _deep(100_000)}}, "template_kwargs", "generate.template_kwargs"),
+])
+def test_values_that_cannot_travel_are_typed_errors_naming_the_field(kwargs, field, path):
     with pytest.raises(EncodeError) as e:
         encode(Generate(rid="a", **kwargs))
-    assert e.value.field == field and f"generate.{field}" in str(e.value)
+    assert e.value.field == field and f"{path} cannot be encoded" in str(e.value)
     assert isinstance(e.value, ProtocolError)  # one family of protocol errors
+
+
+@pytest.mark.parametrize("frame,rid", [
+    (_frame(type="generate", rid="g1", sampling={"max_tokens": "5"}), "g1"),
+    (msgpack.packb({"v": 1, "type": "generate", "rid": "old", "max_tokens": 5}), "old"),
+    (_frame(type="generate", rid=7), None),                 # no readable rid
+    (_frame(type="generate"), None),
+    (_frame(type="cancel", rid="c1", extra=[]), None),     # no Generate: nothing to answer
+    (b"\x00\xffgarbage", None),
+])
+def test_the_rid_of_an_unreadable_generate_can_still_be_read(frame, rid):
+    from protocol.codec import unreadable_generate_rid
+
+    assert unreadable_generate_rid(frame) == rid

@@ -140,13 +140,14 @@ class FakeLink(WorkerLink):
     async def _run(self, g: Generate, pending: list) -> None:
         b = self.b
         prompt_tokens = len(g.prompt or "") + sum(len(m.get("content") or "") for m in g.messages or [])
-        if prompt_tokens + (g.max_tokens or 0) > b.context_length:
+        max_tokens = g.sampling.max_tokens
+        if prompt_tokens + (max_tokens or 0) > b.context_length:
             self._emit(Error(epoch=self.epoch, code="context_length_exceeded", rid=g.rid,
                              message="too long", param="messages"))
             self._emit(Done(epoch=self.epoch, rid=g.rid, finish_reason="error"))
             return
         self._emit(Started(epoch=self.epoch, rid=g.rid, prompt_tokens=prompt_tokens))
-        limit = b.tokens if g.max_tokens is None else min(b.tokens, g.max_tokens)
+        limit = b.tokens if max_tokens is None else min(b.tokens, max_tokens)
         n = 0
         while n < limit:
             await asyncio.sleep(b.step_s)
@@ -184,5 +185,5 @@ class FakeLink(WorkerLink):
             n += 1
             self._emit(Delta(epoch=self.epoch, rid=g.rid, text=f"w{n} ", token_ids=pack_ids([n])))
         self._emit(Done(epoch=self.epoch, rid=g.rid,
-                        finish_reason="length" if limit == g.max_tokens else "stop",
+                        finish_reason="length" if limit == max_tokens else "stop",
                         prompt_tokens=prompt_tokens, completion_tokens=n))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.messages import Generate
-from supervisor.api.parse.tools import (ResponseFormat, ToolChoice, generate_fields, normalize_tools,
-                                  parse_response_format, parse_tool_choice)
+from protocol import Generate, OutputSpec, SamplingParams, decode_down, encode
+from supervisor.api.parse import generate as build
+from supervisor.api.parse.tools import (ResponseFormat, ToolChoice, normalize_tools,
+                                        parse_response_format, parse_tool_choice)
 from supervisor.http.errors import APIError
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -71,28 +72,59 @@ def test_response_format_forms():
         assert e.value.param == param
 
 
-def test_generate_fields_make_a_valid_generate():
+def test_tools_choice_and_format_make_a_valid_output_spec():
     tools = normalize_tools([FLAT])
-    fields = generate_fields(tools, ToolChoice("required", ("get_weather",)),
-                             parse_response_format({"type": "json_object"}), False)
-    g = Generate(rid="r", messages=[{"role": "user", "content": "x"}], **fields)
-    assert g.tools == [NESTED] and g.tool_choice == "required"
-    assert g.allowed_tools == ["get_weather"] and g.parallel_tool_calls is False
-    assert g.response_format == "json_object" and g.json_schema is None
-    none = generate_fields((), ToolChoice(), ResponseFormat())
-    assert none["tools"] is None and none["tool_choice"] is None and none["response_format"] is None
+    out = build.output(tools, ToolChoice("required", ("get_weather",)),
+                       parse_response_format({"type": "json_object"}),
+                       parallel_tool_calls=False)
+    assert out.tools == [NESTED] and out.tool_choice == "required"
+    assert out.allowed_tools == ("get_weather",) and out.parallel_tool_calls is False
+    assert out.response_format == "json_object" and out.json_schema is None
+    g = Generate(rid="r", messages=[{"role": "user", "content": "x"}], output=out)
+    assert decode_down(encode(g)) == g  # what the worker reads back is what was built
+    # Text, no tools: nothing to constrain, every default.
+    assert build.output((), ToolChoice(), ResponseFormat()) == OutputSpec()
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    fmt = parse_response_format({"type": "json_schema", "name": "x", "schema": schema})
+    out = build.output((), ToolChoice(), fmt, stop=["s"], logprobs=False, top_logprobs=3)
+    assert (out.response_format, out.json_schema) == ("json_schema", schema)
+    assert out.stop == ("s",) and out.top_logprobs == 0  # no alternatives without logprobs
 
 
 def test_server_defaults_fill_only_what_the_request_left_out():
-    from supervisor.api.generation import apply_defaults
     from supervisor.config import Config
 
     cfg = Config(default_max_tokens=64, default_temperature=0.3, default_repetition_penalty=1.1)
-    fields = apply_defaults({"max_tokens": None, "temperature": None,
-                             "repetition_penalty": None}, cfg, 16)
-    assert fields == {"max_tokens": 64, "temperature": 0.3, "repetition_penalty": 1.1}
-    given = {"max_tokens": 5, "temperature": 0.0, "repetition_penalty": 1.0}
-    assert apply_defaults(dict(given), cfg, 16) == given
+    s = build.sampling(cfg, fallback_max_tokens=16)
+    assert (s.max_tokens, s.temperature, s.repetition_penalty) == (64, 0.3, 1.1)
+    s = build.sampling(cfg, fallback_max_tokens=16, max_tokens=5, temperature=0.0,
+                       repetition_penalty=1.0, top_k=3, logit_bias={7: -1.0})
+    assert (s.max_tokens, s.temperature, s.repetition_penalty) == (5, 0.0, 1.0)
+    assert s.top_k == 3 and s.logit_bias == ((7, -1.0),)
     # no server default: the endpoint's own (16 for legacy completions, None for chat)
-    assert apply_defaults({"max_tokens": None}, Config(), 16)["max_tokens"] == 16
-    assert apply_defaults({"max_tokens": None}, Config())["max_tokens"] is None
+    assert build.sampling(Config(), fallback_max_tokens=16).max_tokens == 16
+    assert build.sampling(Config()) == SamplingParams()
+
+
+def test_every_surface_builds_one_complete_generate_with_the_server_defaults():
+    from supervisor.api.parse.validation import parse_chat_request, parse_completion_request
+    from supervisor.api.responses.request import parse_responses_request
+    from supervisor.config import Config
+
+    cfg = Config(default_max_tokens=64, default_temperature=0.3, default_repetition_penalty=1.1)
+    chat = parse_chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    text = parse_completion_request({"model": "m", "prompt": "x"})
+    resp = parse_responses_request({"model": "m", "input": "x"})
+    built = [chat.to_generate(cfg), text.to_generate(cfg),
+             resp.to_generate(resp.input_items, cfg)]
+    for g in built:
+        assert isinstance(g, Generate) and g.rid == ""  # the dispatcher stamps it
+        assert (g.sampling.max_tokens, g.sampling.temperature,
+                g.sampling.repetition_penalty) == (64, 0.3, 1.1)
+        assert decode_down(encode(g)) == g
+    assert built[0].messages == built[2].messages == [{"role": "user", "content": "x"}]
+    assert built[1].prompt == "x" and built[1].messages is None
+    # Without server defaults: legacy completions' own 16; chat and Responses none.
+    assert text.to_generate(Config()).sampling.max_tokens == 16
+    assert chat.to_generate(Config()).sampling == SamplingParams()
+    assert resp.to_generate(resp.input_items, Config()).sampling == SamplingParams()

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
-from protocol import decode_down, encode, unpack_ids
-from protocol.messages import Generate
+from protocol import SamplingParams, decode_down, encode, unpack_ids
 from supervisor.api.parse.validation import (
     ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request,
 )
+from supervisor.config import Config
 from supervisor.http.errors import APIError
 
 DROP = object()  # in a patch: remove the key from the base body
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "m", "prompt": "Once upon a time"}
-GENERATE_FIELDS = {f.name for f in dataclasses.fields(Generate)} - {"rid", "log_prompt"}
 
 
 def patched(base: dict, patch: dict) -> dict:
@@ -53,9 +50,14 @@ def test_chat_all_sampling_fields():
     assert (req.user, req.metadata, req.store, req.service_tier) == ("u", {"k": "v"}, False, "auto")
     assert req.parallel_tool_calls is True and req.prompt_cache_key == "conv-1"
     assert req.template_kwargs == {"enable_thinking": False}
-    fields = req.to_generate_fields()
-    assert fields["template_kwargs"] == {"enable_thinking": False}
-    assert fields["stop"] == ["\n\n", "END"] and fields["temperature"] == 0
+    g = req.to_generate(Config())
+    assert g.template_kwargs == {"enable_thinking": False}
+    assert g.output.stop == ("\n\n", "END")
+    # Every sampling value the body gave reaches the worker, each in its field.
+    assert g.sampling == SamplingParams(
+        max_tokens=9, temperature=0, top_p=1, top_k=40, min_p=0.05, seed=-7,
+        repetition_penalty=1.1, presence_penalty=-2, frequency_penalty=2,
+        logit_bias=((50256, -100),))
 
 
 def test_chat_stop_string_and_nulls_mean_absent():
@@ -123,13 +125,14 @@ def test_chat_unknown_fields_ignored():
     assert parse_chat_request(body) == parse_chat_request(CHAT)
 
 
-def test_chat_generate_fields_round_trip():
-    req = parse_chat_request(patched(CHAT, {"max_tokens": 3, "seed": 1, "stop": "x"}))
-    fields = req.to_generate_fields()
-    assert set(fields) == GENERATE_FIELDS
-    assert fields["prompt"] is None and fields["prompt_ids"] is None
-    assert fields["messages"] == [{"role": "user", "content": "hi"}]
-    msg = Generate(rid="r1", **fields)
+def test_chat_generate_round_trip():
+    req = parse_chat_request(patched(CHAT, {"max_tokens": 3, "seed": 1, "stop": "x",
+                                            "logprobs": True, "top_logprobs": 2}))
+    msg = req.to_generate(Config())
+    assert msg.prompt is None and msg.prompt_ids is None
+    assert msg.messages == [{"role": "user", "content": "hi"}]
+    assert (msg.sampling.max_tokens, msg.sampling.seed, msg.output.stop) == (3, 1, ("x",))
+    assert msg.output.logprobs and msg.output.top_logprobs == 2
     assert decode_down(encode(msg)) == msg
 
 
@@ -306,7 +309,7 @@ def test_completion_defaults():
     assert isinstance(req, CompletionRequest)
     assert req.prompt == "Once upon a time" and req.prompt_ids is None
     # Not given: the server's --default-max-tokens, else OpenAI's 16 (applied when the
-    # request is submitted: supervisor/api/generation.apply_defaults).
+    # Generate is built: supervisor/api/parse/generate.py).
     assert req.max_tokens is None and req.default_max_tokens == 16
     assert parse_completion_request(patched(TEXT, {"max_tokens": None})).max_tokens is None
     assert parse_completion_request(patched(TEXT, {"max_tokens": 100})).max_tokens == 100
@@ -324,20 +327,22 @@ def test_completion_prompt_forms(prompt, text, ids):
     assert (req.prompt, req.prompt_ids) == (text, ids)
 
 
-def test_completion_generate_fields():
+def test_completion_generate():
     req = parse_completion_request(patched(TEXT, {"prompt": [7, 8, 9], "stop": ["x"],
                                                   "temperature": 0.5, "stream": True,
-                                                  "stream_options": {"include_usage": True}}))
+                                                  "stream_options": {"include_usage": True},
+                                                  "logprobs": 2}))
     assert req.stream and req.include_usage
-    fields = req.to_generate_fields()
-    assert set(fields) == GENERATE_FIELDS
-    assert fields["messages"] is None and fields["prompt"] is None
-    assert unpack_ids(fields["prompt_ids"]) == [7, 8, 9]
-    assert fields["stop"] == ["x"] and fields["max_tokens"] is None
-    msg = Generate(rid="r2", **fields)
+    msg = req.to_generate(Config())
+    assert msg.messages is None and msg.prompt is None
+    assert unpack_ids(msg.prompt_ids) == [7, 8, 9]
+    assert msg.output.stop == ("x",) and msg.sampling.temperature == 0.5
+    assert msg.sampling.max_tokens == 16  # the endpoint's default: the server has none
+    assert msg.output.logprobs and msg.output.top_logprobs == 2
     assert decode_down(encode(msg)) == msg
-    text_fields = parse_completion_request(TEXT).to_generate_fields()
-    assert text_fields["prompt"] == "Once upon a time" and text_fields["prompt_ids"] is None
+    text = parse_completion_request(TEXT).to_generate(Config())
+    assert text.prompt == "Once upon a time" and text.prompt_ids is None
+    assert not text.output.logprobs
 
 
 def test_completion_unknown_and_harmless_fields():

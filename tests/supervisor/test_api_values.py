@@ -7,8 +7,7 @@ import json
 
 import pytest
 
-from protocol import encode
-from protocol.messages import Generate
+from protocol import Generate, SamplingParams, encode
 from supervisor.http.values import INT_MAX, INT_MIN, first_bad_value
 from tests.supervisor.test_app import client_for
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
@@ -36,7 +35,8 @@ def test_good_bodies_pass_untouched():
             "max_tokens": INT_MAX, "seed": INT_MIN, "temperature": 1e308, "n": None,
             "stream": True, "tools": [{"function": {"parameters": {"minimum": -1.5}}}]}
     assert first_bad_value(body) is None
-    encode(Generate(rid="x", messages=body["messages"], seed=INT_MIN, max_tokens=INT_MAX))
+    encode(Generate(rid="x", messages=body["messages"],
+                    sampling=SamplingParams(seed=INT_MIN, max_tokens=INT_MAX)))
 
 
 def test_document_order_reports_the_first_offender():

@@ -16,6 +16,7 @@ from supervisor.memory.probe import CRITICAL, MemoryReading
 from supervisor.workers.pool import Pool
 from supervisor.workers.runner import BROKEN, DRAIN, FORCE, READY
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
+from tests.generates import generate
 
 GiB = 1 << 30
 FAST = dict(restart_backoff=0.01, heartbeat_timeout=2.0, cancel_grace=0.3, queue_timeout=5.0,
@@ -94,7 +95,7 @@ async def test_a_request_for_a_local_model_loads_it_and_unknown_names_are_404(tm
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=2)))
     try:
         runner = await pool.get(a)
-        assert await collect(runner.submit({"prompt": "x"})) == "w1 w2 "
+        assert await collect(runner.submit(generate(prompt="x"))) == "w1 w2 "
         assert pool.find("a") is runner  # the path's last component is an alias
         assert not runner.pinned  # loaded on request: keep-alive may unload it
         with raises_api() as err:
@@ -121,7 +122,7 @@ async def test_gate_refuses_with_507_saying_need_and_free(tmp_path):
     memory.available = 1 * GiB
     pool = make_pool(tmp_path, Worlds(), memory, memory_wait=0.3)
     try:
-        h = (await pool.get(a)).submit({"prompt": "x"})
+        h = (await pool.get(a)).submit(generate(prompt="x"))
         t0 = time.monotonic()
         with raises_api() as err:
             await h.started(5)
@@ -141,7 +142,7 @@ async def test_gate_waits_for_memory_to_appear_then_loads(tmp_path):
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), memory, memory_wait=5)
     try:
         runner = await pool.get(a)
-        h = runner.submit({"prompt": "x"})
+        h = runner.submit(generate(prompt="x"))
         await until(lambda: runner.state == "waiting")
         await asyncio.sleep(0.3)
         assert runner.state == "waiting" and runner.link is None  # nothing spawned yet
@@ -158,7 +159,7 @@ async def test_critical_pressure_refuses_whatever_the_bytes(tmp_path):
     memory.pressure = CRITICAL
     pool = make_pool(tmp_path, Worlds(), memory, memory_wait=0.2)
     try:
-        h = (await pool.get(a)).submit({"prompt": "x"})
+        h = (await pool.get(a)).submit(generate(prompt="x"))
         with raises_api() as err:
             await h.started(5)
         assert err.value.status == 507
@@ -171,10 +172,10 @@ async def test_memory_short_evicts_the_least_recently_used_idle_model(tmp_path):
     worlds = Worlds(FakeBehaviour(tokens=1))
     pool = make_pool(tmp_path, worlds, Memory(capacity=9 * GiB))
     try:
-        await collect((await pool.get(a)).submit({"prompt": "x"}))
-        await collect((await pool.get(b)).submit({"prompt": "x"}))
-        await collect((await pool.get(a)).submit({"prompt": "y"}))  # a is now the most recent
-        assert await collect((await pool.get(c)).submit({"prompt": "x"})) == "w1 "
+        await collect((await pool.get(a)).submit(generate(prompt="x")))
+        await collect((await pool.get(b)).submit(generate(prompt="x")))
+        await collect((await pool.get(a)).submit(generate(prompt="y")))  # a is now the most recent
+        assert await collect((await pool.get(c)).submit(generate(prompt="x"))) == "w1 "
         assert set(pool.runners) == {a, c}  # b, least recently used, made room
         assert worlds.by_model[b].links[0].closed
     finally:
@@ -186,17 +187,17 @@ async def test_max_models_evicts_lru_idle_and_refuses_when_all_are_busy(tmp_path
     worlds = Worlds(FakeBehaviour(tokens=1000, step_s=0.01))
     pool = make_pool(tmp_path, worlds, max_models=1, memory_wait=0.3)
     try:
-        long = (await pool.get(a)).submit({"prompt": "x"})
+        long = (await pool.get(a)).submit(generate(prompt="x"))
         await long.started(5)
         # a is busy: b cannot take its slot, and is refused once --memory-wait passes.
-        hb = (await pool.get(b)).submit({"prompt": "x", "max_tokens": 1})
+        hb = (await pool.get(b)).submit(generate(prompt="x", max_tokens=1))
         with raises_api() as err:
             await hb.started(5)
         assert err.value.status == 503 and "--max-models" in err.value.message
         long.cancel()
         await until(lambda: pool.find(a).is_idle())
         # Now a is idle: c evicts it.
-        assert await collect((await pool.get(c)).submit({"prompt": "x", "max_tokens": 2})) == "w1 w2 "
+        assert await collect((await pool.get(c)).submit(generate(prompt="x", max_tokens=2))) == "w1 w2 "
         assert list(pool.runners) == [c]
     finally:
         await pool.stop()
@@ -207,7 +208,7 @@ async def test_keep_alive_unloads_idle_on_request_models_but_not_pinned_ones(tmp
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), keep_alive=0.3)
     try:
         pinned = pool.add(a, pinned=True)
-        await collect((await pool.get(b)).submit({"prompt": "x"}))
+        await collect((await pool.get(b)).submit(generate(prompt="x")))
         t_used = time.monotonic()
         await until(lambda: pool.find(b) is None, timeout=3)
         assert time.monotonic() - t_used >= 0.3 - 0.01  # t_used is taken just after the Done
@@ -222,8 +223,8 @@ async def test_swap_drain_finishes_in_flight_on_the_old_model(tmp_path):
     pool = make_pool(tmp_path, worlds)
     try:
         old = pool.add(a, pinned=True)
-        running = old.submit({"prompt": "x"})
-        queued = old.submit({"prompt": "y", "max_tokens": 3})
+        running = old.submit(generate(prompt="x"))
+        queued = old.submit(generate(prompt="y", max_tokens=3))
         await running.started(5)
         result = await pool.swap(b, DRAIN)
         assert result.replaced == [a] and result.model == b
@@ -241,8 +242,8 @@ async def test_swap_force_fails_in_flight_cleanly_and_still_serves_the_queued(tm
     pool = make_pool(tmp_path, worlds, models_dirs=())  # a and b lie outside the roots
     try:
         pool.add(a, pinned=True)
-        running = (await pool.get(a)).submit({"prompt": "x"})
-        queued = (await pool.get(a)).submit({"prompt": "y", "max_tokens": 2})
+        running = (await pool.get(a)).submit(generate(prompt="x"))
+        queued = (await pool.get(a)).submit(generate(prompt="y", max_tokens=2))
         await running.started(5)
         await pool.swap(b, FORCE)
         with raises_api() as err:
@@ -293,12 +294,12 @@ async def test_drain_lets_running_requests_finish_and_refuses_new_ones(tmp_path)
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=20, step_s=0.01)))
     try:
         runner = pool.add(a, pinned=True)
-        h = runner.submit({"prompt": "x"})
+        h = runner.submit(generate(prompt="x"))
         await h.started(5)
         drained = asyncio.create_task(pool.drain(5))
         await asyncio.sleep(0)
         with raises_api() as err:
-            runner.submit({"prompt": "late"})
+            runner.submit(generate(prompt="late"))
         assert err.value.status == 503 and "shutting down" in err.value.message
         assert await drained is True
         assert h.done.finish_reason == "stop" and h.done.completion_tokens == 20
@@ -310,7 +311,7 @@ async def test_drain_gives_up_after_its_timeout(tmp_path):
     a = model_dir(tmp_path, "a")
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=10_000, step_s=0.01)))
     try:
-        h = pool.add(a, pinned=True).submit({"prompt": "x"})
+        h = pool.add(a, pinned=True).submit(generate(prompt="x"))
         await h.started(5)
         t0 = time.monotonic()
         assert await pool.drain(0.2) is False
@@ -329,9 +330,9 @@ async def test_admin_kill_ends_running_requests_and_respawns_without_counting_a_
     pool = make_pool(tmp_path, worlds, crash_budget=0)
     try:
         runner = pool.add(a, pinned=True)
-        h = runner.submit({"prompt": "x"})
+        h = runner.submit(generate(prompt="x"))
         await h.started(5)
-        waiting = runner.submit({"prompt": "y", "max_tokens": 2})
+        waiting = runner.submit(generate(prompt="y", max_tokens=2))
         out = await pool.kill(a)
         assert out == {"model": a, "cancelled": 1, "restarted": True}
         with raises_api() as err:
@@ -349,9 +350,9 @@ async def test_admin_kill_without_restart_unloads(tmp_path):
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1000, step_s=0.01)))
     try:
         runner = pool.add(a, pinned=True)
-        h = runner.submit({"prompt": "x"})
+        h = runner.submit(generate(prompt="x"))
         await h.started(5)
-        queued = runner.submit({"prompt": "y"})
+        queued = runner.submit(generate(prompt="y"))
         await pool.kill(a, restart=False)
         assert pool.find(a) is None and runner.state == "stopped"
         for handle in (h, queued):
@@ -405,7 +406,7 @@ async def test_one_runner_per_real_path_whatever_the_spelling(tmp_path):
         spellings = [a, f"{root}/sub/../a", a + "/", str(tmp_path / "link")]
         assert all([(await pool.get(s)) is runner for s in spellings])
         for s in spellings:
-            assert await collect((await pool.get(s)).submit({"prompt": "x"})) == "w1 "
+            assert await collect((await pool.get(s)).submit(generate(prompt="x"))) == "w1 "
         assert list(pool.runners) == [f"{root}/./a"]
         assert list(worlds.by_model) == [a]  # its worker loads the real path...
         assert len(worlds.by_model[a].links) == 1  # ...and there is one worker
@@ -421,7 +422,7 @@ async def test_demo_and_the_demo_directory_are_one_runner(tmp_path):
         try:
             runner = await pool.get(first)
             assert (await pool.get(second)) is runner and len(pool.runners) == 1
-            assert await collect((await pool.get(second)).submit({"prompt": "x"})) == "w1 "
+            assert await collect((await pool.get(second)).submit(generate(prompt="x"))) == "w1 "
             assert sum(len(w.links) for w in worlds.by_model.values()) == 1
         finally:
             await pool.stop()
@@ -465,7 +466,7 @@ async def test_a_failed_load_on_request_leaves_no_entry_and_may_be_retried(tmp_p
     worlds = Worlds(FakeBehaviour(load_error="bad weights"))
     pool = make_pool(tmp_path, worlds)
     try:
-        h = (await pool.get(a)).submit({"prompt": "x"})
+        h = (await pool.get(a)).submit(generate(prompt="x"))
         with raises_api() as err:  # the client that asked gets the load error
             await h.started(5)
         assert err.value.status == 503 and "bad weights" in err.value.message
@@ -473,7 +474,7 @@ async def test_a_failed_load_on_request_leaves_no_entry_and_may_be_retried(tmp_p
         assert pool.health()[1]["workers"] == [] and a not in pool.created
         assert "bad weights" in pool.rejections[-1]["reason"]
         worlds.by_model[a].default = FakeBehaviour(tokens=1)  # fixed on disk meanwhile
-        assert await collect((await pool.get(a)).submit({"prompt": "x"})) == "w1 "
+        assert await collect((await pool.get(a)).submit(generate(prompt="x"))) == "w1 "
         assert len(worlds.by_model[a].links) == 2  # a second, fresh attempt
     finally:
         await pool.stop()

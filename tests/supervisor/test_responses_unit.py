@@ -8,6 +8,7 @@ import pytest
 from supervisor.api.responses.builder import ResponseBuilder, replay, usage
 from supervisor.api.responses.items import normalize_input, output_to_items, to_chat_messages
 from supervisor.api.responses.request import parse_responses_request
+from supervisor.config import Config
 from supervisor.http.errors import APIError
 from tests.schema import validate
 
@@ -116,10 +117,12 @@ def test_request_tools_choice_and_formats():
     assert r.skipped_tools == ["web_search", "file_search"]
     assert r.tool_choice.mode == "required" and r.tool_choice.allowed == ("b",)
     assert r.text_format.kind == "json_schema" and r.reasoning_effort == "low"
-    fields = r.generate_fields()
-    assert fields["tool_choice"] == "required" and fields["allowed_tools"] == ["b"]
-    assert fields["response_format"] == "json_schema" and fields["reasoning_effort"] == "low"
-    assert [t["function"]["name"] for t in fields["tools"]] == ["a", "b"]
+    g = r.to_generate(r.input_items, Config())
+    out = g.output
+    assert out.tool_choice == "required" and out.allowed_tools == ("b",)
+    assert out.response_format == "json_schema" and out.reasoning_effort == "low"
+    assert [t["function"]["name"] for t in out.tools] == ["a", "b"]
+    assert g.messages[0] == {"role": "system", "content": "sys"}
     with pytest.raises(APIError) as e:
         req(tool_choice={"type": "function", "name": "missing"})
     assert e.value.param == "tool_choice"

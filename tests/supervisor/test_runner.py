@@ -7,12 +7,13 @@ import time
 
 import pytest
 
-from protocol import Cancel, Generate
+from protocol import Cancel, Generate, SamplingParams
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 from tests.supervisor.errors_seen import raises_api
 from supervisor.workers.runner import BROKEN, READY, ModelRunner
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
+from tests.generates import generate
 
 FAST = dict(restart_backoff=0.01, heartbeat_timeout=1.0, cancel_grace=0.3, queue_timeout=2.0)
 
@@ -35,7 +36,7 @@ async def test_serves_a_request_with_usage_counts():
     world = FakeWorld(FakeBehaviour(tokens=4))
     runner = make(world)
     try:
-        h = runner.submit({"prompt": "abc"})
+        h = runner.submit(generate(prompt="abc"))
         text = await collect(h)
         assert text == "w1 w2 w3 w4 "
         assert h.done.finish_reason == "stop"
@@ -50,8 +51,8 @@ async def test_crash_mid_stream_fails_started_and_requeues_waiting():
                       behaviour=FakeBehaviour(tokens=3))
     runner = make(world)
     try:
-        first = runner.submit({"prompt": "a"})
-        second = runner.submit({"prompt": "b"})
+        first = runner.submit(generate(prompt="a"))
+        second = runner.submit(generate(prompt="b"))
         with raises_api() as err:
             await collect(first)
         assert err.value.status == 503 and "retry" in err.value.message
@@ -74,8 +75,8 @@ async def test_dispatched_but_not_started_is_requeued_after_death():
                       behaviour=FakeBehaviour(tokens=2))
     runner = make(world)
     try:
-        a = runner.submit({"prompt": "a"})
-        b = runner.submit({"prompt": "b"})
+        a = runner.submit(generate(prompt="a"))
+        b = runner.submit(generate(prompt="b"))
         with raises_api():
             await collect(a)
         assert await collect(b) == "w1 w2 "
@@ -90,8 +91,8 @@ async def test_hung_worker_is_killed_by_heartbeat_timeout_and_replaced():
     runner = make(world, heartbeat_timeout=0.3)
     try:
         with raises_api():
-            await collect(runner.submit({"prompt": "a"}))
-        assert await collect(runner.submit({"prompt": "b"})) == "w1 w2 "
+            await collect(runner.submit(generate(prompt="a")))
+        assert await collect(runner.submit(generate(prompt="b"))) == "w1 w2 "
         assert runner.restart_causes["heartbeat"] == 1
     finally:
         await runner.stop()
@@ -102,7 +103,7 @@ async def test_ignored_cancel_is_killed_after_grace():
                       behaviour=FakeBehaviour(tokens=2))
     runner = make(world, cancel_grace=0.2)
     try:
-        h = runner.submit({"prompt": "a"})
+        h = runner.submit(generate(prompt="a"))
         await h.started(2)
         h.cancel()
         assert any(isinstance(m, Cancel) for m in world.received)
@@ -111,7 +112,7 @@ async def test_ignored_cancel_is_killed_after_grace():
             await asyncio.sleep(0.02)
             assert time.monotonic() - t0 < 3
         assert runner.restart_causes["cancel"] == 1
-        assert await collect(runner.submit({"prompt": "b"})) == "w1 w2 "
+        assert await collect(runner.submit(generate(prompt="b"))) == "w1 w2 "
     finally:
         await runner.stop()
 
@@ -126,7 +127,7 @@ async def test_crash_loop_marks_broken_and_refuses():
             assert time.monotonic() - t0 < 5
         assert runner.epoch == 3 and "crash loop" in runner.last_error
         with raises_api() as err:
-            runner.submit({"prompt": "x"})
+            runner.submit(generate(prompt="x"))
         assert err.value.status == 503 and "crash loop" in err.value.message
     finally:
         await runner.stop()
@@ -136,7 +137,7 @@ async def test_load_error_is_broken_at_once_with_its_message():
     world = FakeWorld(FakeBehaviour(load_error="model X is not in the cache"))
     runner = make(world)
     try:
-        h = runner.submit({"prompt": "x"})
+        h = runner.submit(generate(prompt="x"))
         with raises_api() as err:
             await h.started(3)
         assert err.value.status == 503 and "not in the cache" in err.value.message
@@ -149,19 +150,19 @@ async def test_queue_full_and_queue_timeout_are_503_with_retry_after():
     world = FakeWorld(FakeBehaviour(tokens=1000, step_s=0.01))
     runner = make(world, max_queue=1, queue_timeout=0.2)
     try:
-        running = runner.submit({"prompt": "a"})
+        running = runner.submit(generate(prompt="a"))
         await running.started(2)
-        waiting = runner.submit({"prompt": "b"})  # on the worker at once, prepared, waiting
+        waiting = runner.submit(generate(prompt="b"))  # on the worker at once, prepared, waiting
         assert runner.dispatch.waiting() == 1 and not runner.queue
         with raises_api() as full:
-            runner.submit({"prompt": "c"})         # --max-queue counts it wherever it waits
+            runner.submit(generate(prompt="c"))         # --max-queue counts it wherever it waits
         assert full.value.status == 503 and "Retry-After" in full.value.headers
         with raises_api() as late:
             await waiting.started(0.2)
         assert late.value.status == 503 and "Retry-After" in late.value.headers
         assert any(isinstance(m, Cancel) and m.rid == waiting.rid for m in world.received)
         assert all(g.prompt != "c" for g in world.received if isinstance(g, Generate))
-        runner.submit({"prompt": "d"}).cancel()    # its place is free again
+        runner.submit(generate(prompt="d")).cancel()    # its place is free again
     finally:
         await runner.stop()
 
@@ -170,7 +171,7 @@ async def test_request_timeout_cancels_and_is_504():
     world = FakeWorld(FakeBehaviour(tokens=1000, step_s=0.01))
     runner = make(world)
     try:
-        h = runner.submit({"prompt": "a"})
+        h = runner.submit(generate(prompt="a"))
         await h.started(2)
         with raises_api() as err:
             async for _ in h.deltas(time.monotonic() + 0.1):
@@ -189,7 +190,7 @@ async def test_context_error_from_worker_maps_to_400():
     world = FakeWorld(FakeBehaviour(context_length=10))
     runner = make(world)
     try:
-        h = runner.submit({"prompt": "abcdef", "max_tokens": 8})
+        h = runner.submit(generate(prompt="abcdef", max_tokens=8))
         with raises_api() as err:
             await h.started(2)
         assert err.value.status == 400 and err.value.code == "context_length_exceeded"
@@ -201,8 +202,8 @@ async def test_cancelling_a_queued_request_never_reaches_the_worker():
     world = FakeWorld(FakeBehaviour(tokens=30, step_s=0.01))
     runner = make(world)
     try:
-        a = runner.submit({"prompt": "a"})
-        b = runner.submit({"prompt": "b"})
+        a = runner.submit(generate(prompt="a"))
+        b = runner.submit(generate(prompt="b"))
         b.cancel()
         assert b.finished and b.done.finish_reason == "cancelled"
         await collect(a)
@@ -217,7 +218,7 @@ async def test_quiet_stream_yields_pings_then_the_text():
     world = FakeWorld(FakeBehaviour(tokens=2, step_s=0.15))
     runner = make(world)
     try:
-        h = runner.submit({"prompt": "a"})
+        h = runner.submit(generate(prompt="a"))
         await h.started(2)
         batches = [b async for b in h.deltas(time.monotonic() + 5, idle=0.05)]
         assert [] in batches
@@ -232,7 +233,7 @@ async def test_a_client_too_far_behind_is_cancelled(monkeypatch):
     world = FakeWorld(FakeBehaviour(tokens=1000, step_s=0.001))
     runner = make(world)
     try:
-        h = runner.submit({"prompt": "a"})
+        h = runner.submit(generate(prompt="a"))
         await h.started(2)
         await asyncio.sleep(0.2)  # the handler does not read: events pile up
         assert any(isinstance(m, Cancel) and m.rid == h.rid for m in world.received)
@@ -244,21 +245,21 @@ async def test_a_client_too_far_behind_is_cancelled(monkeypatch):
         await runner.stop()
 
 
-@pytest.mark.parametrize("fields", [
-    {"messages": [{"role": "user", "content": "\ud800"}]},
-    {"prompt": "a", "seed": 2 ** 64},
-    {"prompt": "a", "template_kwargs": {"x": 2 ** 70}},
+@pytest.mark.parametrize("bad_request,param", [
+    (Generate(rid="", messages=[{"role": "user", "content": "\ud800"}]), "messages"),
+    (Generate(rid="", prompt="a", sampling=SamplingParams(seed=2 ** 64)), "seed"),
+    (Generate(rid="", prompt="a", template_kwargs={"x": 2 ** 70}), "template_kwargs"),
 ])
-async def test_a_request_that_cannot_be_sent_fails_alone_and_frees_its_slot(fields):
+async def test_a_request_that_cannot_be_sent_fails_alone_and_frees_its_slot(bad_request, param):
     world = FakeWorld(FakeBehaviour(tokens=2))
     runner = make(world)
     try:
         assert await runner.wait_ready(5)
-        bad = runner.submit(fields)
-        good = runner.submit({"prompt": "b"})
+        bad = runner.submit(bad_request)
+        good = runner.submit(generate(prompt="b"))
         with raises_api() as err:
             await bad.started(1.0)
-        assert err.value.status == 400 and err.value.param in fields
+        assert err.value.status == 400 and err.value.param == param
         assert bad.finished and bad.attempt == 1  # tried once, never re-queued
         assert await collect(good) == "w1 w2 "   # the slot was free at once
         assert runner.inflight == {} and not runner.queue
@@ -282,12 +283,12 @@ async def test_integers_beyond_the_models_limits_are_refused_before_queueing(
     try:
         assert await runner.wait_ready(5)
         with raises_api() as err:
-            runner.submit(fields, params)
+            runner.submit(generate(**fields), params)
         assert err.value.status == 400 and err.value.param == param
         assert not runner.queue and not runner.inflight
         # The limits themselves are allowed: top_k = vocabulary, the last token id.
-        ok = runner.submit({"prompt": "a", "top_k": 1000, "max_tokens": 100,
-                            "logit_bias": [[999, 1.0]]})
+        ok = runner.submit(generate(prompt="a", top_k=1000, max_tokens=100,
+                                    logit_bias=[[999, 1.0]]))
         assert await collect(ok) == "w1 "
     finally:
         await runner.stop()

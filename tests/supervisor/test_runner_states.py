@@ -14,6 +14,7 @@ from supervisor.workers.runner import ModelRunner
 from supervisor.workers.states import (TRANSITIONS, ExitCause, IllegalTransition, RunnerState,
                                        check)
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
+from tests.generates import generate
 from tests.supervisor.test_runner import FAST, collect
 
 S = RunnerState
@@ -71,8 +72,8 @@ async def test_load_serve_crash_restart_retire(moves):
                       behaviour=FakeBehaviour(tokens=2))
     r = make(world)
     with pytest.raises(Exception):
-        await collect(r.submit({"prompt": "a"}))
-    assert await collect(r.submit({"prompt": "b"})) == "w1 w2 "
+        await collect(r.submit(generate(prompt="a")))
+    assert await collect(r.submit(generate(prompt="b"))) == "w1 w2 "
     await r.retire("drain", timeout=2, reason="test")
     assert moves == [(S.STOPPED, S.STARTING), (S.STARTING, S.READY), (S.READY, S.RESTARTING),
                      (S.RESTARTING, S.READY), (S.READY, S.DRAINING), (S.DRAINING, S.STOPPED)]
@@ -118,7 +119,7 @@ async def test_a_crash_loop_while_serving_is_broken(moves):
 
 async def test_retiring_while_loading_turns_ready_into_draining(moves):
     r = make(FakeWorld(FakeBehaviour(load_s=0.3, tokens=2)))
-    h = r.submit({"prompt": "a"})           # queued while the worker loads
+    h = r.submit(generate(prompt="a"))           # queued while the worker loads
     left = await r.retire("drain", timeout=5, reason="test")
     # Draining serves what was accepted: the worker comes up straight into DRAINING.
     assert left == [] and h.done is not None and h.done.finish_reason == "stop"

@@ -7,13 +7,14 @@ import pytest
 from supervisor.api.stream import Generation
 from tests.supervisor.errors_seen import raises_api
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
+from tests.generates import generate
 from tests.supervisor.test_runner import make
 
 
 async def test_started_parts_and_done():
     runner = make(FakeWorld(FakeBehaviour(tokens=3, step_s=0.01)))
     try:
-        gen = Generation(runner.submit({"prompt": "abc"}), queue_timeout=5, request_timeout=5)
+        gen = Generation(runner.submit(generate(prompt="abc")), queue_timeout=5, request_timeout=5)
         with pytest.raises(RuntimeError):
             async for _ in gen.parts():
                 pass
@@ -31,7 +32,7 @@ async def test_started_parts_and_done():
 async def test_quiet_streams_yield_none_for_pings_and_timeouts_raise():
     runner = make(FakeWorld(FakeBehaviour(tokens=1000, step_s=0.3)))
     try:
-        gen = Generation(runner.submit({"prompt": "a"}), queue_timeout=5, request_timeout=0.8)
+        gen = Generation(runner.submit(generate(prompt="a")), queue_timeout=5, request_timeout=0.8)
         await gen.started()
         seen = []
         with raises_api() as err:

@@ -8,6 +8,7 @@ import pytest
 from mlx_lm.generate import stream_generate
 
 from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, Generate, pack_ids
+from tests.generates import generate
 from worker.engine import RequestError, TextEngine
 
 PROMPT = "Once upon a time there was a little model"
@@ -17,7 +18,7 @@ def gen(**kw) -> Generate:
     kw.setdefault("rid", "t")
     if "messages" not in kw and "prompt_ids" not in kw:
         kw.setdefault("prompt", PROMPT)
-    return Generate(**kw)
+    return generate(**kw)
 
 
 def run(engine, g: Generate):

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from protocol.messages import INVALID_REQUEST, Generate
+from tests.generates import generate
 from worker import models
 from worker.engine import RequestError, TextEngine
 
@@ -65,7 +66,7 @@ def chat(**kw) -> Generate:
     kw.setdefault("temperature", 0.0)
     kw.setdefault("max_tokens", 200)
     kw.setdefault("template_kwargs", {"enable_thinking": False})
-    return Generate(rid="t", **kw)
+    return generate(rid="t", **kw)
 
 
 def run(engine, g):
@@ -192,14 +193,14 @@ def test_logprob_invariants(family_engine):
         extras = [e for e in extras if e.logprob is not None]
         assert len(extras) == len(tokens)
         for tok, e in zip(tokens, extras):
-            assert e.logprob <= 0 and len(e.top) == g.top_logprobs
+            assert e.logprob <= 0 and len(e.top) == g.output.top_logprobs
             lps = [lp for _, lp in e.top]
             assert lps == sorted(lps, reverse=True) and all(lp <= 0 for lp in lps)
             assert len(e.token_bytes) == 1 + len(e.top)
             for t, lp in e.top:
                 if t == tok:
                     assert math.isclose(lp, e.logprob, abs_tol=1e-5)
-            if g.temperature == 0.0:
+            if g.sampling.temperature == 0.0:
                 assert e.top[0][0] == tok  # greedy picks the argmax
     # constrained: a masked-out alternative reports -9999, never -inf
     assert any(lp == -9999.0 for e in extras for _, lp in e.top)

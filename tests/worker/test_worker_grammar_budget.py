@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from protocol.messages import INVALID_REQUEST, Cancel, Generate
+from tests.generates import generate
 from tests.worker.test_worker_scheduler import serve
 from worker.engine import RequestError
 
@@ -29,7 +30,7 @@ def wide_any_of(n: int) -> dict:
 
 
 def chat(schema, rid: str = "g", **kw) -> Generate:
-    return Generate(rid=rid, messages=[{"role": "user", "content": "Give me JSON"}],
+    return generate(rid=rid, messages=[{"role": "user", "content": "Give me JSON"}],
                     max_tokens=kw.pop("max_tokens", 40), temperature=0.0,
                     response_format="json_schema", json_schema=schema, **kw)
 
@@ -112,7 +113,7 @@ def test_a_big_schema_compiles_while_another_request_decodes(spawn, tiny_model):
     w.wait_for("ready", timeout=60)
     # Greedy "Hello" has no EOS for thousands of tokens; logprobs make each step slower,
     # so the stream outlasts the compile with a wide margin.
-    w.send(Generate(rid="a", prompt="Hello", max_tokens=4000, temperature=0.0,
+    w.send(generate(rid="a", prompt="Hello", max_tokens=4000, temperature=0.0,
                     logprobs=True, top_logprobs=20))
     w.wait_for("delta", rid="a")
     sent = time.monotonic()
@@ -136,7 +137,7 @@ def test_a_big_schema_compiles_while_another_request_decodes(spawn, tiny_model):
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert len(a_times) > 20 and max(gaps) < window / 2, (max(gaps), window)
 
-    w.send(Cancel("a"))
+    w.send(Cancel(rid="a"))
     assert w.collect("a")[-1].finish_reason == "cancelled"
     big = w.collect("big", timeout=30)
     assert [m.kind for m in big][-2:] == ["error", "done"]

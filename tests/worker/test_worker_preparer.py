@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from protocol.messages import Cancel, Generate, Shutdown
+from tests.generates import generate
 from tests.worker.test_worker_scheduler import FakeLink, serve
 from worker.scheduler import Scheduler
 from worker.status import WorkerStatus
@@ -41,7 +42,7 @@ class HeldPreparation:
 
 
 def gen(rid: str, max_tokens: int = 5) -> Generate:
-    return Generate(rid=rid, prompt="Hello", max_tokens=max_tokens, temperature=0.0)
+    return generate(rid=rid, prompt="Hello", max_tokens=max_tokens, temperature=0.0)
 
 
 def test_decoding_goes_on_while_a_request_is_prepared(engine, monkeypatch):
@@ -84,7 +85,7 @@ def test_cancel_during_preparation_is_answered_at_once_and_only_once(engine, mon
 
     def client(link):
         held.entered.wait(WAIT)
-        link.commands.put(Cancel("slow"))
+        link.commands.put(Cancel(rid="slow"))
         for _ in range(int(WAIT / 2 / 0.01)):  # well within the hold
             if "done" in link.kinds("slow"):
                 break

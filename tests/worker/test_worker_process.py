@@ -12,8 +12,9 @@ import pytest
 import zmq
 
 from protocol import Cancel, Generate, Shutdown, StatusRequest, sockets, unpack_ids
-from protocol.messages import CONTEXT_LENGTH_EXCEEDED, LOAD_FAILED
+from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INTERNAL, LOAD_FAILED
 
+from tests.generates import generate
 from tests.worker.harness import REPO, WorkerProc
 
 LONG = 3000  # max_tokens of a request that runs for seconds, until the test cancels it
@@ -22,7 +23,7 @@ LONG = 3000  # max_tokens of a request that runs for seconds, until the test can
 def long_gen(rid: str, prompt: str = "Hello") -> Generate:
     """A request that streams until cancelled: greedy, so it cannot sample EOS early
     (the tiny model's greedy output for these prompts has no EOS in 3000 tokens)."""
-    return Generate(rid=rid, prompt=prompt, max_tokens=LONG, temperature=0.0)
+    return generate(rid=rid, prompt=prompt, max_tokens=LONG, temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +53,7 @@ def test_ready_describes_the_model(worker, tiny_model):
 def test_generate_streams_started_deltas_and_one_done(worker, kind):
     body = ({"prompt": "Tell me a story"} if kind == "prompt"
             else {"messages": [{"role": "user", "content": "Tell me a story"}]})
-    worker.send(Generate(rid=f"g-{kind}", max_tokens=25, temperature=0.0, **body))
+    worker.send(generate(rid=f"g-{kind}", max_tokens=25, temperature=0.0, **body))
     events = worker.collect(f"g-{kind}")
     assert events[0].kind == "started" and events[0].prompt_tokens > 0
     assert [e.kind for e in events[1:-1]] == ["delta"] * (len(events) - 2)
@@ -64,7 +65,7 @@ def test_generate_streams_started_deltas_and_one_done(worker, kind):
     if done.finish_reason == "length":
         assert len(tokens) == 25
     # Greedy is deterministic across requests: the same tokens again.
-    worker.send(Generate(rid=f"g-{kind}-2", max_tokens=25, temperature=0.0, **body))
+    worker.send(generate(rid=f"g-{kind}-2", max_tokens=25, temperature=0.0, **body))
     again = worker.collect(f"g-{kind}-2")
     assert [unpack_ids(d.token_ids) for d in deltas_of(again)] == \
         [unpack_ids(d.token_ids) for d in deltas_of(events)]
@@ -75,7 +76,7 @@ def test_cancel_mid_stream_ends_promptly(worker):
     seen = 0
     while seen < 5:
         seen += worker.recv().kind == "delta"
-    worker.send(Cancel("c1"))
+    worker.send(Cancel(rid="c1"))
     t0 = time.monotonic()
     rest = worker.collect("c1")
     took = time.monotonic() - t0
@@ -85,19 +86,19 @@ def test_cancel_mid_stream_ends_promptly(worker):
     # Dropped within a handful of steps (what was already on its way, at ~1 ms a step).
     assert len(deltas_of(rest)) < 100, len(deltas_of(rest))
     assert took < 1.0
-    worker.send(Cancel("c1"))  # idempotent: no second Done (checked by the next test)
+    worker.send(Cancel(rid="c1"))  # idempotent: no second Done (checked by the next test)
 
 
 def test_waiting_request_cancelled_without_started(worker):
     worker.send(long_gen("q-active", "Hello"))
-    worker.send(Generate(rid="q-waiting", prompt="Hello", max_tokens=10))
+    worker.send(generate(rid="q-waiting", prompt="Hello", max_tokens=10))
     worker.wait_for("delta", rid="q-active")
-    worker.send(Cancel("q-waiting"))
+    worker.send(Cancel(rid="q-waiting"))
     done, skipped = worker.wait_for("done", rid="q-waiting")
     assert done.finish_reason == "cancelled" and done.completion_tokens == 0
     assert all(e.rid in ("q-active",) for e in skipped if hasattr(e, "rid"))
     # Answered while the active one was still streaming, which then gets cancelled too.
-    worker.send(Cancel("q-active"))
+    worker.send(Cancel(rid="q-active"))
     events = worker.collect("q-active")
     assert events[-1].finish_reason == "cancelled"
     assert not [e for e in events if getattr(e, "rid", None) == "c1"]
@@ -112,7 +113,7 @@ def test_status_answered_while_busy(worker):
     assert time.monotonic() - t0 < 0.5
     assert (status.qid, status.state, status.active, status.waiting) == (42, "busy", ["s1"], [])
     assert status.steps > 0 and status.active_bytes > 0
-    worker.send(Cancel("s1"))
+    worker.send(Cancel(rid="s1"))
     worker.collect("s1")
 
 
@@ -127,7 +128,7 @@ def test_heartbeats_flow_while_streaming(worker):
         if e.kind == "heartbeat":
             beats.append(e)
         deltas += e.kind == "delta"
-    worker.send(Cancel("h1"))
+    worker.send(Cancel(rid="h1"))
     worker.collect("h1")
     assert deltas > 50  # events were flowing all along
     assert len(beats) >= 3  # every 0.2 s
@@ -140,22 +141,37 @@ def test_garbage_commands_do_not_kill_it(worker):
 
     for junk in (b"", b"\x00\xffgarbage", msgpack.packb([1, 2, 3]),
                  msgpack.packb({"v": 99, "type": "generate", "rid": "x"}),
-                 msgpack.packb({"v": 1, "type": "no-such-type"}),
-                 msgpack.packb({"v": 1, "type": "generate"}),  # no rid
-                 msgpack.packb({"v": 1, "type": "cancel", "rid": 7})):
+                 msgpack.packb({"v": 2, "type": "no-such-type"}),
+                 msgpack.packb({"v": 2, "type": "generate"}),  # no rid
+                 msgpack.packb({"v": 2, "type": "cancel", "rid": 7})):
         worker.send(junk)
-    worker.send(Generate(rid="after-junk", prompt="Hi", max_tokens=3))
+    worker.send(generate(rid="after-junk", prompt="Hi", max_tokens=3))
     events = worker.collect("after-junk")
     assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 3
     assert worker.proc.poll() is None
+
+
+def test_a_generate_it_cannot_read_is_answered_not_left_waiting(worker):
+    import msgpack
+
+    # A Generate whose rid is readable but whose fields are not this protocol's (only a
+    # supervisor bug could send it): its Error and Done come at once, not a silence the
+    # supervisor would wait out until its request timeout.
+    worker.send(msgpack.packb({"v": 2, "type": "generate", "rid": "unreadable",
+                               "prompt": "Hi", "sampling": {"max_tokens": "3"}}))
+    err, done = worker.collect("unreadable")
+    assert (err.kind, err.code, err.rid) == ("error", INTERNAL, "unreadable")
+    assert (done.finish_reason, done.completion_tokens) == ("error", 0)
+    worker.send(generate(rid="next", prompt="Hi", max_tokens=3))
+    assert worker.collect("next")[-1].completion_tokens == 3
 
 
 def test_context_length_exceeded_without_compute(spawn, tiny_model):
     w = spawn(tiny_model, "--max-context-tokens", "64")
     ready, _ = w.wait_for("ready", timeout=60)
     assert ready.context_length == 64
-    w.send(Generate(rid="big", prompt="word " * 100, max_tokens=10))
-    w.send(Generate(rid="fits-not", prompt="Hi", max_tokens=64))
+    w.send(generate(rid="big", prompt="word " * 100, max_tokens=10))
+    w.send(generate(rid="fits-not", prompt="Hi", max_tokens=64))
     for rid in ("big", "fits-not"):
         events = w.collect(rid)
         assert [e.kind for e in events] == ["error", "done"]
@@ -166,7 +182,7 @@ def test_context_length_exceeded_without_compute(spawn, tiny_model):
     w.send(StatusRequest(qid=1))
     status, _ = w.wait_for("status")
     assert status.steps == 0  # nothing was computed for either request
-    w.send(Generate(rid="fits", prompt="Hi", max_tokens=8))
+    w.send(generate(rid="fits", prompt="Hi", max_tokens=8))
     assert w.collect("fits")[-1].completion_tokens == 8
 
 
@@ -246,7 +262,7 @@ def test_demo_model_is_built_and_served(spawn, tmp_path):
     ready, _ = w.wait_for("ready", timeout=90)
     assert (ready.model, ready.random_weights) == ("demo", True)
     assert (state / "models" / "demo" / "config.json").exists()
-    w.send(Generate(rid="d", messages=[{"role": "user", "content": "Hi"}], max_tokens=5))
+    w.send(generate(rid="d", messages=[{"role": "user", "content": "Hi"}], max_tokens=5))
     events = w.collect("d")
     assert events[0].kind == "started" and events[-1].kind == "done"
     assert events[-1].completion_tokens == len(deltas_of(events))
@@ -255,7 +271,7 @@ def test_demo_model_is_built_and_served(spawn, tmp_path):
 def test_sigterm_while_loading_exits_0_and_answers_queued(spawn, tmp_path):
     # Building the demo model in a fresh state dir takes about a second: time enough.
     w = spawn("demo", state_dir=tmp_path / "fresh")
-    w.send(Generate(rid="early", prompt="Hi", max_tokens=3))
+    w.send(generate(rid="early", prompt="Hi", max_tokens=3))
     w.send(StatusRequest(qid=1))  # answered after the Generate was queued (same thread)
     status = w.recv(timeout=30)
     assert (status.kind, status.state) == ("status", "loading")

@@ -14,6 +14,7 @@ import pytest
 from mlx_lm.sample_utils import make_sampler
 
 from protocol.messages import INTERNAL, INVALID_REQUEST, Generate
+from tests.generates import generate
 from tests.worker.test_worker_scheduler import FakeLink, serve
 from worker import sampling
 from worker.engine import RequestError
@@ -21,10 +22,17 @@ from worker.scheduler import Scheduler, WorkerBroken
 from worker.status import WorkerStatus
 
 
+# The top_k that marks a "bad" request for the poisoned samplers below. The worker's own
+# sampler takes it as "no filtering" (it is above the vocabulary).
+POISON = 4242
+
+
 def prompt_gen(rid: str, **kw) -> Generate:
     kw.setdefault("max_tokens", 6)
     kw.setdefault("temperature", 1.0)
-    return Generate(rid=rid, prompt="Once upon a time", **kw)
+    if rid.startswith("bad"):
+        kw["top_k"] = POISON
+    return generate(rid=rid, prompt="Once upon a time", **kw)
 
 
 def tokens(engine, g: Generate) -> list[int]:
@@ -34,14 +42,16 @@ def tokens(engine, g: Generate) -> list[int]:
 
 @pytest.fixture
 def poisoned_sampler(engine, monkeypatch):
-    """Requests whose rid starts with "bad" get mlx-lm's sampler with a top_k it refuses
-    inside its compiled trace: the original failure, bypassing the worker's mapping."""
+    """Requests whose rid starts with "bad" (top_k=POISON) get mlx-lm's sampler with a
+    top_k it refuses inside its compiled trace: the original failure, bypassing the
+    worker's mapping."""
     real = sampling.sampler_for
+    assert POISON > engine.vocab_size
 
-    def sampler_for(gen, vocab_size):
-        if gen.rid.startswith("bad"):
+    def sampler_for(sp, vocab_size):
+        if sp.top_k == POISON:
             return make_sampler(1.0, top_k=vocab_size + 1000)
-        return real(gen, vocab_size)
+        return real(sp, vocab_size)
 
     monkeypatch.setattr(sampling, "sampler_for", sampler_for)
 
@@ -124,8 +134,8 @@ def test_broken_worker_answers_the_failed_request_then_exits_with_its_own_code(
         "import worker.engine as e, worker.sampling as s\n"
         "from mlx_lm.sample_utils import make_sampler\n"
         "real = s.sampler_for\n"
-        "s.sampler_for = lambda g, v: (make_sampler(1.0, top_k=v + 1) if g.rid == 'bad'\n"
-        "                              else real(g, v))\n"
+        "s.sampler_for = lambda sp, v: (make_sampler(1.0, top_k=v + 1)\n"
+        f"                                if sp.top_k == {POISON} else real(sp, v))\n"
         "def probe(self):\n"
         "    raise RuntimeError('probe failed')\n"
         "e.TextEngine.probe = probe\n")

@@ -11,6 +11,7 @@ import queue
 from protocol.messages import (
     INTERNAL, Cancel, Generate, Shutdown, StatusRequest, unpack_ids,
 )
+from tests.generates import generate
 from worker.scheduler import Scheduler
 from worker.status import WorkerStatus
 
@@ -55,7 +56,7 @@ def serve(engine, commands, on_send=None, **scheduler_kw):
 
 
 def test_generate_streams_started_deltas_done(engine):
-    link, status = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=9,
+    link, status = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=9,
                                            temperature=0.0)])
     kinds = link.kinds("a")
     assert kinds == ["started"] + ["delta"] * 9 + ["done"]
@@ -70,9 +71,9 @@ def test_generate_streams_started_deltas_done(engine):
 def test_cancel_of_the_active_request_lands_at_the_next_step(engine):
     def cancel_after_third_delta(msg, link):
         if msg.kind == "delta" and len(link.of("a")) == 4:  # Started + 3 deltas
-            link.commands.put(Cancel("a"))
+            link.commands.put(Cancel(rid="a"))
 
-    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=500)],
+    link, _ = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=500)],
                     cancel_after_third_delta)
     assert link.kinds("a") == ["started", "delta", "delta", "delta", "done"]
     done = link.of("a")[-1]
@@ -82,9 +83,9 @@ def test_cancel_of_the_active_request_lands_at_the_next_step(engine):
 def test_cancel_during_prefill_lands_between_chunks(engine):
     def cancel_on_start(msg, link):
         if msg.kind == "started":
-            link.commands.put(Cancel("a"))
+            link.commands.put(Cancel(rid="a"))
 
-    g = Generate(rid="a", prompt="word " * 400, max_tokens=5)  # ~400 tokens: 7 chunks
+    g = generate(rid="a", prompt="word " * 400, max_tokens=5)  # ~400 tokens: 7 chunks
     link, status = serve(engine, [g], cancel_on_start)
     assert link.kinds("a") == ["started", "done"]
     assert link.of("a")[-1].finish_reason == "cancelled"
@@ -94,12 +95,13 @@ def test_cancel_during_prefill_lands_between_chunks(engine):
 def test_waiting_request_cancelled_without_started(engine):
     def cancel_b_when_a_streams(msg, link):
         if msg.kind == "delta" and msg.rid == "a" and len(link.of("a")) == 2:
-            link.commands.put(Cancel("b"))
-            link.commands.put(Cancel("b"))          # idempotent
-            link.commands.put(Cancel("unknown"))    # ignored
+            link.commands.put(Cancel(rid="b"))
+            link.commands.put(Cancel(rid="b"))          # idempotent
+            link.commands.put(Cancel(rid="unknown"))    # ignored
 
-    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=20),
-                             Generate(rid="b", prompt="Hi", max_tokens=20)],
+    # Greedy: a sampled EOS would end `a` early (a random model's EOS has ~1/vocab odds).
+    link, _ = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=20, temperature=0),
+                             generate(rid="b", prompt="Hi", max_tokens=20, temperature=0)],
                     cancel_b_when_a_streams)
     assert link.kinds("b") == ["done"]
     assert link.of("b")[0].finish_reason == "cancelled"
@@ -111,18 +113,18 @@ def test_waiting_request_cancelled_without_started(engine):
 def test_fifo_and_cancel_after_finish_is_ignored(engine):
     def late_cancel(msg, link):
         if msg.kind == "done" and msg.rid == "a":
-            link.commands.put(Cancel("a"))
+            link.commands.put(Cancel(rid="a"))
 
-    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=3),
-                             Generate(rid="b", prompt="Hi", max_tokens=3)], late_cancel)
+    link, _ = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=3),
+                             generate(rid="b", prompt="Hi", max_tokens=3)], late_cancel)
     order = [(m.kind, m.rid) for m in link.sent if m.kind in ("started", "done")]
     assert order == [("started", "a"), ("done", "a"), ("started", "b"), ("done", "b")]
     assert link.kinds("a").count("done") == 1
 
 
 def test_request_error_gives_error_then_done(engine):
-    link, _ = serve(engine, [Generate(rid="a", prompt=""),
-                             Generate(rid="b", prompt="Hi", max_tokens=2)])
+    link, _ = serve(engine, [generate(rid="a", prompt=""),
+                             generate(rid="b", prompt="Hi", max_tokens=2)])
     err, done = link.of("a")
     assert (err.kind, err.code, err.param) == ("error", "invalid_request", "prompt")
     assert (done.kind, done.finish_reason) == ("done", "error")
@@ -142,8 +144,8 @@ def test_exception_inside_generation_is_contained(engine, monkeypatch, caplog):
         yield from real(prep)
 
     monkeypatch.setattr(engine, "generate", broken)
-    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=5),
-                             Generate(rid="b", prompt="Hi", max_tokens=2)])
+    link, _ = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=5),
+                             generate(rid="b", prompt="Hi", max_tokens=2)])
     kinds = link.kinds("a")
     assert kinds == ["started", "delta", "error", "done"]
     err, done = link.of("a")[-2:]
@@ -157,10 +159,10 @@ def test_shutdown_cancels_active_and_waiting(engine):
     def shutdown_on_first_delta(msg, link):
         if msg.kind == "delta" and len(link.of("a")) == 2:
             link.commands.put(Shutdown())
-            link.commands.put(Generate(rid="c", prompt="Hi"))  # after the Shutdown
+            link.commands.put(generate(rid="c", prompt="Hi"))  # after the Shutdown
 
-    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=100),
-                             Generate(rid="b", prompt="Hi", max_tokens=100)],
+    link, _ = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=100),
+                             generate(rid="b", prompt="Hi", max_tokens=100)],
                     shutdown_on_first_delta)
     for rid in "abc":
         dones = [m for m in link.of(rid) if m.kind == "done"]
@@ -173,19 +175,19 @@ def test_status_request_reaching_the_scheduler_is_answered(engine):
         if msg.kind == "started":
             link.commands.put(StatusRequest(qid=9))
 
-    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=3)], ask)
+    link, _ = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=3)], ask)
     st = next(m for m in link.sent if m.kind == "status")
     assert (st.qid, st.state, st.active) == (9, "busy", ["a"])
 
 
 def test_duplicate_rid_gets_one_done(engine):
-    link, _ = serve(engine, [Generate(rid="a", prompt="Hi", max_tokens=3),
-                             Generate(rid="a", prompt="Hi", max_tokens=3)])
+    link, _ = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=3),
+                             generate(rid="a", prompt="Hi", max_tokens=3)])
     assert link.kinds("a").count("done") == 1
 
 
 def test_steps_faster_than_the_stream_interval_share_a_delta(engine):
-    gen = Generate(rid="a", prompt="Hi", max_tokens=40, temperature=0.0)
+    gen = generate(rid="a", prompt="Hi", max_tokens=40, temperature=0.0)
     one_by_one, _ = serve(engine, [gen])
     merged, _ = serve(engine, [gen], stream_interval=10.0)  # nothing is that fast
     singles = [d for d in one_by_one.of("a") if d.kind == "delta"]

@@ -12,7 +12,8 @@ import pytest
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from protocol.messages import CONTEXT_LENGTH_EXCEEDED, Generate
+from protocol.messages import CONTEXT_LENGTH_EXCEEDED
+from tests.generates import generate
 from worker.engine import RequestError
 from worker.token_bound import TokenBound
 
@@ -39,7 +40,7 @@ def no_tokenizing(engine, monkeypatch):
 def test_a_hopeless_prompt_is_refused_without_tokenizing(engine, no_tokenizing, body):
     t0 = time.monotonic()
     with pytest.raises(RequestError) as e:
-        engine.prepare(Generate(rid="big", **body))
+        engine.prepare(generate(rid="big", **body))
     assert time.monotonic() - t0 < 2.0  # tokenizing 14 MB takes ~20 s
     err = e.value
     assert err.code == CONTEXT_LENGTH_EXCEEDED
@@ -53,7 +54,7 @@ def test_the_bound_counts_the_completion_too(engine, no_tokenizing):
     text = "x" * ((n - 5) * longest)  # at least n - 5 tokens: room for 5 more only
     assert engine.bound.at_least(text) == n - 5
     with pytest.raises(RequestError) as e:
-        engine.prepare(Generate(rid="t", prompt=text, max_tokens=6))
+        engine.prepare(generate(rid="t", prompt=text, max_tokens=6))
     assert e.value.code == CONTEXT_LENGTH_EXCEEDED and "at least" in e.value.message
 
 
@@ -62,7 +63,7 @@ def test_a_prompt_that_may_fit_is_tokenized_and_judged_exactly(engine):
     n = engine.context_length
     text = "hello world " * (n // 2)
     with pytest.raises(RequestError) as e:
-        engine.prepare(Generate(rid="t", prompt=text))
+        engine.prepare(generate(rid="t", prompt=text))
     assert "at least" not in e.value.message and e.value.prompt_tokens > n
     assert engine.bound.at_least(text) < n
 

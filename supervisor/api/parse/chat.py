@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from protocol.messages import Generate
+from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
@@ -35,20 +37,20 @@ class ChatRequest(CommonParams):
     top_logprobs: int = 0
     reasoning_effort: Optional[str] = None
 
-    def to_generate_fields(self) -> dict:
-        """Keyword arguments of protocol.messages.Generate, except rid and log_prompt."""
-        return {
-            "messages": [dict(m) for m in self.messages],
-            "prompt": None,
-            "prompt_ids": None,
-            **self.sampling_fields(),
-            "template_kwargs": self.template_kwargs,
-            **tooling.generate_fields(self.tools, self.tool_choice, self.response_format,
-                                      self.parallel_tool_calls),
-            "logprobs": self.logprobs,
-            "top_logprobs": self.top_logprobs if self.logprobs else 0,
-            "reasoning_effort": self.reasoning_effort,
-        }
+    def to_generate(self, config) -> Generate:
+        """The request as the worker gets it (less its rid), with the server's defaults
+        from `config` (supervisor/api/parse/generate.py)."""
+        return Generate(
+            rid="",
+            messages=[dict(m) for m in self.messages],
+            sampling=self.sampling(config),
+            output=build.output(self.tools, self.tool_choice, self.response_format,
+                                parallel_tool_calls=self.parallel_tool_calls,
+                                stop=self.stop, logprobs=self.logprobs,
+                                top_logprobs=self.top_logprobs,
+                                reasoning_effort=self.reasoning_effort),
+            template_kwargs=self.template_kwargs,
+        )
 
 
 def parse_chat_request(body: dict) -> ChatRequest:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from protocol.messages import pack_ids
+from protocol.messages import Generate, pack_ids
+from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, is_int, missing, opt_bool, opt_int, opt_str,
@@ -30,19 +31,18 @@ class CompletionRequest(CommonParams):
     # the server (--default-max-tokens) sets one.
     default_max_tokens: int = DEFAULT_MAX_TOKENS
 
-    def to_generate_fields(self) -> dict:
-        """Keyword arguments of protocol.messages.Generate, except rid and log_prompt."""
-        return {
-            "messages": None,
-            "prompt": self.prompt,
-            "prompt_ids": pack_ids(self.prompt_ids) if self.prompt_ids is not None else None,
-            **self.sampling_fields(),
-            "template_kwargs": None,
-            "logprobs": self.logprobs is not None,
-            "top_logprobs": self.logprobs or 0,
-            **tooling.generate_fields((), tooling.ToolChoice(), tooling.ResponseFormat()),
-            "reasoning_effort": None,
-        }
+    def to_generate(self, config) -> Generate:
+        """The request as the worker gets it (less its rid), with the server's defaults
+        from `config` (supervisor/api/parse/generate.py)."""
+        return Generate(
+            rid="",
+            prompt=self.prompt,
+            prompt_ids=pack_ids(self.prompt_ids) if self.prompt_ids is not None else None,
+            sampling=self.sampling(config, fallback_max_tokens=self.default_max_tokens),
+            output=build.output((), tooling.ToolChoice(), tooling.ResponseFormat(),
+                                stop=self.stop, logprobs=self.logprobs is not None,
+                                top_logprobs=self.logprobs or 0),
+        )
 
 
 def parse_completion_request(body: dict) -> CompletionRequest:

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from protocol.messages import SamplingParams
+from supervisor.api.parse import generate as build
 from supervisor.http.errors import APIError
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -225,8 +227,8 @@ def parse_metadata(body: dict) -> Optional[dict]:
 
 @dataclass(frozen=True, kw_only=True)
 class CommonParams:
-    """What chat and text completions share. Sampling values are None when not given: the
-    worker applies its defaults (protocol.messages.Generate)."""
+    """What chat and text completions share. Sampling values are None when not given:
+    the server's defaults, else the worker's, apply (protocol.messages.SamplingParams)."""
     model: str
     stream: bool = False
     include_usage: bool = False            # stream_options.include_usage
@@ -248,23 +250,12 @@ class CommonParams:
     service_tier: Optional[str] = None
     prompt_cache_key: Optional[str] = None
 
-    def sampling_fields(self) -> dict:
-        """The Generate keyword arguments both endpoints fill the same way."""
-        return {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": self.min_p,
-            "seed": self.seed,
-            "repetition_penalty": self.repetition_penalty,
-            "stop": list(self.stop),
-            "presence_penalty": self.presence_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            # msgpack map keys are strings on the wire: pairs keep the ids ints.
-            "logit_bias": [[t, b] for t, b in self.logit_bias.items()] if self.logit_bias
-            else None,
-        }
+    def sampling(self, config, fallback_max_tokens: Optional[int] = None) -> SamplingParams:
+        """The sampling values both endpoints send the same way, with the server's
+        defaults (supervisor/api/parse/generate.py). Every SamplingParams field is a field
+        of this class under the same name, so a new one is only parsed, never mapped."""
+        values = {name: getattr(self, name) for name in SamplingParams.__struct_fields__}
+        return build.sampling(config, fallback_max_tokens=fallback_max_tokens, **values)
 
 
 def parse_common(body: dict) -> dict:

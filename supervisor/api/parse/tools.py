@@ -1,7 +1,7 @@
 """Tools, tool_choice and response_format: validated once, for every API surface.
 
 Chat completions and the Responses API spell these differently; both are accepted and
-normalized to one form, then to protocol.Generate fields:
+normalized to one form, then to protocol.OutputSpec fields (api/parse/generate.py):
 
     tools        chat:      {"type": "function", "function": {"name", "description", "parameters", "strict"}}
                  Responses: {"type": "function", "name", "description", "parameters", "strict"}
@@ -18,7 +18,6 @@ normalized to one form, then to protocol.Generate fields:
                  | {"type": "json_schema", "name", "schema", "strict"}                    (Responses)
                  → ResponseFormat(kind, schema, name, strict)
 
-`generate_fields(tools, choice, fmt, parallel)` gives the Generate keyword arguments.
 The worker compiles the grammar; a schema llguidance rejects comes back as a 400 too.
 """
 
@@ -183,15 +182,3 @@ def parse_response_format(value, param: str = "response_format") -> ResponseForm
         raise invalid_type(f"{where}.schema", "an object", schema)
     return ResponseFormat("json_schema", schema, name, opt_bool(spec, "strict", f"{where}.strict"))
 
-
-def generate_fields(tools: tuple, choice: ToolChoice, fmt: ResponseFormat,
-                    parallel_tool_calls: Optional[bool] = None) -> dict:
-    """The protocol.Generate keyword arguments for tools and output constraints."""
-    return {
-        "tools": [dict(t) for t in tools] or None,
-        "tool_choice": choice.mode if tools else None,
-        "allowed_tools": list(choice.allowed) if choice.allowed is not None else None,
-        "parallel_tool_calls": parallel_tool_calls is not False,
-        "response_format": None if fmt.kind == "text" else fmt.kind,
-        "json_schema": fmt.schema if fmt.kind == "json_schema" else None,
-    }

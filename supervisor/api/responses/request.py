@@ -13,11 +13,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
+from protocol.messages import Generate
+from supervisor.api.parse import generate as build
 from supervisor.api.parse.chat import parse_reasoning_effort
 from supervisor.api.parse.params import (invalid_type, invalid_value, missing, opt_bool, opt_int,
                                    opt_list, opt_number, opt_object, opt_str, parse_metadata,
                                    parse_model)
-from supervisor.api.responses.items import normalize_input
+from supervisor.api.responses.items import normalize_input, to_chat_messages
 from supervisor.api.parse import tools as toolspec
 
 
@@ -62,12 +64,19 @@ class ResponsesRequest:
             out.append(tool)
         return out
 
-    def generate_fields(self) -> dict:
-        """Tools, tool_choice and text.format as protocol.Generate fields."""
-        fields = toolspec.generate_fields(self.tools, self.tool_choice, self.text_format,
-                                          self.parallel_tool_calls)
-        fields["reasoning_effort"] = self.reasoning_effort
-        return fields
+    def to_generate(self, items: list, config) -> Generate:
+        """The request as the worker gets it (less its rid): the conversation `items`
+        (a stored chain's, then this input's) as chat messages, with the server's
+        defaults from `config` (supervisor/api/parse/generate.py)."""
+        return Generate(
+            rid="",
+            messages=to_chat_messages(items, self.instructions),
+            sampling=build.sampling(config, max_tokens=self.max_output_tokens,
+                                    temperature=self.temperature, top_p=self.top_p),
+            output=build.output(self.tools, self.tool_choice, self.text_format,
+                                parallel_tool_calls=self.parallel_tool_calls,
+                                reasoning_effort=self.reasoning_effort),
+        )
 
 
 def parse_responses_request(body: dict) -> ResponsesRequest:

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from supervisor.http import sse
-from supervisor.api.generation import apply_defaults
 from supervisor.api.parse.params import invalid_value, opt_int
 from supervisor.api.responses.builder import ResponseBuilder, replay
-from supervisor.api.responses.items import output_to_items, to_chat_messages
+from supervisor.api.responses.items import output_to_items
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
 from supervisor.api.stream import Generation
 from supervisor.api.responses.runs import Run
@@ -127,14 +126,6 @@ async def _conversation(svc: Responses, req: ResponsesRequest) -> list:
     return items + list(req.input_items)
 
 
-def generate_fields(req: ResponsesRequest, items: list, config) -> dict:
-    """Generate's keyword arguments for a Responses request."""
-    fields = {"messages": to_chat_messages(items, req.instructions),
-              "max_tokens": req.max_output_tokens, "temperature": req.temperature,
-              "top_p": req.top_p, **req.generate_fields()}
-    return apply_defaults(fields, config)
-
-
 @_needs_store
 async def create(request: web.Request) -> web.StreamResponse:
     req = parse_responses_request(await read_json(request))
@@ -143,8 +134,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         await svc.store.check()  # a store that is down refuses before the model works
     runner = await request.app[POOL].get(req.model)
     items = await _conversation(svc, req)
-    handle = runner.submit(generate_fields(req, items, config),
-                           {"max_tokens": "max_output_tokens"})
+    handle = runner.submit(req.to_generate(items, config), {"max_tokens": "max_output_tokens"})
     gen = Generation(handle, queue_timeout=config.queue_timeout,
                      request_timeout=config.request_timeout)
     run = Run(ResponseBuilder(req, runner.id), gen, svc.store if req.store else None,

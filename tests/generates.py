@@ -1,0 +1,26 @@
+"""Test shorthand for protocol Generates: flat keyword arguments, sorted into the nested
+structs by field name (production code builds the structs itself: supervisor/api/parse/).
+
+    generate(prompt="x", max_tokens=3, stop=["a"])
+    == Generate(rid="", prompt="x", sampling=SamplingParams(max_tokens=3),
+                output=OutputSpec(stop=("a",)))
+
+msgspec.convert checks each value against the protocol's types (and makes lists the
+tuples the structs hold), so a test cannot build a request the codec would refuse.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol import Generate, OutputSpec, SamplingParams
+
+_SAMPLING = frozenset(SamplingParams.__struct_fields__)
+_OUTPUT = frozenset(OutputSpec.__struct_fields__)
+
+
+def generate(rid: str = "", **fields) -> Generate:
+    sampling = {k: fields.pop(k) for k in list(fields) if k in _SAMPLING}
+    output = {k: fields.pop(k) for k in list(fields) if k in _OUTPUT}
+    return Generate(rid=rid, sampling=msgspec.convert(sampling, SamplingParams),
+                    output=msgspec.convert(output, OutputSpec), **fields)
