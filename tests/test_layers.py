@@ -135,3 +135,15 @@ def test_bench_never_loads_the_tests():
     assert "bench.serverproc" in mods
     loaded = top_level(loaded_after_importing(mods))
     assert "tests" not in loaded and "bench" in loaded
+
+
+def test_no_supervisor_module_imports_worker_code_even_lazily():
+    # Importing every module (above) cannot see an import inside a function body; this
+    # reads every import statement. What both sides share lives in protocol/.
+    graph = runtime_imports()
+    bad = {m: sorted(d for d in deps if d.startswith("worker"))
+           for m, deps in graph.items() if m.startswith("supervisor")}
+    assert not {m: d for m, d in bad.items() if d}, bad
+    worker_side = {m: sorted(d for d in deps if d.startswith("supervisor"))
+                   for m, deps in graph.items() if m.startswith("worker")}
+    assert not {m: d for m, d in worker_side.items() if d}, worker_side

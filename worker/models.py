@@ -13,11 +13,11 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol import models as shared
+
 log = logging.getLogger("worker.models")
 
-DEFAULT_CONTEXT = 4096
-# Where configs keep the trained context length, by model family, in order of preference.
-_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx")
+DEFAULT_CONTEXT = shared.DEFAULT_CONTEXT
 
 
 class LoadError(Exception):
@@ -36,10 +36,10 @@ class LoadedModel:
 
 def resolve(model: str, state_dir: Path) -> Path:
     """The local directory holding MODEL's files."""
-    if model == "demo":
+    if model == shared.DEMO:
         from worker.demo import build_model
 
-        return build_model(Path(state_dir) / "models" / "demo", "demo").path
+        return build_model(shared.demo_path(state_dir), "demo").path
     local = Path(model).expanduser()
     if local.is_dir():
         return local
@@ -55,20 +55,9 @@ def resolve(model: str, state_dir: Path) -> Path:
             f"run `mlxctl pull {model}` or `huggingface-cli download {model}`") from None
 
 
-def _config_value(config: dict, keys) -> int | None:
-    for scope in (config, config.get("text_config") or {}):
-        for key in keys:
-            value = scope.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
-def context_length(config: dict, override: int | None = None) -> int:
-    """The context length to enforce: the override, else the config's, else 4096."""
-    if override:
-        return override
-    return _config_value(config, _CONTEXT_KEYS) or DEFAULT_CONTEXT
+# One rule on both sides of the protocol (protocol/models.py).
+context_length = shared.context_length
+_config_value = shared.config_value
 
 
 def read_config(path: Path) -> dict:

@@ -26,9 +26,11 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from protocol import models
+
 log = logging.getLogger("mlxd.catalog")
 
-DEMO = "demo"
+DEMO = models.DEMO
 WEIGHT_SUFFIXES = (".safetensors",)
 # A name longer than this, or with a longer path component, names nothing (PATH_MAX is
 # 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.
@@ -53,9 +55,7 @@ class LocalModel:
         return asdict(self)
 
 
-def demo_path(state_dir: Path) -> Path:
-    # Where worker.models builds `demo` (worker/models.py resolve()).
-    return Path(state_dir) / "models" / DEMO
+demo_path = models.demo_path  # where the worker builds `demo`
 
 
 def sane_name(name: object) -> bool:
@@ -232,14 +232,11 @@ def read_config(path: Path) -> dict:
 
 
 def context_length(path: Path, cap: int | None = None) -> int | None:
-    # The worker's own rule (worker/models.py: pure, no MLX), so /v1/models agrees with
-    # what a loaded worker will enforce.
-    from worker.models import context_length as worker_context_length
-
+    # The rule the worker enforces (protocol/models.py), so /v1/models agrees with it.
     config = read_config(path)
     if not config:
         return None
-    return worker_context_length(config, cap)
+    return models.context_length(config, cap)
 
 
 def safetensors_format(file: Path) -> str | None:

@@ -1,7 +1,8 @@
 """The fuzz suite's seed and tally.
 
-The seed is MLXD_FUZZ_SEED when set, else drawn at random; it is printed in the report
-header (and in every failure message), so any failure reproduces with
+The seed is MLXD_FUZZ_SEED when set, else drawn at random; it is printed in the tally at
+the end of the run, in the report header (without -q) and in every failure message, so
+any failure reproduces with
 `MLXD_FUZZ_SEED=<seed> make test PYTEST_ARGS=tests/fuzz`. The tally of statuses per
 route is printed at the end of the run.
 """
