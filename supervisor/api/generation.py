@@ -19,8 +19,7 @@ from aiohttp import web
 from supervisor.api.render import shapes
 from supervisor.http import sse
 from supervisor.api.stream import Generation
-from supervisor.http.errors import APIError, api_error, get_request_id
-from supervisor.workers.errors import WorkerError
+from supervisor.http.errors import get_request_id
 from supervisor.keys import CONFIG, POOL
 
 log = logging.getLogger("mlxd.api")
@@ -83,17 +82,14 @@ async def _stream(request, parsed, objects: Shapes, gen: Generation) -> web.Stre
     first = objects.first_chunk()
     if first is not None:
         await resp.write(sse.encode_event(first))
-    try:
-        async for part in gen.parts(idle=sse.PING_INTERVAL_S):
-            if part is None:
-                await resp.write(sse.PING)
-                continue
-            for chunk in objects.chunks(part):
-                await resp.write(sse.encode_event(chunk))
-    except (APIError, WorkerError) as e:
-        # The status line has gone out: the error travels as the stream's last event.
-        await resp.write(sse.error_event(api_error(e)))
-        return resp
+    # A failure from here on raises through: the error middleware, the one place that
+    # does so, ends a stream whose status line went out with an error event.
+    async for part in gen.parts(idle=sse.PING_INTERVAL_S):
+        if part is None:
+            await resp.write(sse.PING)
+            continue
+        for chunk in objects.chunks(part):
+            await resp.write(sse.encode_event(chunk))
     done = gen.done
     await resp.write(sse.encode_event(objects.final_chunk(done.finish_reason)))
     if parsed.include_usage:
