@@ -177,6 +177,9 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     output: OutputSpec = OutputSpec()
     template_kwargs: Optional[dict[str, Any]] = None
     log_prompt: bool = False              # the worker may log prompt text only if set
+    # The prompt cache's namespace (the client's `prompt_cache_key`): prefixes stored under
+    # one key are reused only by requests with that key. None: the shared namespace.
+    cache_key: Optional[str] = None
 
 
 class Cancel(Message, frozen=True, kw_only=True, tag="cancel"):
@@ -294,6 +297,19 @@ class Status(Message, frozen=True, kw_only=True, tag="status"):
     steps: int = 0                 # decode steps + prefill chunks since start
     active_bytes: int = 0
     peak_bytes: int = 0
+    prompt_cache: Optional["CacheStats"] = None
+
+
+class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
+    """The worker's prompt-prefix cache (worker/prefix_cache.py), counted since it started
+    (not a message: a field of Heartbeat and Status)."""
+    hits: int = 0
+    misses: int = 0
+    tokens_reused: int = 0   # prompt tokens not prefilled thanks to it
+    bytes: int = 0           # KV memory it holds now
+    entries: int = 0
+    evictions: int = 0       # dropped for room
+    expirations: int = 0     # dropped for age (--prompt-cache-ttl)
 
 
 class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
@@ -306,6 +322,7 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     waiting: int = 0
     active_bytes: int = 0
     peak_bytes: int = 0
+    prompt_cache: Optional[CacheStats] = None  # None: the worker has no prompt cache
 
 
 DOWN = (Generate, Cancel, StatusRequest, Shutdown)

@@ -210,7 +210,10 @@ SETTINGS: tuple[Setting, ...] = (
     S("memory_budget", SIZE, None, "memory the resident models may take in all, e.g. 24G "
       "(default: what the OS says is available)"),
     S("memory_factor", FLOAT, 1.2, "a model needs its weights on disk times this, plus --kv-budget"),
-    S("kv_budget", SIZE, 1 << 30, "memory allowed per model for KV cache and activations, e.g. 2G"),
+    # The worker bounds its batch's KV cache by it (and caps the context so that one
+    # sequence alone always fits).
+    S("kv_budget", SIZE, 1 << 30, "memory allowed per model for KV cache and activations, "
+      "e.g. 2G", worker=True),
     S("memory_wait", FLOAT, 30.0, "seconds a load waits for memory to come back before it is "
       "refused (507)"),
     S("memory_probe", PATH, None, "tests: a JSON file whose readings replace the OS's", hidden=True),
@@ -231,6 +234,17 @@ SETTINGS: tuple[Setting, ...] = (
     S("prefill_step", INT, 512, "prompt tokens per prefill chunk (cancel is checked between "
       "chunks)", worker=True),
     S("heartbeat_interval", FLOAT, 1.0, "seconds between worker heartbeats", worker=True),
+    # Continuous batching and the prompt-prefix cache (worker/batch.py, worker/prefix_cache.py).
+    S("max_batch_size", INT, 8, "sequences a worker decodes together in one batch", worker=True),
+    S("prefill_batch_size", INT, 2, "prompts prefilled together in one step (each by "
+      "--prefill-step tokens: the bound on the prefill work between two decode steps)",
+      worker=True),
+    S("prompt_cache_bytes", SIZE, 512 << 20, "memory per model for cached prompt prefixes "
+      "(KV states reused by later prompts; 0: off), e.g. 2G", worker=True),
+    S("prompt_cache_ttl", FLOAT, 3600.0, "seconds an unused cached prefix is kept (0: no "
+      "limit)", worker=True),
+    S("max_kv_size", INT, None, "a rotating KV cache of this many tokens per sequence (the "
+      "oldest tokens are dropped; default: the whole context)", worker=True),
     # Decode steps that come faster than this travel (and stream) together: one message and
     # one SSE chunk per interval instead of per token. Real models on Apple Silicon take
     # longer than this per token, so for them every token still goes out at once.

@@ -100,6 +100,7 @@ def main(argv=None) -> int:
                             args.prefill_step, loaded.vocab_size)
         _set_wired_limit()
         engine.warmup()
+        batch = _make_batch(engine, args)
         loading[0] = False
     except Exception as e:
         loading[0] = False
@@ -118,15 +119,16 @@ def main(argv=None) -> int:
 
     from worker.scheduler import Scheduler, WorkerBroken
 
-    log.info("ready: %s (context %d, %s)", name, loaded.context_length, loaded.path)
+    log.info("ready: %s (context %d, batch %d, %s)", name, engine.context_length,
+             batch.max_size, loaded.path)
     memory = mx.get_active_memory(), mx.get_peak_memory()
     status.publish("ready", (), (), *memory)  # no heartbeat says "loading" after Ready
-    link.send(Ready(epoch=args.epoch, model=name, context_length=loaded.context_length,
-                    pid=os.getpid(), slots=1, random_weights=loaded.random_weights,
+    link.send(Ready(epoch=args.epoch, model=name, context_length=engine.context_length,
+                    pid=os.getpid(), slots=batch.max_size, random_weights=loaded.random_weights,
                     active_bytes=memory[0], peak_bytes=memory[1],
                     vocab_size=engine.vocab_size))
     try:
-        Scheduler(engine, link, status, log_prompts=args.log_prompts,
+        Scheduler(engine, link, status, batch, log_prompts=args.log_prompts,
                   stream_interval=args.stream_interval).run()
     except WorkerBroken:
         # No Done for what waits here: the supervisor re-queues what never started.
@@ -137,6 +139,31 @@ def main(argv=None) -> int:
     log.info("shutting down")
     link.close()
     return 0
+
+
+def _make_batch(engine, args):
+    """The batch the scheduler runs, its KV within --kv-budget: the context is capped to
+    what the budget holds for one sequence, so that one always fits alone."""
+    from worker.batch import Batch, KVSize
+    from worker.models import LoadError
+    from worker.prefix_cache import PrefixCache
+
+    kv = KVSize.measure(engine.model, args.max_kv_size)
+    fits = kv.tokens_within(args.kv_budget)
+    if fits < 2:
+        raise LoadError(f"--kv-budget {args.kv_budget} bytes holds no sequence of this model "
+                        f"({kv.of(2)} bytes for two tokens)")
+    if fits < engine.context_length:
+        log.warning("context capped at %d tokens (the model's is %d): that is what "
+                    "--kv-budget (%d bytes) holds for one sequence", fits,
+                    engine.context_length, args.kv_budget)
+        engine.cap_context(fits)
+    prefix = None
+    if args.prompt_cache_bytes > 0:
+        prefix = PrefixCache(min(args.prompt_cache_bytes, args.kv_budget), args.prompt_cache_ttl)
+    return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=args.prefill_step,
+                 prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
+                 prefix=prefix, kv=kv, max_kv_size=args.max_kv_size)
 
 
 class LogLineCap(logging.Formatter):

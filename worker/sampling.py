@@ -14,14 +14,25 @@ without a primitive". So values mlx-lm would refuse inside the trace are mapped 
 first (top_k at or above the vocabulary means no filtering; any int64 seed maps onto
 `mx.random.seed`'s uint64; a min_p outside [0, 1] is refused), and `reseed()` is the
 cure for what still gets through.
+
+In a batch (worker/batch.py) every sequence has its own sampler, and mlx-lm's batch
+makes ONE sampling call for the whole batch when all sequences share the same sampler
+object. So samplers are shared: greedy is mlx-lm's one `greedy_sampler`, and unseeded
+samplers are cached by their parameters. A seeded request cannot share the global random
+key (`mx.random.seed` would reseed everyone's): it gets its own key, split once per step,
+and the same filters as mlx-lm's chain (top_p, min_p, top_k, in mlx-lm's order), so a
+seed reproduces its output alone or in any batch.
 """
 
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import mlx.core as mx
-from mlx_lm.sample_utils import make_logits_processors, make_sampler
+import numpy as np
+from mlx_lm.sample_utils import (apply_min_p, apply_top_k, apply_top_p, make_logits_processors,
+                                 make_sampler)
 
 from protocol.messages import INVALID_REQUEST, SamplingParams
 from worker.prompt import RequestError
@@ -31,13 +42,43 @@ _SEEDS = 2 ** 64  # mx.random.seed takes a uint64
 
 
 def sampler_for(sp: SamplingParams, vocab_size: int):
-    """mlx-lm's sampler for the request. top_k outside (0, vocab_size) keeps every token,
-    which is what it means; mlx-lm would raise inside its compiled trace instead."""
+    """The sampler for the request: shared by every request with the same parameters,
+    its own for a seeded one. top_k outside (0, vocab_size) keeps every token, which is
+    what it means; mlx-lm would raise inside its compiled trace instead."""
     temp = 1.0 if sp.temperature is None else sp.temperature
     top_k = sp.top_k or 0
     if not 0 < top_k < vocab_size:
         top_k = 0
-    return make_sampler(temp, top_p=sp.top_p or 0.0, min_p=sp.min_p or 0.0, top_k=top_k)
+    params = (float(temp), float(sp.top_p or 0.0), float(sp.min_p or 0.0), top_k)
+    if sp.seed is not None and temp != 0:
+        return SeededSampler(*params, seed=seed_value(sp.seed))
+    return _shared_sampler(*params)
+
+
+@lru_cache(maxsize=64)
+def _shared_sampler(temp: float, top_p: float, min_p: float, top_k: int):
+    return make_sampler(temp, top_p=top_p, min_p=min_p, top_k=top_k)
+
+
+class SeededSampler:
+    """mlx-lm's sampling chain with a random key of its own (see the module docstring)."""
+
+    def __init__(self, temp: float, top_p: float, min_p: float, top_k: int, *, seed: int):
+        self.temp = temp
+        self.filters = []
+        if 0 < top_p < 1.0:
+            self.filters.append(lambda x: apply_top_p(x, top_p))
+        if min_p != 0.0:
+            self.filters.append(lambda x: apply_min_p(x, min_p))
+        if top_k > 0:
+            self.filters.append(lambda x: apply_top_k(x, top_k))
+        self.key = mx.random.key(seed)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        for f in self.filters:
+            logprobs = f(logprobs)
+        self.key, sub = mx.random.split(self.key)
+        return mx.random.categorical(logprobs * (1.0 / self.temp), key=sub)
 
 
 def check_sampler_values(sp: SamplingParams) -> None:
@@ -89,22 +130,16 @@ def processors_for(sp: SamplingParams, banned: tuple = ()) -> list:
     return processors
 
 
-def logprob_arrays(logprobs: mx.array, y: mx.array, k: int) -> tuple:
-    """(sampled token's logprob, top-k ids, top-k logprobs), lazily, for one step."""
-    chosen = mx.take_along_axis(logprobs, y[:, None], axis=-1)[0, 0]
+def read_logprobs(row: mx.array, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """One step's (logprob of `token`, [(id, logprob)] of the best `k`, best first), from
+    the evaluated log-probability row the batch sampled from."""
+    values = np.asarray(row, dtype=np.float32).reshape(-1)
+    chosen = _finite(float(values[token]))
     if k <= 0:
-        return (chosen,)
-    top = mx.argpartition(-logprobs[0], k - 1)[:k]
-    return chosen, top, logprobs[0, top]
-
-
-def read_logprobs(arrays: tuple) -> tuple[float, list[tuple[int, float]]]:
-    """Evaluated logprob_arrays → (logprob, [(id, logprob)] best first)."""
-    chosen = _finite(arrays[0].item())
-    if len(arrays) == 1:
         return chosen, []
-    pairs = sorted(zip(arrays[1].tolist(), map(_finite, arrays[2].tolist())),
-                   key=lambda p: -p[1])
+    k = min(k, values.size)
+    top = np.argpartition(-values, k - 1)[:k]
+    pairs = sorted(((int(t), _finite(float(values[t]))) for t in top), key=lambda p: -p[1])
     return chosen, pairs
 
 

@@ -23,8 +23,12 @@ Guarantees the supervisor relies on:
   answering every later request with an error.
 
 Sequences live in `preparing` (handed to the preparation thread), `waiting` (prepared,
-FIFO) and `active` (at most `slots`, one for now), so continuous batching can later
-replace `_step` without changing the command handling.
+FIFO) and `active` (in the batch: worker/batch.py). Prepared requests join the batch in
+arrival order while it has a free slot and KV room (the first that does not fit waits,
+and so do those behind it: no starvation of large requests). Each turn advances every
+active sequence by one batched step. A step that fails cannot be pinned on one sequence:
+every sequence in the batch ends with an error, and the engine proves that a step still
+runs before the next batch starts.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from protocol.messages import (
     INTERNAL, Cancel, Delta, Done, Error, FinishReason, Generate, Shutdown, Started,
     StatusRequest, pack_floats, pack_ids,
 )
+from worker.batch import Batch
 from worker.engine import RequestError
 from worker.preparer import PrepDone, Preparer
 
@@ -57,17 +62,21 @@ class WorkerBroken(Exception):
 
 
 class Sequence:
-    __slots__ = ("gen", "rid", "prep", "dropped", "it", "prompt_tokens", "completion_tokens",
-                 "t0", "held_text", "held_ids", "sent_at", "held", "reasoning_tokens")
+    __slots__ = ("gen", "rid", "prep", "dropped", "uid", "prompt_tokens", "completion_tokens",
+                 "cached_tokens", "t0", "held_text", "held_ids", "sent_at", "held",
+                 "reasoning_tokens", "started", "suspect")
 
     def __init__(self, gen: Generate):
         self.gen = gen
         self.rid = gen.rid
         self.prep = None        # the engine's Prepared, once the preparation thread is done
         self.dropped = False    # answered while still being prepared: skip, ignore its outcome
-        self.it = None
+        self.uid = None         # its id in the batch, once admitted
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.cached_tokens = 0  # prompt tokens the prefix cache supplied
+        self.started = False    # Started was sent
+        self.suspect = False    # was in a batch whose step failed: runs alone until a token
         self.t0 = time.monotonic()
         self.held_text = ""     # output of steps not sent yet (see stream_interval)
         self.held_ids = b""
@@ -108,9 +117,10 @@ class Held:
 
 
 class Scheduler:
-    def __init__(self, engine, link, status, *, log_prompts: bool = False, slots: int = 1,
+    def __init__(self, engine, link, status, batch: Batch, *, log_prompts: bool = False,
                  stream_interval: float = 0.0):
         self.engine = engine
+        self.batch = batch
         # Steps that come faster than this share one Delta: at ~1 ms a token, a message
         # per token wakes the sender thread, the supervisor and the client once a token,
         # and those wake-ups preempt MLX's compute threads. Slower steps (any real model
@@ -119,7 +129,6 @@ class Scheduler:
         self.link = link
         self.status = status
         self.epoch = status.epoch
-        self.slots = slots
         self.log_prompts = log_prompts
         self.active: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
@@ -154,10 +163,9 @@ class Scheduler:
                 self._handle(commands.get_nowait())
             if self.stopping:
                 break
-            if len(self.active) < self.slots and self.waiting:
-                self._admit()
-            for seq in list(self.active.values()):
-                self._step(seq)
+            self._admit_waiting()
+            if self.active:
+                self._step()
             if time.monotonic() >= self._next_memory:
                 self._publish(memory=True)
         self.drain()
@@ -236,7 +244,7 @@ class Scheduler:
         elif isinstance(result, Exception):
             log.error("rid=%s failed in preparation", seq.rid,
                       exc_info=(type(result), result, result.__traceback__))
-            self._fail(seq, in_step=False)
+            self._fail(seq)
         else:
             seq.prep = result
             self.waiting.append(seq)
@@ -251,36 +259,84 @@ class Scheduler:
         self._finish(seq, FinishReason.ERROR, log_it=False)
         log.info("rid=%s refused: %s", seq.rid, e.code)
 
-    def _admit(self) -> None:
-        seq = self.waiting.popleft()
-        gen, prep = seq.gen, seq.prep
-        seq.prep = None  # the generator holds it from now on
+    def _admit_waiting(self) -> None:
+        """Prepared requests join the batch in order while they fit. A suspect (see
+        `_batch_failed`) joins only an empty batch, and nothing joins it until it has
+        produced a token: a failure then has one cause."""
+        while self.waiting and self.batch.fits(self.waiting[0].prep):
+            if any(s.suspect for s in self.active.values()):
+                return
+            if self.waiting[0].suspect and self.active:
+                return
+            self._admit(self.waiting.popleft())
+
+    def _admit(self, seq: Sequence) -> None:
+        gen, prep = seq.gen, seq.prep  # (kept until its first token: it may start again)
         seq.prompt_tokens = len(prep.ids)
         # Prompt text in logs needs both the operator's --log-prompts and the request's
         # own permission; by default logs carry ids and counts only.
         if self.log_prompts and gen.log_prompt:
             log.info("rid=%s prompt=%r", seq.rid, gen.messages if gen.messages is not None
                      else gen.prompt)
-        seq.it = self.engine.generate(prep)
+        seq.cached_tokens = self.batch.add(seq, prep)
         self.active[seq.rid] = seq
-        self.link.send(Started(epoch=self.epoch, rid=seq.rid, prompt_tokens=seq.prompt_tokens))
+        if not seq.started:
+            seq.started = True
+            self.link.send(Started(epoch=self.epoch, rid=seq.rid,
+                                   prompt_tokens=seq.prompt_tokens,
+                                   cached_tokens=seq.cached_tokens))
         self._publish()
 
-    def _step(self, seq: Sequence) -> None:
-        """Advance one sequence by one prefill chunk or one decode step."""
+    def _step(self) -> None:
+        """One batched step: a decode step for every generating sequence, one prefill
+        chunk for those being prefilled."""
         try:
-            out = next(seq.it)
-        except RequestError as e:  # the request's own fault (a grammar it cannot follow)
-            self._refuse(seq, e)
-            return
-        except Exception:  # StopIteration too: the generator always ends with a finish
-            log.exception("rid=%s failed", seq.rid)
-            self._fail(seq)
+            results = self.batch.step()
+        except Exception:
+            self._batch_failed()
             return
         self.status.steps += 1
-        if out is None:  # a prefill chunk: nothing to send
-            return
+        for seq, out in results:
+            if isinstance(out, RequestError):  # the request's own fault (a grammar it
+                self._refuse(seq, out)         # cannot follow)
+            elif isinstance(out, Exception):
+                log.error("rid=%s failed", seq.rid, exc_info=(type(out), out, out.__traceback__))
+                self._fail(seq)
+            else:
+                self._emit(seq, out)
+
+    def _batch_failed(self) -> None:
+        """A batched step raised, and a step has many sequences: which one caused it?
+        A sequence alone in the batch, or one that already streamed tokens (it cannot
+        start over unseen), ends with an error. The others have sent nothing yet: they
+        go back to the front of the queue as suspects, each to run alone until its
+        first token, so the one that fails again is the one that fails. A step must be
+        proven to run (`engine.recover`) before anything runs again."""
+        seqs = self.batch.reset()
+        log.exception("a batched step failed (%d requests in it)", len(seqs))
+        retry = []
+        for seq in seqs:
+            if len(seqs) > 1 and seq.completion_tokens == 0 and not seq.held_text:
+                retry.append(seq)
+            else:
+                self._fail(seq)
+        try:
+            self._recover(", ".join(s.rid for s in seqs))
+        except WorkerBroken:
+            for seq in retry:  # started: end them here rather than leave them to a death
+                self._fail(seq)
+            raise
+        for seq in reversed(retry):
+            del self.active[seq.rid]
+            seq.suspect = True
+            seq.prep = self.engine.restart(seq.prep)
+            self.waiting.appendleft(seq)
+
+    def _emit(self, seq: Sequence, out) -> None:
+        """A sequence's step outcome: held for its next Delta, or its end."""
         tok, text, finish, extra = out
+        seq.suspect = False  # it ran a step: cleared, its prompt is no longer needed
+        seq.prep = None
         if tok >= 0:  # (EOS comes as -1: no token to report, only text held back)
             seq.completion_tokens += 1
             seq.held_ids += _pack1(tok)
@@ -311,33 +367,32 @@ class Scheduler:
             seq.held_text, seq.held_ids = "", b""
             seq.sent_at = time.monotonic()
 
-    def _fail(self, seq: Sequence, in_step: bool = True) -> None:
-        """An unexpected error in one request (logged by the caller): report it safely,
-        and after a failed step make sure the next one can run."""
+    def _fail(self, seq: Sequence) -> None:
+        """An unexpected error in one request (logged by the caller): report it safely."""
         self._flush(seq)
         self.link.send(Error(epoch=self.epoch, code=INTERNAL, rid=seq.rid,
                              message="internal error while generating; see the server log"))
         self._finish(seq, FinishReason.ERROR, log_it=False)
-        if not in_step:
-            return
+
+    def _recover(self, rids: str) -> None:
+        """After a failed step: prove that a step still runs, or give up the process."""
         try:
             self.engine.recover()
         except Exception as e:
             log.critical("rid=%s left MLX unable to run a step (%s: %s); this worker must "
-                         "be replaced", seq.rid, type(e).__name__, str(e)[:200])
+                         "be replaced", rids, type(e).__name__, str(e)[:200])
             raise WorkerBroken(str(e)[:200]) from e
-        log.info("rid=%s failed; the worker recovered and keeps serving", seq.rid)
+        log.info("rid=%s failed; the worker recovered and keeps serving", rids)
 
     def _finish(self, seq: Sequence, reason: FinishReason, *, log_it: bool = True) -> None:
         """Send the one Done of a request and forget it."""
-        if seq.it is not None:
-            seq.it.close()  # runs the generator's cleanup now, not at garbage collection
-            seq.it = None
-        self.active.pop(seq.rid, None)
+        if self.active.pop(seq.rid, None) is not None:
+            self.batch.remove(seq)  # (a no-op if the batch already let it go)
         self._flush(seq)
         self.link.send(Done(epoch=self.epoch, rid=seq.rid, finish_reason=reason,
                             prompt_tokens=seq.prompt_tokens,
                             completion_tokens=seq.completion_tokens,
+                            cached_tokens=seq.cached_tokens,
                             reasoning_tokens=seq.reasoning_tokens))
         if log_it:
             dt = time.monotonic() - seq.t0
@@ -352,12 +407,14 @@ class Scheduler:
     def _publish(self, memory: bool = False) -> None:
         state = "draining" if self.stopping else (
             "busy" if self.active or self.waiting or self.preparing else "ready")
-        active_bytes = peak_bytes = None  # None: keep the last published figures
+        active_bytes = peak_bytes = cache = None  # None: keep the last published figures
         if memory:
             # Only this thread may call MLX; the I/O threads read the published figures.
             self._next_memory = time.monotonic() + _MEMORY_EVERY
             active_bytes, peak_bytes = mx.get_active_memory(), mx.get_peak_memory()
-        self.status.publish(state, self.active, self._queued(), active_bytes, peak_bytes)
+            cache = self.batch.cache_stats()
+        self.status.publish(state, self.active, self._queued(), active_bytes, peak_bytes,
+                            cache)
 
     def _queued(self) -> list:
         """Rids accepted and not started: prepared ones first, then those in preparation."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.messages import Heartbeat, Status
+from protocol.messages import CacheStats, Heartbeat, Status
 
 
 class View(NamedTuple):
@@ -20,6 +20,7 @@ class View(NamedTuple):
     waiting: tuple = ()
     active_bytes: int = 0
     peak_bytes: int = 0
+    prompt_cache: CacheStats | None = None
 
 
 class WorkerStatus:
@@ -29,20 +30,22 @@ class WorkerStatus:
         self.view = View("loading")
 
     def publish(self, state: str, active=(), waiting=(), active_bytes: int | None = None,
-                peak_bytes: int | None = None) -> None:
+                peak_bytes: int | None = None, prompt_cache: CacheStats | None = None) -> None:
+        """None for a figure: keep the last published one."""
         old = self.view
         self.view = View(state, tuple(active), tuple(waiting),
                          old.active_bytes if active_bytes is None else active_bytes,
-                         old.peak_bytes if peak_bytes is None else peak_bytes)
+                         old.peak_bytes if peak_bytes is None else peak_bytes,
+                         old.prompt_cache if prompt_cache is None else prompt_cache)
 
     def status(self, qid: int) -> Status:
         v, steps = self.view, self.steps
         return Status(epoch=self.epoch, qid=qid, state=v.state, active=list(v.active),
                       waiting=list(v.waiting), steps=steps, active_bytes=v.active_bytes,
-                      peak_bytes=v.peak_bytes)
+                      peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache)
 
     def heartbeat(self) -> Heartbeat:
         v, steps = self.view, self.steps
         return Heartbeat(epoch=self.epoch, state=v.state, steps=steps, active=len(v.active),
                          waiting=len(v.waiting), active_bytes=v.active_bytes,
-                         peak_bytes=v.peak_bytes)
+                         peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache)

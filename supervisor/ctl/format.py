@@ -46,14 +46,18 @@ def format_status(body: dict) -> str:
                      f"{human_bytes(mem.get('total_bytes'))}, pressure {pressure}")
     rows = []
     for w in body.get("workers", []):
+        cache = w.get("prompt_cache") or {}
+        lookups = cache.get("hits", 0) + cache.get("misses", 0)
         rows.append((w["model"], w["state"], w.get("pid"), human_seconds(w.get("uptime_s")),
                      human_bytes(w.get("rss_bytes")), human_bytes(w.get("active_bytes")),
                      human_bytes(w.get("peak_bytes")), w.get("queued", 0), w.get("in_flight", 0),
-                     f"{w.get('tokens_per_s', 0.0):.1f}", w.get("cached_prompts", 0),
-                     w.get("restarts", 0)))
+                     f"{w.get('tokens_per_s', 0.0):.1f}",
+                     f"{cache.get('hits', 0)}/{lookups}" if cache else "-",
+                     human_bytes(cache.get("bytes")) if cache else "-", w.get("restarts", 0)))
     if rows:
         lines.append(table(("MODEL", "STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK",
-                            "QUEUED", "IN-FLIGHT", "TOK/S (1m)", "CACHED", "RESTARTS"), rows))
+                            "QUEUED", "IN-FLIGHT", "TOK/S (1m)", "CACHE HITS", "CACHE MEM",
+                            "RESTARTS"), rows))
     else:
         lines.append("no model loaded")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import prometheus_client
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from supervisor.keys import POOL
 from supervisor.memory.probe import MemoryReading
@@ -44,6 +44,7 @@ class WorkerSample:
     in_flight: int
     mlx_active_bytes: int
     mlx_peak_bytes: int
+    prompt_cache: object = None  # protocol CacheStats, or None
 
 
 def rss_bytes(pid: int | None) -> int | None:
@@ -117,7 +118,8 @@ class Metrics(Observer):
     # ---- scraping --------------------------------------------------------------------
     async def render(self, pool: Pool) -> bytes:
         samples = [WorkerSample(r.id, r.state, r.link.pid if r.link else None, len(r.queue),
-                                len(r.inflight), r.live.active_bytes, r.live.peak_bytes)
+                                len(r.inflight), r.live.active_bytes, r.live.peak_bytes,
+                                r.live.prompt_cache)
                    for r in pool.all_runners()]
         async with self._scrape:  # the gauges hold one scrape's samples at a time
             return await asyncio.to_thread(self._render, samples, pool.gate.probe)
@@ -159,6 +161,7 @@ class _PoolGauges:
             mem.add_metric([s.model, "mlx_active"], s.mlx_active_bytes)
             mem.add_metric([s.model, "mlx_peak"], s.mlx_peak_bytes)
         yield from (queue, inflight, up, mem)
+        yield from self._prompt_cache()
         yield GaugeMetricFamily("mlxd_models_loaded", "Workers resident or loading",
                                 value=len(self.samples))
         if self.memory is not None:
@@ -170,6 +173,31 @@ class _PoolGauges:
                                       labels=["level"])
                 p.add_metric([self.memory.pressure], 1)
                 yield p
+
+
+    def _prompt_cache(self):
+        """Each worker's prompt-prefix cache. Counted by the worker since it started: a
+        restart resets them, which Prometheus' rate() reads as a counter reset."""
+        counters = {name: CounterMetricFamily(f"mlxd_prompt_cache_{name}", text, labels=["model"])
+                    for name, text in (("hits", "Prompts that reused a cached prefix"),
+                                       ("misses", "Prompts that found no cached prefix"),
+                                       ("tokens_reused", "Prompt tokens not prefilled thanks to "
+                                                         "the cache"),
+                                       ("evictions", "Cached prefixes dropped for room"),
+                                       ("expirations", "Cached prefixes dropped for age"))}
+        held = GaugeMetricFamily("mlxd_prompt_cache_bytes", "KV memory of cached prefixes",
+                                 labels=["model"])
+        entries = GaugeMetricFamily("mlxd_prompt_cache_entries", "Cached prefixes",
+                                    labels=["model"])
+        for s in self.samples:
+            c = s.prompt_cache
+            if c is None:
+                continue
+            for name, family in counters.items():
+                family.add_metric([s.model], getattr(c, name))
+            held.add_metric([s.model], c.bytes)
+            entries.add_metric([s.model], c.entries)
+        yield from (*counters.values(), held, entries)
 
 
 METRICS = web.AppKey("metrics", Metrics)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from protocol import Heartbeat
+from protocol.messages import CacheStats
 from supervisor.config import Config
 from supervisor.workers.states import ExitCause, Verdict
 
@@ -27,6 +28,7 @@ class Liveness:
     waiting: int = 0
     active_bytes: int = 0
     peak_bytes: int = 0
+    prompt_cache: CacheStats | None = None
 
     def on_heartbeat(self, msg: Heartbeat, now: float) -> None:
         self.heartbeat_at = now
@@ -34,6 +36,7 @@ class Liveness:
             self.steps, self.steps_changed_at = msg.steps, now
         self.worker_state, self.active, self.waiting = msg.state, msg.active, msg.waiting
         self.active_bytes, self.peak_bytes = msg.active_bytes, msg.peak_bytes
+        self.prompt_cache = msg.prompt_cache
 
     def verdict(self, now: float, config: Config, *, busy: bool,
                 cancels_sent_at: Iterable[float | None]) -> Verdict | None:

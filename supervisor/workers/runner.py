@@ -26,6 +26,8 @@ import logging
 import time
 from typing import Awaitable, Callable
 
+import msgspec
+
 from protocol import (Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown, Started,
                       Status, StatusRequest)
 from supervisor.config import Config
@@ -484,8 +486,9 @@ class ModelRunner:
             "pinned": self.pinned, "need_bytes": self.need_bytes,
             "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
             "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
-            # Prompt-prefix caching is not reported by workers yet (DESIGN.md: "not yet").
-            "cached_prompts": 0,
+            "slots": self.dispatch.slots,
+            # The worker's prompt-prefix cache, as its last heartbeat said (None: none).
+            "prompt_cache": msgspec.structs.asdict(lv.prompt_cache) if lv.prompt_cache else None,
         }
 
 

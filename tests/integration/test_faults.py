@@ -37,7 +37,7 @@ def worker(srv) -> dict:
 
 def test_worker_killed_mid_stream(tiny_model):
     model = str(tiny_model)
-    with ServerProcess([model]) as srv:
+    with ServerProcess([model], "--max-batch-size", "1") as srv:
         srv.wait_healthy()
         pid = srv.worker_pids()[0]
         with httpx.Client(base_url=srv.url, timeout=60) as http, \
@@ -112,8 +112,9 @@ def test_supervisor_killed_takes_workers_with_it(tiny_model):
 
 def test_queue_limits_and_timeouts(tiny_model):
     model = str(tiny_model)
+    # One sequence at a time, so a second request waits (what --max-queue counts).
     with ServerProcess([model], "--max-queue", "1", "--queue-timeout", "1",
-                       "--request-timeout", "2") as srv:
+                       "--request-timeout", "2", "--max-batch-size", "1") as srv:
         srv.wait_healthy()
         long_body = {**long_stream_body(model), "stream": False}
         with httpx.Client(base_url=srv.url, timeout=60) as http, \

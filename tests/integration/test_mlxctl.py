@@ -36,7 +36,7 @@ def test_status_text_and_json(server, model_id):
     assert any(l.startswith("memory: ") and "available of" in l for l in lines)
     header = next(l for l in lines if l.startswith("MODEL"))
     for column in ("STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK", "QUEUED",
-                   "IN-FLIGHT", "TOK/S (1m)", "CACHED"):
+                   "IN-FLIGHT", "TOK/S (1m)", "CACHE HITS", "CACHE MEM"):
         assert column in header
     row = lines[lines.index(header) + 1].split()
     assert row[0] == model_id and row[1] == "ready"
@@ -44,6 +44,7 @@ def test_status_text_and_json(server, model_id):
     (w,) = body["workers"]
     assert w["model"] == model_id and w["pid"] == server.worker_pids()[0]
     assert w["rss_bytes"] > 1 << 20 and w["active_bytes"] > 0 and w["peak_bytes"] >= w["active_bytes"]
+    assert set(w["prompt_cache"]) >= {"hits", "misses", "tokens_reused", "bytes", "evictions"}
     assert body["memory"]["available_bytes"] > 0 and body["server"]["rss_bytes"] > 0
     assert str(server.state_dir) == body["server"]["state_dir"]
 

@@ -36,7 +36,7 @@ GOLDEN = [
     (Generate(rid="r1", prompt="hi",
               sampling=SamplingParams(max_tokens=2, logit_bias=((7, -1.5),)),
               output=OutputSpec(stop=("x",))),
-     b"\x8a\xa4type\xa8generate\xa1v\x02\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\x8b\xa4type\xa8generate\xa1v\x02\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
      b"\xa8sampling\x8a\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
@@ -44,16 +44,19 @@ GOLDEN = [
      b"\xa6output\x8a\xa4stop\x91\xa1x\xa8logprobs\xc2\xactop_logprobs\x00"
      b"\xafresponse_format\xc0\xabjson_schema\xc0\xa5tools\xc0\xabtool_choice\xc0"
      b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"
-     b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2"),
+     b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2\xa9cache_key\xc0"),
 ]
 
-# Two messages as an older peer of this version (before reasoning, tool calls and logprobs)
+# Messages as an older peer of this version (before reasoning, tool calls and logprobs)
 # sent them: the fields added since decode to their defaults.
 OLD_WIRE = [
     (b"\x86\xa4type\xa5delta\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00", GOLDEN[2][0]),
     (b"\x88\xa4type\xa4done\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
+    # A Generate from before cache_key (the prompt cache's namespace).
+    (GOLDEN[4][1].replace(b"\x8b", b"\x8a", 1).removesuffix(b"\xa9cache_key\xc0"),
+     GOLDEN[4][0]),
 ]
 
 # Version 1's bytes (the dataclass codec's) for the same Cancel and Done: refused.
@@ -72,9 +75,9 @@ def test_golden_bytes(msg, wire):
     assert decode(wire) == msg
 
 
-@pytest.mark.parametrize("wire,msg", OLD_WIRE, ids=["Delta", "Done"])
+@pytest.mark.parametrize("wire,msg", OLD_WIRE, ids=["Delta", "Done", "Generate"])
 def test_an_older_peers_messages_still_decode(wire, msg):
-    assert decode_up(wire) == msg
+    assert (decode_down if isinstance(msg, Generate) else decode_up)(wire) == msg
 
 
 @pytest.mark.parametrize("wire", VERSION_1, ids=["Cancel", "Done"])

@@ -114,14 +114,16 @@ def test_human_formats():
                                    "pressure": "warn"},
         "workers": [{"model": "m", "state": "ready", "pid": 42, "uptime_s": 5, "rss_bytes": 1 << 30,
                      "active_bytes": 1 << 29, "peak_bytes": 1 << 30, "queued": 2, "in_flight": 1,
-                     "tokens_per_s": 12.345, "cached_prompts": 0, "restarts": 1}]})
+                     "tokens_per_s": 12.345, "restarts": 1,
+                     "prompt_cache": {"hits": 3, "misses": 1, "bytes": 3 << 20}}]})
     lines = status.splitlines()
     assert lines[0] == "status: ok"
     assert lines[1] == "memory: 8.0 GiB available of 16.0 GiB, pressure warn"
     assert lines[2].split() == ["MODEL", "STATE", "PID", "UPTIME", "RSS", "MLX", "ACTIVE", "MLX",
-                                "PEAK", "QUEUED", "IN-FLIGHT", "TOK/S", "(1m)", "CACHED", "RESTARTS"]
+                                "PEAK", "QUEUED", "IN-FLIGHT", "TOK/S", "(1m)", "CACHE", "HITS",
+                                "CACHE", "MEM", "RESTARTS"]
     assert lines[3].split() == ["m", "ready", "42", "5s", "1.0", "GiB", "512.0", "MiB", "1.0", "GiB",
-                                "2", "1", "12.3", "0", "1"]
+                                "2", "1", "12.3", "3/4", "3.0", "MiB", "1"]
     assert "no local MLX models" in format_models({"models": []})
     table = format_models({"models": [{"id": "org/m", "size_bytes": 4 << 30, "context_length": 32768,
                                        "state": "not_loaded", "source": "hf-cache"}]})

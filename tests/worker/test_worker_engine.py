@@ -10,6 +10,7 @@ from mlx_lm.generate import stream_generate
 from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, Generate, pack_ids
 from tests.generates import generate
 from worker.engine import RequestError, TextEngine
+from tests.worker.batchrun import steps as run_steps
 
 PROMPT = "Once upon a time there was a little model"
 
@@ -25,7 +26,7 @@ def run(engine, g: Generate):
     """Run a request to the end: (prefill chunks, tokens, text, finish, steps)."""
     prep = engine.prepare(g)
     prefill, steps = 0, []
-    for out in engine.generate(prep):
+    for out in run_steps(engine, prep):
         if out is None:
             assert not steps, "a prefill chunk after the first token"
             prefill += 1
@@ -114,14 +115,16 @@ def test_context_check_happens_before_any_compute(tiny_loaded):
     assert e.value.code == CONTEXT_LENGTH_EXCEEDED and e.value.param == "messages"
 
 
-def test_prefill_yields_once_per_chunk(engine):
-    ids = list(range(10, 310))  # 300 prompt tokens
+def test_prefill_takes_one_step_per_chunk(engine):
+    # Each batch step prefills one chunk (so a Cancel or a new request is seen between
+    # chunks), plus one step that moves the sequence from prefill to decoding.
+    ids = list(range(10, 310))  # 300 prompt tokens: 299 prefilled, the last one decodes
     prefill, toks, _, _, _ = run(engine, gen(prompt_ids=pack_ids(ids), max_tokens=3,
                                              temperature=0.0))
-    assert prefill == math.ceil(299 / 64) == 5
+    assert prefill == math.ceil(299 / 64) + 1 == 6
     assert len(toks) == 3
-    # A one-token prompt needs no prefill chunk at all.
-    assert run(engine, gen(prompt_ids=pack_ids([5]), max_tokens=2))[0] == 0
+    # A one-token prompt has nothing to prefill.
+    assert run(engine, gen(prompt_ids=pack_ids([5]), max_tokens=2))[0] == 1
 
 
 def test_chunked_prefill_gives_the_same_tokens(tiny_loaded, engine):

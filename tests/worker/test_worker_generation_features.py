@@ -14,6 +14,7 @@ from protocol.messages import INVALID_REQUEST, Generate
 from tests.generates import generate
 from worker import models
 from worker.engine import RequestError, TextEngine
+from tests.worker.batchrun import steps as run_steps
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {
@@ -71,7 +72,7 @@ def chat(**kw) -> Generate:
 
 def run(engine, g):
     """(answer, reasoning, calls, finish, tokens, extras) of one request."""
-    steps = [s for s in engine.generate(engine.prepare(g)) if s is not None]
+    steps = [s for s in run_steps(engine, engine.prepare(g)) if s is not None]
     extras = [s[3] for s in steps if s[3] is not None]
     return ("".join(s[1] for s in steps), "".join(e.reasoning for e in extras),
             [c for e in extras for c in e.tool_calls], steps[-1][2],

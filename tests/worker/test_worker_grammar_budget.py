@@ -16,6 +16,7 @@ from protocol.messages import INVALID_REQUEST, Cancel, Generate
 from tests.generates import generate
 from tests.worker.test_worker_scheduler import serve
 from worker.engine import RequestError
+from tests.worker.batchrun import steps as run_steps
 
 RECURSIVE_REQUIRED = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
 HUGE_PATTERN = {"type": "string", "pattern": "^(a{1000}){1000}$"}
@@ -36,7 +37,7 @@ def chat(schema, rid: str = "g", **kw) -> Generate:
 
 
 def generate_all(engine, g: Generate) -> list:
-    return [out for out in engine.generate(engine.prepare(g)) if out is not None]
+    return [out for out in run_steps(engine, engine.prepare(g)) if out is not None]
 
 
 def test_a_repeated_schema_is_compiled_once(engine):
@@ -108,8 +109,9 @@ def test_a_big_schema_compiles_while_another_request_decodes(spawn, tiny_model):
     """The real worker, the test playing a supervisor that sends ahead: a stream runs
     while the 5000-branch schema (finding 3) compiles and an empty-language schema behind
     it is refused. The stream never stalls for the compile, and the refusal comes while
-    it still runs: preparation is off the thread that decodes."""
-    w = spawn(tiny_model)
+    it still runs: preparation is off the thread that decodes. (One sequence at a time,
+    so "big" waits for the slot.)"""
+    w = spawn(tiny_model, "--max-batch-size", "1")
     w.wait_for("ready", timeout=60)
     # Greedy "Hello" has no EOS for thousands of tokens; logprobs make each step slower,
     # so the stream outlasts the compile with a wide margin.

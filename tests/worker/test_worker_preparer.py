@@ -16,6 +16,7 @@ from tests.generates import generate
 from tests.worker.test_worker_scheduler import FakeLink, serve
 from worker.scheduler import Scheduler
 from worker.status import WorkerStatus
+from tests.worker.batchrun import make_batch
 
 WAIT = 10.0  # s: far beyond what any of these steps takes
 
@@ -74,7 +75,7 @@ def run_with_client(engine, commands, client, stop_after: str | None = None) -> 
         link.commands.put(c)
     t = threading.Thread(target=client, args=(link,))
     t.start()
-    Scheduler(engine, link, status).run()
+    Scheduler(engine, link, status, make_batch(engine)).run()
     t.join(WAIT)
     return link
 

@@ -28,9 +28,10 @@ def long_gen(rid: str, prompt: str = "Hello") -> Generate:
 
 @pytest.fixture(scope="module")
 def worker(tiny_model, tmp_path_factory):
-    """One worker for the tests that leave it serving (each consumes its own events)."""
+    """One worker for the tests that leave it serving (each consumes its own events).
+    One sequence at a time, so a second request waits (batching: test_worker_batching)."""
     w = WorkerProc(tiny_model, tmp_path_factory.mktemp("state"), "--name", "tiny-test",
-                   "--heartbeat-interval", "0.2", epoch=5)
+                   "--heartbeat-interval", "0.2", "--max-batch-size", "1", epoch=5)
     w.ready, w.before_ready = w.wait_for("ready", timeout=60)
     yield w
     w.close()

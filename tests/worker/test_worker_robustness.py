@@ -20,6 +20,7 @@ from worker import sampling
 from worker.engine import RequestError
 from worker.scheduler import Scheduler, WorkerBroken
 from worker.status import WorkerStatus
+from tests.worker.batchrun import make_batch, steps as run_steps
 
 
 # The top_k that marks a "bad" request for the poisoned samplers below. The worker's own
@@ -36,7 +37,7 @@ def prompt_gen(rid: str, **kw) -> Generate:
 
 
 def tokens(engine, g: Generate) -> list[int]:
-    return [out[0] for out in engine.generate(engine.prepare(g))
+    return [out[0] for out in run_steps(engine, engine.prepare(g))
             if out is not None and out[0] >= 0]
 
 
@@ -118,7 +119,9 @@ def test_when_recovery_fails_the_worker_gives_up_instead_of_failing_every_reques
     link.commands.put(prompt_gen("bad"))
     link.commands.put(prompt_gen("queued"))
     with pytest.raises(WorkerBroken):
-        Scheduler(engine, link, status).run()
+        # One sequence at a time: "queued" waits (with batching it would be in the batch,
+        # and ended with it: test_worker_batching).
+        Scheduler(engine, link, status, make_batch(engine, max_size=1)).run()
     assert link.kinds("bad") == ["started", "error", "done"]
     assert "done" not in link.kinds("queued")  # left to the supervisor to re-queue
     assert "must be replaced" in caplog.text
@@ -141,7 +144,7 @@ def test_broken_worker_answers_the_failed_request_then_exits_with_its_own_code(
         "e.TextEngine.probe = probe\n")
     from tests.worker.harness import REPO
 
-    w = spawn(tiny_model, env={"PYTHONPATH": f"{REPO}:{tmp_path}"})
+    w = spawn(tiny_model, "--max-batch-size", "1", env={"PYTHONPATH": f"{REPO}:{tmp_path}"})
     w.wait_for("ready", timeout=60)
     w.send(prompt_gen("bad"))
     w.send(prompt_gen("queued"))

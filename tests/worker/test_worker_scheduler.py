@@ -14,6 +14,7 @@ from protocol.messages import (
 from tests.generates import generate
 from worker.scheduler import Scheduler
 from worker.status import WorkerStatus
+from tests.worker.batchrun import make_batch
 
 
 class FakeLink:
@@ -34,7 +35,7 @@ class FakeLink:
         return [m.kind for m in self.of(rid)]
 
 
-def serve(engine, commands, on_send=None, **scheduler_kw):
+def serve(engine, commands, on_send=None, max_size=1, **scheduler_kw):
     """Run a scheduler over `commands`; a Shutdown ends it once every rid is done."""
     link, status = FakeLink(), WorkerStatus(epoch=3)
     rids = {c.rid for c in commands if isinstance(c, Generate)}
@@ -51,7 +52,7 @@ def serve(engine, commands, on_send=None, **scheduler_kw):
     link.on_send = hook
     for c in commands:
         link.commands.put(c)
-    Scheduler(engine, link, status, **scheduler_kw).run()
+    Scheduler(engine, link, status, make_batch(engine, max_size=max_size), **scheduler_kw).run()
     return link, status
 
 
@@ -65,7 +66,8 @@ def test_generate_streams_started_deltas_done(engine):
     assert done.prompt_tokens == link.of("a")[0].prompt_tokens > 0
     assert all(len(unpack_ids(d.token_ids)) == 1 for d in link.of("a")[1:-1])
     prefill_chunks = -(-(done.prompt_tokens - 1) // 64)  # the engine fixture's prefill step
-    assert status.steps == prefill_chunks + 9 and status.view.state == "draining"
+    # + one step moving the sequence from prefill to decoding (worker/batch.py)
+    assert status.steps == prefill_chunks + 1 + 9 and status.view.state == "draining"
 
 
 def test_cancel_of_the_active_request_lands_at_the_next_step(engine):
@@ -132,18 +134,23 @@ def test_request_error_gives_error_then_done(engine):
 
 
 def test_exception_inside_generation_is_contained(engine, monkeypatch, caplog):
-    real = engine.generate
+    real = engine.decoding
 
     def broken(prep):
+        decoding = real(prep)
         if prep.gen.rid == "a":
-            for out in real(prep):
-                yield out
-                if out is not None:  # one token out, then fail
-                    break
-            raise RuntimeError("boom: secret internals")
-        yield from real(prep)
+            feed, fed = decoding.feed, []
 
-    monkeypatch.setattr(engine, "generate", broken)
+            def one_token_then_boom(tok, row):
+                if fed:
+                    raise RuntimeError("boom: secret internals")
+                fed.append(tok)
+                return feed(tok, row)
+
+            decoding.feed = one_token_then_boom
+        return decoding
+
+    monkeypatch.setattr(engine, "decoding", broken)
     link, _ = serve(engine, [generate(rid="a", prompt="Hi", max_tokens=5),
                              generate(rid="b", prompt="Hi", max_tokens=2)])
     kinds = link.kinds("a")

@@ -50,6 +50,7 @@ class ChatRequest(CommonParams):
                                 top_logprobs=self.top_logprobs,
                                 reasoning_effort=self.reasoning_effort),
             template_kwargs=self.template_kwargs,
+            cache_key=self.prompt_cache_key,
         )
 
 

@@ -42,6 +42,7 @@ class CompletionRequest(CommonParams):
             output=build.output((), tooling.ToolChoice(), tooling.ResponseFormat(),
                                 stop=self.stop, logprobs=self.logprobs is not None,
                                 top_logprobs=self.logprobs or 0),
+            cache_key=self.prompt_cache_key,
         )
 
 

@@ -76,6 +76,7 @@ class ResponsesRequest:
             output=build.output(self.tools, self.tool_choice, self.text_format,
                                 parallel_tool_calls=self.parallel_tool_calls,
                                 reasoning_effort=self.reasoning_effort),
+            cache_key=self.prompt_cache_key,
         )
 
 

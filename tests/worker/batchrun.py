@@ -1,0 +1,60 @@
+"""Run prepared requests through the real batch (worker/batch.py) in-process, for tests.
+
+The worker's scheduler does the same with commands, Deltas and Done around it; these
+helpers drive `Batch.step` directly, so a test sees each sequence's step outcomes:
+`(token, text, finish, extra)` (worker/decoding.py), or the exception that ended it.
+"""
+
+from __future__ import annotations
+
+from worker.batch import Batch, KVSize
+from worker.prefix_cache import PrefixCache
+
+
+class Seq:
+    """What the batch needs of the scheduler's Sequence."""
+
+    def __init__(self, name):
+        self.rid = name
+        self.uid = None
+
+
+def make_batch(engine, *, max_size: int = 8, prefill_batch: int = 8, kv_budget: int = 1 << 30,
+               prefix: PrefixCache | None = None, max_kv_size: int | None = None) -> Batch:
+    return Batch(engine, max_size=max_size, prefill_step=engine.prefill_step,
+                 prefill_batch=prefill_batch, kv_budget=kv_budget, prefix=prefix,
+                 kv=KVSize.measure(engine.model, max_kv_size), max_kv_size=max_kv_size)
+
+
+def steps(engine, prep, batch: Batch | None = None):
+    """One request alone: None for each step that produced no token, then its outcomes.
+    An exception that ended it is raised."""
+    batch = batch or make_batch(engine)
+    seq = Seq("alone")
+    batch.add(seq, prep)
+    while batch.members:
+        results = batch.step()
+        if not results:
+            yield None
+        for _, out in results:
+            if isinstance(out, Exception):
+                raise out
+            yield out
+
+
+def run_all(batch: Batch, preps: dict, join: dict | None = None) -> dict:
+    """Several requests in one batch, run to the end: {name: [outcomes]}. `join` maps a
+    name to the number of steps to run before it joins (default: at once)."""
+    join = join or {}
+    seqs = {name: Seq(name) for name in preps}
+    out = {name: [] for name in preps}
+    waiting = sorted(preps, key=lambda n: join.get(n, 0))
+    step = 0
+    while waiting or batch.members:
+        while waiting and join.get(waiting[0], 0) <= step:
+            name = waiting.pop(0)
+            batch.add(seqs[name], preps[name])
+        for seq, outcome in batch.step():
+            out[seq.rid].append(outcome)
+        step += 1
+    return out

@@ -1,0 +1,171 @@
+"""Continuous batching in-process (worker/batch.py) on the tiny float32 model: a request in
+a batch gives what it gives alone, whatever joins, leaves or is prefilled beside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.messages import pack_ids
+from tests.generates import generate
+from tests.worker.batchrun import make_batch, run_all, steps
+
+PROMPTS = {
+    "a": "Once upon a time there was a little model",
+    "b": "Hi",
+    "c": "The quick brown fox jumps over the lazy dog, and then it runs away",
+    "d": "word " * 40,
+}
+
+
+def gen(name: str, **kw):
+    kw.setdefault("max_tokens", 24)
+    kw.setdefault("temperature", 0.0)
+    return generate(rid=name, prompt=PROMPTS[name], **kw)
+
+
+def tokens(outcomes) -> list[int]:
+    return [o[0] for o in outcomes if o[0] >= 0]
+
+
+def text(outcomes) -> str:
+    return "".join(o[1] for o in outcomes)
+
+
+def alone(engine, g):
+    return [o for o in steps(engine, engine.prepare(g)) if o is not None]
+
+
+def test_greedy_in_a_batch_equals_each_request_alone(engine):
+    preps = {n: engine.prepare(gen(n)) for n in PROMPTS}
+    together = run_all(make_batch(engine), preps)
+    for name in PROMPTS:
+        solo = alone(engine, gen(name))
+        assert tokens(together[name]) == tokens(solo), name
+        assert text(together[name]) == text(solo)
+        assert together[name][-1][2] == solo[-1][2] == "length"
+
+
+def test_a_request_joining_mid_batch_equals_itself_alone(engine):
+    preps = {n: engine.prepare(gen(n, max_tokens=30)) for n in ("a", "c")}
+    together = run_all(make_batch(engine), preps, join={"c": 9})
+    for name in ("a", "c"):
+        assert tokens(together[name]) == tokens(alone(engine, gen(name, max_tokens=30)))
+
+
+def test_cancelling_one_of_four_leaves_the_others_intact(engine):
+    batch = make_batch(engine)
+    preps = {n: engine.prepare(gen(n)) for n in PROMPTS}
+    seqs = {}
+    from tests.worker.batchrun import Seq
+
+    for name, prep in preps.items():
+        seqs[name] = Seq(name)
+        batch.add(seqs[name], prep)
+    out = {n: [] for n in PROMPTS}
+    for _ in range(8):
+        for seq, o in batch.step():
+            out[seq.rid].append(o)
+    assert out["b"], "b was running"
+    batch.remove(seqs["b"])
+    assert len(batch) == 3 and batch.reserved == sum(batch.need(preps[n]) for n in "acd")
+    while batch.members:
+        for seq, o in batch.step():
+            out[seq.rid].append(o)
+    assert out["b"][-1][2] is None  # it never finished: it left
+    for name in "acd":
+        assert tokens(out[name]) == tokens(alone(engine, gen(name))), name
+
+
+def test_stop_strings_and_grammars_are_per_sequence(engine):
+    """A stop string cuts one sequence, a JSON schema shapes another, a third is plain:
+    each as alone, in one batch."""
+    plain = alone(engine, gen("a", max_tokens=40))
+    words = text(plain).split()
+    stop = next(w for w in words[2:] if len(w) > 2)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    requests = {
+        "a": gen("a", max_tokens=40, stop=[stop]),
+        "b": generate(rid="b", messages=[{"role": "user", "content": "JSON please"}],
+                      max_tokens=120, temperature=0.0, response_format="json_schema",
+                      json_schema=schema),
+        "c": gen("c", max_tokens=40),
+    }
+    together = run_all(make_batch(engine), {n: engine.prepare(g) for n, g in requests.items()})
+    for name, g in requests.items():
+        solo = alone(engine, g)
+        assert text(together[name]) == text(solo), name
+        assert together[name][-1][2] == solo[-1][2]
+    assert stop not in text(together["a"]) and together["a"][-1][2] == "stop"
+    import json
+
+    assert together["b"][-1][2] == "stop"  # the grammar completed
+    assert isinstance(json.loads(text(together["b"]))["ok"], bool)
+
+
+def test_seeded_requests_reproduce_their_solo_output_in_a_batch(engine):
+    requests = {n: gen(n, temperature=1.0, seed=seed, max_tokens=20)
+                for n, seed in (("a", 7), ("c", 11), ("d", -3))}
+    together = run_all(make_batch(engine), {n: engine.prepare(g) for n, g in requests.items()})
+    for name, g in requests.items():
+        assert tokens(together[name]) == tokens(alone(engine, g)), name
+    # Different seeds, different samples (the key is per sequence, not shared).
+    assert tokens(together["a"]) != tokens(alone(engine, gen("a", temperature=1.0, seed=8,
+                                                            max_tokens=20)))
+
+
+def test_logprobs_in_a_batch_match_alone(engine):
+    g = gen("c", max_tokens=12, logprobs=True, top_logprobs=3)
+    preps = {"c": engine.prepare(g), "a": engine.prepare(gen("a")), "d": engine.prepare(gen("d"))}
+    together = run_all(make_batch(engine), preps)["c"]
+    solo = alone(engine, g)
+    for mine, ref in zip(together, solo):
+        assert mine[0] == ref[0]
+        if ref[3] is not None and ref[3].logprob is not None:
+            assert mine[3].logprob == pytest.approx(ref[3].logprob, abs=1e-4)
+            assert [t for t, _ in mine[3].top] == [t for t, _ in ref[3].top]
+            assert mine[3].top[0][0] == mine[0]  # greedy: the best is the one taken
+
+
+def test_a_long_prefill_does_not_stall_running_streams(engine):
+    """Each step decodes every running stream and prefills ONE chunk of a new prompt:
+    the stream gets a token at every step while 1500 prompt tokens go in."""
+    batch = make_batch(engine, prefill_batch=1)
+    from tests.worker.batchrun import Seq
+
+    running, long = Seq("run"), Seq("long")
+    batch.add(running, engine.prepare(gen("a", max_tokens=200)))
+    while not batch.step():
+        pass  # until the stream decodes
+    long_prep = engine.prepare(generate(rid="long", prompt_ids=pack_ids([10 + i % 1000 for i in range(1500)]),
+                                        max_tokens=2, temperature=0.0))
+    batch.add(long, long_prep)
+    chunks = -(-1499 // engine.prefill_step)
+    first_long = None
+    for i in range(chunks + 3):
+        produced = {seq.rid for seq, _ in batch.step()}
+        assert "run" in produced, f"step {i}: the running stream got no token"
+        if "long" in produced and first_long is None:
+            first_long = i
+    assert first_long is not None and first_long >= chunks  # it was prefilled in chunks
+
+
+def test_the_kv_budget_bounds_what_joins(engine):
+    """Each sequence reserves the KV of its prompt plus its token budget; the next one
+    waits while the sum would pass the budget, and one alone always runs."""
+    probe = make_batch(engine)
+    p1, p2 = engine.prepare(gen("a", max_tokens=100)), engine.prepare(gen("c", max_tokens=100))
+    need = probe.need(p1)
+    assert need == probe.kv.of(len(p1.ids) + 100) > 0
+    batch = make_batch(engine, kv_budget=need + probe.need(p2) - 1)
+    from tests.worker.batchrun import Seq
+
+    assert batch.fits(p1)
+    batch.add(Seq("1"), p1)
+    assert not batch.fits(p2)  # one byte short
+    roomy = make_batch(engine, kv_budget=need + probe.need(p2))
+    roomy.add(Seq("1"), p1)
+    assert roomy.fits(p2)
+    full = make_batch(engine, max_size=1)
+    full.add(Seq("1"), p1)
+    assert not full.fits(p2)  # no free slot

@@ -1,0 +1,257 @@
+"""Continuous batching: every running sequence advances in one batched step.
+
+Built on mlx-lm's `BatchGenerator` (its batched KV caches, chunked prefill, one step in
+flight with `mx.async_eval`, per-sequence samplers, logits processors, stop tokens and
+token budgets). New sequences join at step boundaries; each `step()` is one decode step
+for the sequences generating and ONE prefill chunk (at most `prefill_batch` prompts ×
+`prefill_step` tokens) for those being prefilled, so a long prompt never stalls the
+streams already running for longer than one chunk.
+
+What this module adds around it:
+- admission against the KV budget: each sequence reserves the KV bytes of its prompt
+  plus its token budget (`KVSize`); one that would overflow what is running waits
+  (FIFO: the scheduler admits in order and stops at the first that does not fit). The
+  worker caps its context so that one sequence alone always fits
+  (worker/__main__.py), so nothing waits forever;
+- the prompt-prefix cache (worker/prefix_cache.py): a sequence starts from the longest
+  cached prefix of its prompt; the batch stores the state at the end of each prompt
+  (only for models whose cache cannot be trimmed: for the others the final state,
+  trimmed, serves the same prompts) and at the end of each sequence;
+- per-sequence output (worker/decoding.py), and removal on cancel, stop strings and
+  grammar completion, which mlx-lm's batch does not know about.
+
+A step that raises cannot be pinned on one sequence: the scheduler fails every sequence
+of the batch and starts a new one (`reset`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+from protocol.messages import CacheStats
+from worker.decoding import Decoding
+from worker.prefix_cache import PrefixCache
+
+log = logging.getLogger("worker.batch")
+
+# Non-trimmable caches (recurrent layers) can only be reused from a snapshot taken
+# exactly at a prefix; long prompts get one every this many tokens, so a prompt that
+# shares only the first part of a long earlier one still finds a recent snapshot.
+SNAPSHOT_EVERY = 4096
+
+
+@dataclass
+class KVSize:
+    """KV memory of one sequence: a fixed part (recurrent state) plus a part per token
+    (attention keys and values), up to `window` tokens for a rotating cache."""
+    per_token: float
+    per_sequence: int = 0
+    window: Optional[int] = None
+
+    def of(self, tokens: int) -> int:
+        if self.window is not None:
+            tokens = min(tokens, self.window)
+        return int(self.per_sequence + self.per_token * tokens)
+
+    def tokens_within(self, nbytes: int) -> int:
+        """The longest sequence whose KV fits in `nbytes` (any, for a rotating cache)."""
+        if self.per_token <= 0 or (self.window is not None and self.of(self.window) <= nbytes):
+            return 1 << 62 if nbytes >= self.per_sequence else 0
+        return max(0, int((nbytes - self.per_sequence) // self.per_token))
+
+    @classmethod
+    def measure(cls, model, window: Optional[int] = None) -> "KVSize":
+        """From the shapes of a cache after a one-token forward pass: attention layers
+        hold (batch, heads, allocated tokens, dim) keys and values; anything else
+        (recurrent state) is per sequence."""
+        cache = make_prompt_cache(model)
+        model(mx.array([[0]]), cache=cache)
+        mx.eval([c.state for c in cache])
+        per_token, fixed = 0.0, 0
+        for layer in _flat(cache):
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if keys is not None and values is not None:
+                arrays = [*keys, *values] if isinstance(keys, (tuple, list)) else [keys, values]
+                per_token += sum(a.nbytes for a in arrays) / arrays[0].shape[2]
+            else:
+                fixed += layer.nbytes
+        return cls(per_token, fixed, window)
+
+
+def _flat(cache):
+    for c in cache:
+        inner = getattr(c, "caches", None)
+        if inner is not None:
+            yield from _flat(inner)
+        else:
+            yield c
+
+
+@dataclass
+class Member:
+    """A sequence in the batch."""
+    seq: Any                    # the scheduler's Sequence
+    decoding: Decoding
+    namespace: str              # prefix-cache namespace
+    ids: list                   # the prompt
+    reserved: int               # KV bytes reserved
+    snapshots: list = field(default_factory=list)  # prompt lengths to snapshot at, in order
+
+
+class Batch:
+    def __init__(self, engine, *, max_size: int, prefill_step: int, prefill_batch: int,
+                 kv_budget: int, prefix: Optional[PrefixCache], kv: KVSize,
+                 max_kv_size: Optional[int] = None):
+        self.engine = engine
+        self.max_size = max(1, max_size)
+        self.prefill_step = prefill_step
+        self.prefill_batch = max(1, min(prefill_batch, self.max_size))
+        self.kv_budget = kv_budget
+        self.prefix = prefix
+        self.kv = kv
+        self.max_kv_size = max_kv_size
+        # A rotating cache trims only until it wraps: treat it as untrimmable (snapshots).
+        self.trimmable = (max_kv_size is None
+                          and can_trim_prompt_cache(make_prompt_cache(engine.model)))
+        self.members: dict[int, Member] = {}
+        self.reserved = 0
+        self.gen = self._new_generator()
+
+    def _new_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.engine.model, stop_tokens=[[t] for t in self.engine.eos],
+            completion_batch_size=self.max_size, prefill_batch_size=self.prefill_batch,
+            prefill_step_size=self.prefill_step, max_kv_size=self.max_kv_size,
+            stream=generation_stream)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    # ---- admission -------------------------------------------------------------------
+
+    def need(self, prep) -> int:
+        return self.kv.of(len(prep.ids) + self.engine.budget(prep))
+
+    def fits(self, prep) -> bool:
+        """Room for `prep` now: a free slot and its KV within the budget (a sequence
+        alone always fits: the context is capped to the budget)."""
+        if len(self.members) >= self.max_size:
+            return False
+        return not self.members or self.reserved + self.need(prep) <= self.kv_budget
+
+    def add(self, seq, prep) -> int:
+        """Start `prep` (after `fits`); returns the prompt tokens the prefix cache
+        supplied."""
+        engine, ids = self.engine, prep.ids
+        decoding = engine.decoding(prep)
+        namespace = prep.gen.cache_key or ""
+        hit = self.prefix.fetch(namespace, ids) if self.prefix is not None else None
+        cached = hit.tokens if hit is not None else 0
+        snapshots = []  # prompt lengths at which to keep the state (see the docstring)
+        if self.prefix is not None and not self.trimmable:
+            snapshots = [n for n in range(SNAPSHOT_EVERY, len(ids) - 1, SNAPSHOT_EVERY)
+                         if n > cached]
+            if len(ids) - 1 > cached:
+                snapshots.append(len(ids) - 1)  # the prompt but its last token
+        bounds = [cached] + snapshots + [len(ids)]
+        segments = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+        processors = engine.processors(prep)
+        if decoding.grammar is not None:
+            processors.append(decoding.grammar)
+        (uid,) = self.gen.insert_segments(
+            segments=[segments], max_tokens=[decoding.budget],
+            caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
+            samplers=[engine.sampler(prep)], logits_processors=[processors])
+        reserved = self.need(prep)
+        self.members[uid] = Member(seq, decoding, namespace, ids, reserved, snapshots)
+        self.reserved += reserved
+        seq.uid = uid
+        self._bound_prefix()
+        return cached
+
+    def _bound_prefix(self) -> None:
+        """The prefix cache gives way to running sequences: together they stay within
+        the KV budget."""
+        if self.prefix is not None:
+            self.prefix.trim_to(min(self.prefix.max_bytes, self.kv_budget - self.reserved))
+
+    # ---- stepping --------------------------------------------------------------------
+
+    def step(self) -> list:
+        """One batched step: [(seq, outcome)] for each sequence that produced a token,
+        where outcome is `Decoding.feed`'s tuple or the exception it raised (the
+        sequence is then out of the batch). Raises if the step itself failed."""
+        prompt_responses, token_responses = self.gen.next()
+        for r in prompt_responses:
+            if r.end_of_segment and not r.end_of_prompt:
+                self._snapshot(r.uid)
+        results = []
+        for r in token_responses:
+            m = self.members.get(r.uid)
+            if m is None:
+                continue
+            try:
+                out = m.decoding.feed(r.token, r.logprobs)
+            except Exception as e:
+                self._leave(r.uid, r.finish_reason is None, store=False)
+                results.append((m.seq, e))
+                continue
+            if out[2] is not None:  # finished
+                if r.finish_reason is not None:  # mlx-lm ended it (EOS, length)
+                    self._store(m, r.all_tokens, r.prompt_cache)
+                    self._leave(r.uid, in_gen=False, store=False)
+                else:  # a stop string or a complete grammar: mlx-lm does not know
+                    self._leave(r.uid, in_gen=True, store=True)
+            results.append((m.seq, out))
+        return results
+
+    def _snapshot(self, uid: int) -> None:
+        """The end of a prompt segment: keep the state for later prompts."""
+        m = self.members.get(uid)
+        if m is None or self.prefix is None or not m.snapshots:
+            return
+        m.snapshots.pop(0)
+        for cache, tokens in self.gen.extract_cache([uid]).values():
+            self.prefix.store(m.namespace, list(tokens), cache)
+        self._bound_prefix()
+
+    def _store(self, m: Member, tokens, cache) -> None:
+        if self.prefix is not None and tokens and cache:
+            self.prefix.store(m.namespace, list(tokens), cache)
+            self._bound_prefix()
+
+    def remove(self, seq) -> None:
+        """Drop a sequence (cancelled, failed): at once, whatever stage it is in."""
+        uid = getattr(seq, "uid", None)
+        if uid in self.members:
+            self._leave(uid, in_gen=True, store=False)
+
+    def _leave(self, uid: int, in_gen: bool, store: bool) -> None:
+        m = self.members.pop(uid)
+        self.reserved -= m.reserved
+        if in_gen:
+            caches = self.gen.remove([uid], return_prompt_caches=store)
+            if store:
+                for cache, tokens in caches.values():
+                    self._store(m, tokens, cache)
+
+    def reset(self) -> list:
+        """After a failed step: a fresh generator; returns the sequences that were in it."""
+        seqs = [m.seq for m in self.members.values()]
+        self.members.clear()
+        self.reserved = 0
+        self.gen.close()
+        self.gen = self._new_generator()
+        return seqs
+
+    def cache_stats(self) -> Optional[CacheStats]:
+        return CacheStats(**self.prefix.stats()) if self.prefix is not None else None
+
+    def close(self) -> None:
+        self.gen.close()

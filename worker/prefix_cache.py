@@ -1,0 +1,201 @@
+"""The prompt-prefix cache: KV states of earlier prompts, reused by the next prompt that
+starts with the same tokens.
+
+A coding agent sends its whole conversation every turn (20K tokens and more), each turn
+the previous one plus a little; re-prefilling it costs seconds to minutes. The worker
+stores the KV state it holds at the end of each prompt (a snapshot, taken by the batch at
+the end of the prompt's first segment: worker/batch.py) and at the end of each generation
+(prompt + output), and a new prompt starts from the longest stored prefix of its tokens.
+
+Two kinds of state, one rule each:
+- Trimmable caches (attention KV, quantized KV, a rotating cache that has not wrapped):
+  an entry that shares only part of the new prompt is copied and trimmed back to the
+  shared tokens. So one entry per conversation suffices: storing a trimmable entry drops
+  the entries that are its prefixes.
+- Caches that cannot be trimmed (the recurrent state of GatedDeltaNet / Mamba layers in
+  hybrid models, a rotating cache that wrapped): only an entry whose tokens are all a
+  prefix of the new prompt can be used. The snapshot taken at the end of each prompt is
+  that prefix for the next turn, which extends the previous prompt; so these entries are
+  never dropped for being prefixes.
+
+Entries live in mlx-lm's token trie (`PromptTrie`), namespaced: by the request's
+`prompt_cache_key` when it gives one, else one shared namespace. A worker serves one
+model, so entries never cross models. Bounded by bytes (least recently used first out)
+and by age (`ttl`, seconds since last use). An entry whose state does not hold the
+tokens it claims (its offset disagrees) is dropped and counted as a miss: recomputing is
+always right, reusing a wrong state never is.
+
+Only the MLX thread touches this (it holds MLX arrays); the figures in `stats()` are
+plain ints the status publisher copies.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from mlx_lm.models.cache import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
+
+log = logging.getLogger("worker.prefix_cache")
+
+
+@dataclass
+class Entry:
+    cache: list          # the model's per-layer cache objects, holding `len(tokens)` tokens
+    nbytes: int
+    trimmable: bool
+    used_at: float
+
+
+@dataclass
+class Hit:
+    cache: list          # a private copy, ready to be extended by the batch
+    tokens: int          # prompt tokens it covers
+
+
+def cache_tokens(cache: list) -> Optional[int]:
+    """How many tokens a cache says it holds (None: a state without a position, such as
+    a recurrent layer's; the attention layers beside it say)."""
+    for c in cache:
+        offset = getattr(c, "offset", None)
+        if isinstance(offset, int):
+            return offset
+    return None
+
+
+def cache_nbytes(cache: list) -> int:
+    return sum(c.nbytes for c in cache)
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int, ttl: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.max_bytes = max_bytes
+        self.ttl = ttl                      # seconds unused before an entry expires; 0: never
+        self._clock = clock
+        self._trie = PromptTrie()
+        self._lru: OrderedDict[tuple, Entry] = OrderedDict()  # (ns, tokens) → entry, LRU first
+        self.nbytes = 0
+        self.hits = self.misses = self.tokens_reused = 0
+        self.evictions = self.expirations = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    # ---- lookups ---------------------------------------------------------------------
+
+    def fetch(self, namespace: str, tokens: list[int]) -> Optional[Hit]:
+        """A copy of the state of the longest usable stored prefix of `tokens`, leaving
+        at least the last token to be fed (its logits start the generation)."""
+        self.expire()
+        want = tokens[:-1]
+        hit = self._find(namespace, want) if want and self._lru else None
+        if hit is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.tokens_reused += hit.tokens
+        return hit
+
+    def _find(self, ns: str, want: list[int]) -> Optional[Hit]:
+        found = self._trie.search(ns, want)
+        if found.exact is not None:
+            return self._use(ns, found.exact, len(found.exact))
+        shorter = len(found.shorter) if found.shorter is not None else 0
+        if found.longer is not None and found.common_prefix > shorter:
+            entry = self._lru.get((ns, tuple(found.longer)))
+            if entry is not None and entry.trimmable:
+                return self._use(ns, found.longer, found.common_prefix)
+        if shorter:
+            return self._use(ns, found.shorter, shorter)
+        return None
+
+    def _use(self, ns: str, key_tokens: list[int], n: int) -> Optional[Hit]:
+        """A copy of the entry for `key_tokens`, trimmed to its first `n` tokens; None
+        (and the entry dropped) if its state is not what it claims."""
+        key = (ns, tuple(key_tokens))
+        entry = self._lru[key]
+        cache = copy.deepcopy(entry.cache)
+        extra = len(key_tokens) - n
+        if extra and trim_prompt_cache(cache, extra) != extra:
+            cache = None
+        held = cache_tokens(cache) if cache is not None else -1
+        if cache is None or (held is not None and held != n):
+            log.warning("dropped a prompt-cache entry whose state disagrees with its tokens "
+                        "(%s tokens held, %d expected)", held, n)
+            self._remove(key)
+            return None
+        entry.used_at = self._clock()
+        self._lru.move_to_end(key)
+        return Hit(cache, n)
+
+    # ---- storing ---------------------------------------------------------------------
+
+    def store(self, namespace: str, tokens: list[int], cache: list) -> bool:
+        """Keep `cache` (which holds exactly `tokens`) for later prompts. Returns False
+        when it was not kept (inconsistent, or larger than the whole budget)."""
+        if not tokens or not cache:
+            return False
+        held = cache_tokens(cache)
+        if held is not None and held != len(tokens):
+            log.warning("did not cache a state holding %d tokens for %d tokens", held,
+                        len(tokens))
+            return False
+        nbytes = cache_nbytes(cache)
+        if nbytes > self.max_bytes:
+            return False
+        key = (namespace, tuple(tokens))
+        if key in self._lru:
+            self._remove(key)
+        trimmable = can_trim_prompt_cache(cache)
+        self._trie.add(namespace, tokens, True)
+        if trimmable:
+            # This entry serves every prompt its prefixes served (trimmed): drop them.
+            for n, _ in self._trie.pop_prefixes(namespace, tokens):
+                old = self._lru.pop((namespace, tuple(tokens[:n])), None)
+                if old is not None:
+                    self.nbytes -= old.nbytes
+        self._lru[key] = Entry(cache, nbytes, trimmable, self._clock())
+        self.nbytes += nbytes
+        self.trim_to(self.max_bytes)
+        return True
+
+    # ---- bounds ----------------------------------------------------------------------
+
+    def trim_to(self, max_bytes: int) -> None:
+        """Drop least recently used entries until at most `max_bytes` are held."""
+        while self.nbytes > max(0, max_bytes) and self._lru:
+            self._remove(next(iter(self._lru)))
+            self.evictions += 1
+
+    def expire(self) -> None:
+        if self.ttl <= 0:
+            return
+        limit = self._clock() - self.ttl
+        while self._lru:
+            key, entry = next(iter(self._lru.items()))
+            if entry.used_at > limit:
+                break
+            self._remove(key)
+            self.expirations += 1
+
+    def clear(self) -> None:
+        while self._lru:
+            self._remove(next(iter(self._lru)))
+
+    def _remove(self, key: tuple) -> None:
+        entry = self._lru.pop(key)
+        self.nbytes -= entry.nbytes
+        try:
+            self._trie.pop(key[0], list(key[1]))
+        except KeyError:  # already gone with a prefix sweep
+            pass
+
+    def stats(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "tokens_reused": self.tokens_reused,
+                "bytes": self.nbytes, "entries": len(self._lru), "evictions": self.evictions,
+                "expirations": self.expirations}
