@@ -245,6 +245,10 @@ SETTINGS: tuple[Setting, ...] = (
       "limit)", worker=True),
     S("max_kv_size", INT, None, "a rotating KV cache of this many tokens per sequence (the "
       "oldest tokens are dropped; default: the whole context)", worker=True),
+    # Refused by the worker with a clear message: mlx-lm's batch has no quantized cache.
+    S("kv_bits", INT, None, "quantized KV cache bits: not available yet (mlx-lm's batched "
+      "generation has no quantized batch cache); a worker given it refuses to load",
+      worker=True),
     # Decode steps that come faster than this travel (and stream) together: one message and
     # one SSE chunk per interval instead of per token. Real models on Apple Silicon take
     # longer than this per token, so for them every token still goes out at once.

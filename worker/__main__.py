@@ -148,6 +148,10 @@ def _make_batch(engine, args):
     from worker.models import LoadError
     from worker.prefix_cache import PrefixCache
 
+    if args.kv_bits is not None:
+        raise LoadError("--kv-bits: a quantized KV cache cannot combine with continuous "
+                        "batching yet (mlx-lm's BatchGenerator has no quantized batch cache); "
+                        "leave --kv-bits unset")
     kv = KVSize.measure(engine.model, args.max_kv_size)
     fits = kv.tokens_within(args.kv_budget)
     if fits < 2:

@@ -107,7 +107,7 @@ class Member:
 class Batch:
     def __init__(self, engine, *, max_size: int, prefill_step: int, prefill_batch: int,
                  kv_budget: int, prefix: Optional[PrefixCache], kv: KVSize,
-                 max_kv_size: Optional[int] = None):
+                 max_kv_size: Optional[int] = None, snapshot_every: int = SNAPSHOT_EVERY):
         self.engine = engine
         self.max_size = max(1, max_size)
         self.prefill_step = prefill_step
@@ -116,6 +116,7 @@ class Batch:
         self.prefix = prefix
         self.kv = kv
         self.max_kv_size = max_kv_size
+        self.snapshot_every = snapshot_every
         # A rotating cache trims only until it wraps: treat it as untrimmable (snapshots).
         self.trimmable = (max_kv_size is None
                           and can_trim_prompt_cache(make_prompt_cache(engine.model)))
@@ -155,8 +156,8 @@ class Batch:
         cached = hit.tokens if hit is not None else 0
         snapshots = []  # prompt lengths at which to keep the state (see the docstring)
         if self.prefix is not None and not self.trimmable:
-            snapshots = [n for n in range(SNAPSHOT_EVERY, len(ids) - 1, SNAPSHOT_EVERY)
-                         if n > cached]
+            every = self.snapshot_every
+            snapshots = [n for n in range(every, len(ids) - 1, every) if n > cached]
             if len(ids) - 1 > cached:
                 snapshots.append(len(ids) - 1)  # the prompt but its last token
         bounds = [cached] + snapshots + [len(ids)]

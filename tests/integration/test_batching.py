@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import shutil
+import time
 
 import httpx
 import openai
@@ -73,10 +74,26 @@ def test_a_repeated_prompt_reports_its_cached_tokens_and_answers_the_same(server
                   {"role": "assistant", "content": cold.choices[0].message.content},
                   {"role": "user", "content": "And a prefix?"}])
     assert turn2.usage.prompt_tokens_details.cached_tokens >= cold.usage.prompt_tokens - 2
-    metrics = httpx.get(server.url + "/metrics", timeout=10).text
-    hits = [line for line in metrics.splitlines()
-            if line.startswith("mlxd_prompt_cache_hits_total{")]
-    assert hits and float(hits[0].rsplit(" ", 1)[1]) >= 2
+    # The figures come with the worker's heartbeats (about one a second).
+    deadline = time.monotonic() + 10
+    while True:
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        lines = [l for l in metrics.splitlines()
+                 if l.startswith("mlxd_prompt_cache_tokens_reused_total{")]
+        if (lines and float(lines[0].rsplit(" ", 1)[1]) >= 2 * cached
+                or time.monotonic() > deadline):
+            break
+        time.sleep(0.2)
+
+    def value(name):
+        (line,) = [l for l in metrics.splitlines() if l.startswith(name + "{")]
+        return float(line.rsplit(" ", 1)[1])
+
+    assert value("mlxd_prompt_cache_hits_total") >= 2
+    assert value("mlxd_prompt_cache_misses_total") >= 1
+    assert value("mlxd_prompt_cache_tokens_reused_total") >= 2 * cached
+    assert value("mlxd_prompt_cache_bytes") > 0 and value("mlxd_prompt_cache_entries") >= 1
+    assert value("mlxd_prompt_cache_evictions_total") >= 0
 
 
 def test_the_responses_api_reports_cached_input_tokens(server, client, model_id):

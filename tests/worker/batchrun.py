@@ -20,10 +20,11 @@ class Seq:
 
 
 def make_batch(engine, *, max_size: int = 8, prefill_batch: int = 8, kv_budget: int = 1 << 30,
-               prefix: PrefixCache | None = None, max_kv_size: int | None = None) -> Batch:
+               prefix: PrefixCache | None = None, max_kv_size: int | None = None,
+               **kw) -> Batch:
     return Batch(engine, max_size=max_size, prefill_step=engine.prefill_step,
                  prefill_batch=prefill_batch, kv_budget=kv_budget, prefix=prefix,
-                 kv=KVSize.measure(engine.model, max_kv_size), max_kv_size=max_kv_size)
+                 kv=KVSize.measure(engine.model, max_kv_size), max_kv_size=max_kv_size, **kw)
 
 
 def steps(engine, prep, batch: Batch | None = None):

@@ -130,3 +130,19 @@ def test_a_rotating_cache_is_reused_from_its_prompt_snapshot(engine):
     assert warm == cold
     assert cold == run_one(make_batch(engine, max_kv_size=64), engine,
                            ids_gen(prompt, max_tokens=30))[1]
+
+
+def test_long_prompts_leave_snapshots_along_the_way(engine):
+    """An untrimmable state is snapshotted every `snapshot_every` prompt tokens, so a
+    prompt sharing only the first part of a long one still starts from the last
+    snapshot inside the shared part."""
+    cache = PrefixCache(1 << 30)
+    batch = make_batch(engine, prefix=cache, max_kv_size=64, snapshot_every=100)
+    long = [10 + (i * 13) % 900 for i in range(350)]
+    run_one(batch, engine, ids_gen(long, max_tokens=4))
+    assert len(cache) == 5  # at 100, 200, 300, 349 (the prompt but its last token), the end
+    branch = long[:250] + [7, 8, 9]
+    cached, out = run_one(batch, engine, ids_gen(branch, max_tokens=8))
+    assert cached == 200
+    assert out == run_one(make_batch(engine, max_kv_size=64), engine,
+                          ids_gen(branch, max_tokens=8))[1]

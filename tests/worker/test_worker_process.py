@@ -292,3 +292,25 @@ def test_unknown_model_is_a_load_error(spawn):
     assert "not in the Hugging Face cache" in err.message
     assert "Traceback" not in err.message
     assert w.proc.wait(10) == 3
+
+
+def test_kv_settings_the_batch_cannot_hold_are_load_errors(spawn, tiny_model, tmp_path):
+    # A quantized KV cache: mlx-lm's batch has none.
+    w = spawn(tiny_model, "--kv-bits", "4", state_dir=tmp_path / "a")
+    err = w.recv(timeout=60)
+    assert (err.kind, err.code) == ("error", LOAD_FAILED) and "--kv-bits" in err.message
+    assert w.proc.wait(10) == 3
+    # A KV budget too small for any sequence.
+    w = spawn(tiny_model, "--kv-budget", "100", state_dir=tmp_path / "b")
+    err = w.recv(timeout=60)
+    assert (err.kind, err.code) == ("error", LOAD_FAILED) and "--kv-budget" in err.message
+    assert w.proc.wait(10) == 3
+
+
+def test_the_kv_budget_caps_the_context(spawn, tiny_model, tmp_path):
+    # The tiny model's KV: 2 layers × (keys + values) × 2 heads × 16 dims × 4 bytes = 512 B
+    # a token, so 64 KiB hold 128 tokens.
+    w = spawn(tiny_model, "--kv-budget", "64K", state_dir=tmp_path)
+    ready, before = w.wait_for("ready", timeout=60)
+    assert ready.context_length == 128
+    assert "context capped at 128 tokens" in w.stderr_text()
