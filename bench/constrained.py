@@ -42,17 +42,20 @@ def tools(n: int, tag: str = "") -> list:
             "required": ["query"]}}} for i in range(n)]
 
 
-def decode_rate(engine, gen) -> tuple[float, int]:
-    prep = engine.prepare(gen)
+def decode_rate(batch, gen) -> tuple[float, int]:
+    """One request alone through the worker's batch: tokens/s between the first and last."""
+    class Seq:
+        rid, uid = gen.rid, None
+
+    batch.add(Seq(), batch.engine.prepare(gen))
     first = last = None
     n = 0
-    for out in engine.generate(prep):
-        if out is None:
-            continue
-        now = time.perf_counter()
-        first = first or now
-        last = now
-        n += out[0] >= 0
+    while batch.members:
+        for _, out in batch.step():
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            n += out[0] >= 0
     return (n - 1) / (last - first), n
 
 
@@ -68,6 +71,7 @@ def main() -> None:
     from protocol.messages import Generate, OutputSpec, SamplingParams
     from worker import models
     from worker.demo import QWEN, build_model
+    from worker.batch import Batch, KVSize
     from worker.engine import TextEngine
 
     path = Path(args.model) if args.model else build_model(
@@ -75,18 +79,20 @@ def main() -> None:
     loaded = models.load(str(path), path.parent)
     engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 512,
                         loaded.vocab_size)
-    engine.warmup()
+    batch = Batch(engine, max_size=1, prefill_step=512, prefill_batch=1, kv_budget=1 << 34,
+                  prefix=None, kv=KVSize.measure(loaded.model))
+    batch.warm()
     plain = Generate(rid="b", messages=[{"role": "user", "content": "Write notes."}],
                      sampling=SamplingParams(max_tokens=args.tokens, temperature=0.0),
                      template_kwargs={"enable_thinking": False})
     constrained = msgspec.structs.replace(plain, output=OutputSpec(
         response_format="json_schema", json_schema=SCHEMA))
-    decode_rate(engine, plain)
-    decode_rate(engine, constrained)  # warm-up; also builds the llguidance tokenizer
+    decode_rate(batch, plain)
+    decode_rate(batch, constrained)  # warm-up; also builds the llguidance tokenizer
     p_rates, c_rates = [], []
     for _ in range(args.rounds):  # alternate, so drift on a noisy machine hits both
-        p_rates.append(decode_rate(engine, plain)[0])
-        rate, n_c = decode_rate(engine, constrained)
+        p_rates.append(decode_rate(batch, plain)[0])
+        rate, n_c = decode_rate(batch, constrained)
         c_rates.append(rate)
     ratio = statistics.median(c_rates) / statistics.median(p_rates)
 

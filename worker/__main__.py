@@ -25,6 +25,9 @@ import signal
 import sys
 from protocol.settings import worker_parser
 
+# Prefill chunks grow from --prefill-step up to this (mlx-lm's own default) while steps are
+# fast (worker/batch.py ChunkSizer).
+PREFILL_LARGEST = 2048
 EXIT_LOAD_FAILED = 3
 EXIT_BROKEN = 4
 LOG_LINE_LIMIT = 2000  # characters
@@ -99,8 +102,8 @@ def main(argv=None) -> int:
         engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                             args.prefill_step, loaded.vocab_size)
         _set_wired_limit()
-        engine.warmup()
         batch = _make_batch(engine, args)
+        batch.warm()  # before Ready: the first request pays no compile
         loading[0] = False
     except Exception as e:
         loading[0] = False
@@ -144,7 +147,7 @@ def main(argv=None) -> int:
 def _make_batch(engine, args):
     """The batch the scheduler runs, its KV within --kv-budget: the context is capped to
     what the budget holds for one sequence, so that one always fits alone."""
-    from worker.batch import Batch, KVSize
+    from worker.batch import Batch, ChunkSizer, KVSize
     from worker.models import LoadError
     from worker.prefix_cache import PrefixCache
 
@@ -165,9 +168,11 @@ def _make_batch(engine, args):
     prefix = None
     if args.prompt_cache_bytes > 0:
         prefix = PrefixCache(min(args.prompt_cache_bytes, args.kv_budget), args.prompt_cache_ttl)
-    return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=args.prefill_step,
+    step = max(1, args.prefill_step)
+    return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
-                 prefix=prefix, kv=kv, max_kv_size=args.max_kv_size)
+                 prefix=prefix, kv=kv, max_kv_size=args.max_kv_size,
+                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)))
 
 
 class LogLineCap(logging.Formatter):

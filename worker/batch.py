@@ -27,14 +27,15 @@ of the batch and starts a new one (`reset`).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-from protocol.messages import CacheStats
+from protocol.messages import CacheStats, Generate, SamplingParams, pack_ids
 from worker.decoding import Decoding
 from worker.prefix_cache import PrefixCache
 
@@ -84,6 +85,13 @@ class KVSize:
         return cls(per_token, fixed, window)
 
 
+class _Warm:
+    """A stand-in for the scheduler's Sequence, for `Batch.warm`."""
+
+    def __init__(self, rid: str):
+        self.rid, self.uid = rid, None
+
+
 def _flat(cache):
     for c in cache:
         inner = getattr(c, "caches", None)
@@ -91,6 +99,32 @@ def _flat(cache):
             yield from _flat(inner)
         else:
             yield c
+
+
+class ChunkSizer:
+    """Prefill chunk size by time, not a fixed token count.
+
+    A fixed chunk is wrong on every machine but one: small on a GPU (a 512-token chunk of
+    a small model takes milliseconds, and its per-chunk overhead halves prefill speed),
+    and cancel and the running streams wait for a whole chunk however long it takes.
+    So the size doubles while a step with prefill stays under half the target time and
+    halves when it goes over, between `--prefill-step` and `largest` (mlx-lm's default
+    2048, or --prefill-step if larger): running streams wait at most about one target
+    per token, and prefill runs at the engine's speed where steps are fast."""
+
+    def __init__(self, smallest: int, largest: int, target: float = 0.1):
+        self.smallest = max(1, smallest)
+        self.largest = max(self.smallest, largest)
+        self.target = target
+        self.size = self.smallest
+
+    def observe(self, seconds: float) -> int:
+        """The size for the next step, after a step with prefill took `seconds`."""
+        if seconds < self.target / 2 and self.size < self.largest:
+            self.size = min(self.largest, self.size * 2)
+        elif seconds > self.target and self.size > self.smallest:
+            self.size = max(self.smallest, self.size // 2)
+        return self.size
 
 
 @dataclass
@@ -107,7 +141,9 @@ class Member:
 class Batch:
     def __init__(self, engine, *, max_size: int, prefill_step: int, prefill_batch: int,
                  kv_budget: int, prefix: Optional[PrefixCache], kv: KVSize,
-                 max_kv_size: Optional[int] = None, snapshot_every: int = SNAPSHOT_EVERY):
+                 max_kv_size: Optional[int] = None, snapshot_every: int = SNAPSHOT_EVERY,
+                 chunks: Optional[ChunkSizer] = None,
+                 clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.max_size = max(1, max_size)
         self.prefill_step = prefill_step
@@ -117,6 +153,8 @@ class Batch:
         self.kv = kv
         self.max_kv_size = max_kv_size
         self.snapshot_every = snapshot_every
+        self.chunks = chunks or ChunkSizer(prefill_step, prefill_step)  # default: fixed
+        self._clock = clock
         # A rotating cache trims only until it wraps: treat it as untrimmable (snapshots).
         self.trimmable = (max_kv_size is None
                           and can_trim_prompt_cache(make_prompt_cache(engine.model)))
@@ -128,8 +166,15 @@ class Batch:
         return BatchGenerator(
             self.engine.model, stop_tokens=[[t] for t in self.engine.eos],
             completion_batch_size=self.max_size, prefill_batch_size=self.prefill_batch,
-            prefill_step_size=self.prefill_step, max_kv_size=self.max_kv_size,
+            prefill_step_size=self.chunks.size, max_kv_size=self.max_kv_size,
             stream=generation_stream)
+
+    def _set_chunk(self, size: int) -> None:
+        """The prefill chunk of the next steps. BatchGenerator slices each prompt by its
+        own size and its prompt batch runs the model by ITS size (set when the generator
+        was made): both are set, so one step is one chunk."""
+        self.gen.prefill_step_size = size
+        self.gen._prompt_batch.prefill_step_size = size
 
     def __len__(self) -> int:
         return len(self.members)
@@ -188,7 +233,12 @@ class Batch:
         """One batched step: [(seq, outcome)] for each sequence that produced a token,
         where outcome is `Decoding.feed`'s tuple or the exception it raised (the
         sequence is then out of the batch). Raises if the step itself failed."""
+        t0 = self._clock()
         prompt_responses, token_responses = self.gen.next()
+        if any(not r.end_of_prompt for r in prompt_responses):  # it prefilled a chunk:
+            size = self.chunks.size                            # size the next by its time
+            if self.chunks.observe(self._clock() - t0) != size:
+                self._set_chunk(self.chunks.size)
         for r in prompt_responses:
             if r.end_of_segment and not r.end_of_prompt:
                 self._snapshot(r.uid)
@@ -250,6 +300,24 @@ class Batch:
         self.gen.close()
         self.gen = self._new_generator()
         return seqs
+
+    def warm(self, prompt_tokens: int = 48) -> None:
+        """Run two short requests through the batch (chunked prefill, batched decode, the
+        move between them) before the worker says it is ready, so the first request pays
+        no kernel compile (seconds on a GPU). Nothing of it is cached."""
+        vocab = self.engine.vocab_size
+        ids = [1 + i % (vocab - 1) for i in range(prompt_tokens)]
+        prefix, self.prefix = self.prefix, None
+        try:
+            for n, ids_ in enumerate((ids, ids[: prompt_tokens // 2])):
+                gen = Generate(rid=f"warm-{n}", prompt_ids=pack_ids(ids_),
+                               sampling=SamplingParams(max_tokens=2, temperature=0.0))
+                self.add(_Warm(gen.rid), self.engine.prepare(gen))
+            while self.members:
+                self.step()
+        finally:
+            self.prefix = prefix
+        mx.clear_cache()
 
     def cache_stats(self) -> Optional[CacheStats]:
         return CacheStats(**self.prefix.stats()) if self.prefix is not None else None

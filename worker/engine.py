@@ -199,11 +199,6 @@ class TextEngine:
             self._token_bytes[tok] = b
         return b
 
-    def warmup(self) -> None:
-        """One tiny forward pass and a sample, so the first request pays no setup."""
-        self._tiny_run(temperature=0.0, max_tokens=2)
-        mx.clear_cache()
-
     def recover(self) -> None:
         """After a request failed inside a step: drop what it may have left in MLX's
         global state, then prove that a step still runs. Raises if one does not (the

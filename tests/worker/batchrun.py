@@ -30,7 +30,7 @@ def make_batch(engine, *, max_size: int = 8, prefill_batch: int = 8, kv_budget: 
 def steps(engine, prep, batch: Batch | None = None):
     """One request alone: None for each step that produced no token, then its outcomes.
     An exception that ended it is raised."""
-    batch = batch or make_batch(engine)
+    batch = make_batch(engine) if batch is None else batch
     seq = Seq("alone")
     batch.add(seq, prep)
     while batch.members:

@@ -169,3 +169,34 @@ def test_the_kv_budget_bounds_what_joins(engine):
     full = make_batch(engine, max_size=1)
     full.add(Seq("1"), p1)
     assert not full.fits(p2)  # no free slot
+
+
+def test_prefill_chunks_grow_while_steps_are_fast_and_shrink_when_slow():
+    from worker.batch import ChunkSizer
+
+    sizer = ChunkSizer(512, 2048, target=0.1)
+    assert [sizer.observe(0.01) for _ in range(3)] == [1024, 2048, 2048]  # fast: up to the top
+    assert sizer.observe(0.07) == 2048  # between half the target and the target: kept
+    assert [sizer.observe(0.3) for _ in range(3)] == [1024, 512, 512]  # slow: back to the floor
+    fixed = ChunkSizer(64, 64)
+    assert {fixed.observe(t) for t in (0.0, 1.0)} == {64}
+
+
+def test_the_batch_prefills_in_chunks_of_the_sizers_size(engine):
+    """Injected step times: fast steps grow the chunk, so a 1000-token prompt needs fewer
+    steps than at the fixed size, and the tokens are the same."""
+    from worker.batch import ChunkSizer
+
+    g = generate(rid="p", prompt_ids=pack_ids([10 + i % 1000 for i in range(1000)]),
+                 max_tokens=4, temperature=0.0)
+    fixed = [o for o in steps(engine, engine.prepare(g), make_batch(engine))]
+    slow_clock = make_batch(engine, chunks=ChunkSizer(64, 512),
+                            clock=iter(range(10 ** 6)).__next__)
+    # The injected clock advances 1 "second" a reading: every step looks slow ...
+    slow = [o for o in steps(engine, engine.prepare(g), slow_clock)]
+    assert slow_clock.chunks.size == 64 and len(slow) == len(fixed)
+    quick = make_batch(engine, chunks=ChunkSizer(64, 512), clock=lambda: 0.0)  # ... or instant
+    grown = [o for o in steps(engine, engine.prepare(g), quick)]
+    assert quick.chunks.size == 512 and quick.gen.prefill_step_size == 512
+    assert grown.count(None) < fixed.count(None)  # fewer prefill steps
+    assert [o[0] for o in grown if o] == [o[0] for o in fixed if o]

@@ -314,3 +314,23 @@ def test_the_kv_budget_caps_the_context(spawn, tiny_model, tmp_path):
     ready, before = w.wait_for("ready", timeout=60)
     assert ready.context_length == 128
     assert "context capped at 128 tokens" in w.stderr_text()
+
+
+def test_the_worker_warms_up_before_ready_with_heartbeats_flowing(spawn, tiny_model, tmp_path):
+    """A slow first compile (here: a warm-up made to take 2 s) happens before Ready, and
+    heartbeats say "loading" all along, so the supervisor never takes it for hung."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import time, worker.batch as b\n"
+        "real = b.Batch.warm\n"
+        "def slow(self, *a, **k):\n"
+        "    time.sleep(2)\n"
+        "    return real(self, *a, **k)\n"
+        "b.Batch.warm = slow\n")
+    w = spawn(tiny_model, "--heartbeat-interval", "0.2",
+              env={"PYTHONPATH": f"{REPO}:{tmp_path}"}, state_dir=tmp_path / "state")
+    w.wait_for("ready", timeout=60)
+    loading = [h for h in w.heartbeats if h.state == "loading"]
+    assert len(loading) >= 5  # 2 s at one per 0.2 s
+    assert "Traceback" not in w.stderr_text()
+    w.send(generate(rid="first", prompt="Hi", max_tokens=3))
+    assert w.collect("first")[-1].completion_tokens == 3
