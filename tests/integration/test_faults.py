@@ -140,17 +140,18 @@ def test_queue_limits_and_timeouts(tiny_model):
             assert worker(srv)["restarts"] == 0
 
 
-def test_demo_model_serves(tmp_path):
-    with ServerProcess(["demo"], state_dir=tmp_path) as srv:
+def test_random_demo_model_serves(tmp_path):
+    with ServerProcess(["demo-random"], state_dir=tmp_path) as srv:
         body = srv.wait_healthy(timeout=180)
         assert body["workers"][0]["random_weights"] is True
         r = httpx.post(srv.url + "/v1/chat/completions", timeout=60,
-                       json={"model": "demo", "messages": [{"role": "user", "content": "hi"}],
+                       json={"model": "demo-random",
+                             "messages": [{"role": "user", "content": "hi"}],
                              "max_tokens": 4})
         assert r.status_code == 200
         listing = httpx.get(srv.url + "/v1/models").json()
-        assert listing["data"][0]["id"] == "demo"
-        assert (tmp_path / "models" / "demo").is_dir()  # built into the state directory
+        assert listing["data"][0]["id"] == "demo-random"
+        assert (tmp_path / "models" / "demo-random").is_dir()  # built into the state dir
 
 
 def test_missing_model_makes_health_say_why(tmp_path):

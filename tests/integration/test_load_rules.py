@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def world(tiny_model, tmp_path_factory):
-    """A server on `demo` whose roots are the tiny model's directory and `mine` (holding
+    """A server on `demo-random` whose roots are the tiny model's directory and `mine` (holding
     a model that cannot load), and a working copy of the tiny model outside every root."""
     base = tmp_path_factory.mktemp("load-rules")
     broken = base / "mine" / "broken"
@@ -36,7 +36,7 @@ def world(tiny_model, tmp_path_factory):
     outside = base / "outside"
     shutil.copytree(tiny_model, outside)
     (base / "state").mkdir()
-    with ServerProcess(["demo"], "--models-dir", str(tiny_model.parent),
+    with ServerProcess(["demo-random"], "--models-dir", str(tiny_model.parent),
                        "--models-dir", str(base / "mine"), state_dir=base / "state") as srv:
         srv.wait_healthy(timeout=180)
         yield srv, {"base": base, "broken": broken, "outside": outside}
@@ -52,7 +52,7 @@ def workers(srv) -> dict[str, int]:
     return {w["model"]: w["pid"] for w in body["workers"]}
 
 
-def serves(srv, model="demo") -> None:
+def serves(srv, model="demo-random") -> None:
     """The regression check after each finding: a normal request, answered at once."""
     r = chat(srv, model, timeout=5)
     assert r.status_code == 200 and r.json()["model"] == model, r.text
@@ -94,10 +94,10 @@ def test_every_spelling_of_a_model_is_one_worker(world, tiny_model):
                      f"{tiny_model.parent}/{tiny_model.name}/../{tiny_model.name}"):
         r = chat(srv, spelling, timeout=10)
         assert r.status_code == 200 and r.json()["model"] == model, r.text
-    demo_dir = srv.state_dir / "models" / "demo"
+    demo_dir = srv.state_dir / "models" / "demo-random"
     r = chat(srv, str(demo_dir), timeout=10)  # the demo by its path is the demo
-    assert r.status_code == 200 and r.json()["model"] == "demo", r.text
-    assert workers(srv) == loaded and set(loaded) >= {"demo", model}
+    assert r.status_code == 200 and r.json()["model"] == "demo-random", r.text
+    assert workers(srv) == loaded and set(loaded) >= {"demo-random", model}
     serves(srv, model)
 
 

@@ -43,7 +43,7 @@ def test_the_worker_takes_the_settings_it_always_took():
         "state_dir", "max_context_tokens", "prefill_step", "heartbeat_interval",
         "stream_interval", "log_prompts", "kv_budget", "max_batch_size",
         "prefill_batch_size", "prompt_cache_bytes", "prompt_cache_ttl", "max_kv_size",
-        "kv_bits"}
+        "kv_bits", "gguf_dtype", "quantize"}
 
 
 def worker_values(argv: list[str], parser: argparse.ArgumentParser | None = None) -> dict:

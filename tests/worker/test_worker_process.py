@@ -259,10 +259,10 @@ def test_worker_dies_with_its_parent(tiny_model, tmp_path):
 
 def test_demo_model_is_built_and_served(spawn, tmp_path):
     state = tmp_path / "demo-state"
-    w = spawn("demo", state_dir=state)
+    w = spawn("demo-random", state_dir=state)
     ready, _ = w.wait_for("ready", timeout=90)
-    assert (ready.model, ready.random_weights) == ("demo", True)
-    assert (state / "models" / "demo" / "config.json").exists()
+    assert (ready.model, ready.random_weights) == ("demo-random", True)
+    assert (state / "models" / "demo-random" / "config.json").exists()
     w.send(generate(rid="d", messages=[{"role": "user", "content": "Hi"}], max_tokens=5))
     events = w.collect("d")
     assert events[0].kind == "started" and events[-1].kind == "done"
@@ -270,8 +270,8 @@ def test_demo_model_is_built_and_served(spawn, tmp_path):
 
 
 def test_sigterm_while_loading_exits_0_and_answers_queued(spawn, tmp_path):
-    # Building the demo model in a fresh state dir takes about a second: time enough.
-    w = spawn("demo", state_dir=tmp_path / "fresh")
+    # Building the random demo model in a fresh state dir takes about a second: time enough.
+    w = spawn("demo-random", state_dir=tmp_path / "fresh")
     w.send(generate(rid="early", prompt="Hi", max_tokens=3))
     w.send(StatusRequest(qid=1))  # answered after the Generate was queued (same thread)
     status = w.recv(timeout=30)

@@ -1,0 +1,263 @@
+"""mlxd against raw mlx-lm on a GPU (CUDA, or Metal the same way), in one run.
+
+    python -m bench.gpu [--shapes 0.5b,7b] [--rounds 3] [--tokens 256]
+
+Random-weight bf16 models of the Qwen2.5-0.5B and 7B shapes are built on the spot (a
+word-level tokenizer with one word per id, so any sampled id decodes). For each shape,
+rounds alternate raw in-process mlx-lm and mlxd over HTTP (so drift hits both); a first
+round, not counted, compiles every kernel shape on both sides; each figure is the median
+of the counted rounds with its spread:
+- single-stream decode tokens/s and TTFT (a 32-token prompt);
+- aggregate decode tokens/s of 8 and 32 concurrent streams, raw: `batch_generate`;
+- a 2000-token prefill (TTFT), the prompt unseen each round;
+- a warm prefix: TTFT of the same 2000 tokens plus 16 new ones, raw: from a copy of the
+  prompt cache of the 2000 (what mlx-lm gives a caller that keeps its cache).
+Prompts are token ids (`/v1/completions` with a list of ids), so both sides run exactly
+the same tokens. Goals (issue "mlxd on MLX's CUDA backend"): single-stream >= 0.97 x raw,
+8 and 32 streams >= 0.9 x raw batch_generate, prefill >= 0.95 x raw, warm prefix TTFT
+<= 1.5 x raw's cached-prefix TTFT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import copy
+import http.client
+import json
+import statistics
+import time
+from pathlib import Path
+
+from bench.report import goal, print_table
+from bench.serverproc import ServerProcess
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+SHAPES = {
+    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=128, vocab_size=4096,
+                 tie_word_embeddings=True),
+    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
+                 tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
+               tie_word_embeddings=False),
+}
+
+
+def build(shape: str, dtype: str) -> Path:
+    """A qwen2 model of `shape` with random weights in `dtype`, reused if built."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen2
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = MODELS_DIR / f"gpu-{shape}-{dtype}"
+    if (path / "config.json").exists():
+        return path
+    arch = SHAPES[shape]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {w: i for i, w in enumerate(specials)}
+    vocab.update({f"w{i}": i for i in range(len(specials), arch["vocab_size"])})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                   additional_special_tokens=specials)
+    fast.chat_template = ("{% for m in messages %}<|im_start|> {{ m['content'] }} <|im_end|> "
+                          "{% endfor %}<|im_start|>")
+    config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], **arch,
+              "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+              "torch_dtype": dtype, "eos_token_id": 2}
+    mx.random.seed(0)
+    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    model.set_dtype(getattr(mx, dtype))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.eval(weights)
+    path.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    fast.save_pretrained(str(path))
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return path
+
+
+# ---- raw mlx-lm, in-process ------------------------------------------------------------
+
+class Raw:
+    def __init__(self, path: Path):
+        from mlx_lm import load
+
+        self.model, self.tokenizer = load(str(path))
+
+    def stream(self, ids: list[int], tokens: int, cache=None) -> tuple[float, float]:
+        """(TTFT s, decode tokens/s) of greedy stream_generate."""
+        import mlx.core as mx
+        from mlx_lm import stream_generate
+
+        t0 = time.perf_counter()
+        first = last = None
+        n = 0
+        for r in stream_generate(self.model, self.tokenizer, mx.array(ids), max_tokens=tokens,
+                                 prompt_cache=cache):
+            now = time.perf_counter()
+            first = first or now
+            last, n = now, r.generation_tokens
+        return first - t0, (n - 1) / (last - first) if n > 1 else float("nan")
+
+    def batch(self, prompts: list[list[int]], tokens: int) -> float:
+        from mlx_lm.generate import batch_generate
+
+        t0 = time.perf_counter()
+        r = batch_generate(self.model, self.tokenizer, prompts, max_tokens=tokens,
+                           return_token_ids=True)
+        return sum(len(t) for t in r.token_ids) / (time.perf_counter() - t0)
+
+    def warm_prefix(self, prefix: list[int], suffix: list[int]) -> float:
+        """TTFT of prefix + suffix from a copy of the prefix's prompt cache."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(self.model)
+        self.model(mx.array(prefix)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        return self.stream(suffix, 2, cache=copy.deepcopy(cache))[0]
+
+
+# ---- mlxd over HTTP --------------------------------------------------------------------
+
+def server_stream(port: int, model: str, ids: list[int], tokens: int,
+                  key: str | None = None) -> tuple[float, float, int]:
+    """(TTFT s, decode tokens/s, tokens) of a streamed /v1/completions on token ids."""
+    body = {"model": model, "prompt": ids, "max_tokens": tokens, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if key is not None:
+        body["prompt_cache_key"] = key
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+    first = last = None
+    n = 0
+    for line in resp:
+        if not line.startswith(b"data: {"):
+            continue
+        obj = json.loads(line[6:])
+        if obj.get("usage"):
+            n = obj["usage"]["completion_tokens"]
+        if obj.get("choices") and obj["choices"][0].get("text"):
+            now = time.perf_counter()
+            first = first or now
+            last = now
+    conn.close()
+    rate = (n - 1) / (last - first) if n > 1 and last > first else float("nan")
+    return first - t0, rate, n
+
+
+def server_many(port: int, model: str, prompts: list[list[int]], tokens: int) -> float:
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        t0 = time.perf_counter()
+        done = list(pool.map(lambda p: server_stream(port, model, p, tokens), prompts))
+        return sum(d[2] for d in done) / (time.perf_counter() - t0)
+
+
+# ---- one shape ---------------------------------------------------------------------------
+
+def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[int],
+              kv_budget: str) -> list:
+    import random
+
+    path = build(shape, dtype)
+    vocab = SHAPES[shape]["vocab_size"]
+    rng = random.Random(0)
+
+    def prompt(n):
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    raw = Raw(path)
+    most = max(streams)
+    with ServerProcess([str(path)], "--kv-budget", kv_budget, "--max-batch-size", str(most),
+                       "--prefill-batch-size", "8") as srv:
+        srv.wait_healthy(timeout=900)
+        model = str(path)
+        m: dict[str, list] = {k: [] for k in ("ttft", "decode", "prefill", "warm")}
+        for n in streams:
+            m[f"b{n}"] = []
+        for r in range(rounds + 1):  # round 0 compiles every shape on both sides: dropped
+            if r == 1:
+                m = {k: [] for k in m}
+            short = prompt(32)
+            r_ttft, r_dec = raw.stream(short, tokens)
+            s_ttft, s_dec, _ = server_stream(srv.port, model, short, tokens)
+            m["ttft"].append((r_ttft, s_ttft))
+            m["decode"].append((r_dec, s_dec))
+            for n in streams:
+                ps = [prompt(32) for _ in range(n)]
+                m[f"b{n}"].append((raw.batch(ps, tokens), server_many(srv.port, model, ps, tokens)))
+            long = prompt(2000)
+            r_pre = raw.stream(long, 2)[0]
+            s_pre = server_stream(srv.port, model, long, 2)[0]  # unseen: a cold prefill
+            m["prefill"].append((r_pre, s_pre))
+            suffix = prompt(16)
+            r_warm = raw.warm_prefix(long, suffix)
+            s_warm = server_stream(srv.port, model, long + suffix, 2)[0]  # extends the last
+            m["warm"].append((r_warm, s_warm))
+    return summarize(shape, m, streams)
+
+
+def _median_spread(pairs: list, i: int) -> tuple[float, float, float]:
+    values = [p[i] for p in pairs]
+    return statistics.median(values), min(values), max(values)
+
+
+def summarize(shape: str, m: dict, streams: list[int]) -> list:
+    rows = []
+
+    def row(name, key, unit, op, target):
+        r, rlo, rhi = _median_spread(m[key], 0)
+        s, slo, shi = _median_spread(m[key], 1)
+        ratio = s / r
+        rows.append((f"{shape} {name}",
+                     f"raw {r:.4g} [{rlo:.4g}-{rhi:.4g}] {unit}, mlxd {s:.4g} [{slo:.4g}-{shi:.4g}]",
+                     f"ratio {ratio:.3f}  {goal(ratio, op, target)}"))
+
+    row("single-stream decode", "decode", "tok/s", ">=", 0.97)
+    row("single-stream TTFT", "ttft", "s", "<=", 1.5)
+    for n in streams:
+        row(f"{n} streams", f"b{n}", "tok/s", ">=", 0.9)
+    m["prefill_rate"] = [(2000 / a, 2000 / b) for a, b in m["prefill"]]
+    row("2000-token prefill", "prefill_rate", "tok/s", ">=", 0.95)
+    row("warm-prefix TTFT", "warm", "s", "<=", 1.5)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="0.5b,7b")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--streams", default="8,32")
+    p.add_argument("--dtype", default=None, help="bfloat16 (default on a GPU) or float32")
+    p.add_argument("--kv-budget", default=None, help="mlxd's --kv-budget (default: 24G on a "
+                   "GPU, 2G elsewhere)")
+    args = p.parse_args()
+
+    import mlx.core as mx
+
+    gpu = mx.default_device() == mx.gpu
+    dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    info = mx.device_info()
+    streams = [int(s) for s in args.streams.split(",")]
+    rows = []
+    for shape in args.shapes.split(","):
+        rows += run_shape(shape, dtype, args.rounds, args.tokens, streams,
+                          args.kv_budget or ("24G" if gpu else "2G"))
+    print_table(f"mlxd vs raw mlx-lm: {info.get('device_name', info)} "
+                f"(MLX {mx.__version__}, {dtype}, {args.rounds} rounds, {args.tokens} tokens)",
+                rows)
+
+
+if __name__ == "__main__":
+    main()

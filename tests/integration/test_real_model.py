@@ -1,0 +1,123 @@
+"""A real trained model through mlxd: SmolLM2-135M-Instruct served as `demo`, its GGUF
+converted by the worker on first load (tests/realmodel.py).
+
+What random weights cannot show: greedy output equal to mlx-lm's own `generate`, replies
+that end on the model's EOS, multi-byte text streamed from a real 49K-token BPE equal to
+the non-streamed text, a JSON schema followed by a model that writes JSON, stop strings
+cutting where the real text has them, a Responses chain that remembers, and the chat
+template's default system prompt. Lean on purpose (this CPU runs the model at a few
+tokens a second): short prompts, short budgets, one server for the module.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.integration.conftest import sse_events
+
+pytestmark = pytest.mark.integration
+
+CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
+SYSTEM_DEFAULT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@pytest.fixture(scope="module")
+def client(real_server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=real_server.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def capital(client):
+    """The greedy answer to CAPITAL, with room to spare (the model ends it itself)."""
+    return client.chat.completions.create(model="demo", messages=CAPITAL, temperature=0,
+                                          max_tokens=24)
+
+
+def test_the_server_says_the_model_is_real(real_server):
+    _, body = real_server.get("/health")
+    worker = body["workers"][0]
+    assert worker["model"] == "demo" and worker["random_weights"] is False
+    assert worker["context_length"] == 8192  # from the GGUF's llama.context_length
+
+
+def test_greedy_output_equals_mlx_lm_generate(capital, real_mlx_lm):
+    from mlx_lm import generate
+
+    model, tokenizer = real_mlx_lm
+    prompt = tokenizer.apply_chat_template(CAPITAL, add_generation_prompt=True)
+    expected = generate(model, tokenizer, prompt, max_tokens=24)
+    assert capital.choices[0].message.content == expected
+    assert capital.usage.prompt_tokens == len(prompt)
+
+
+def test_a_reply_ends_on_eos_with_stop(capital):
+    choice = capital.choices[0]
+    assert choice.finish_reason == "stop"
+    assert capital.usage.completion_tokens < 24      # ended by the model, not the budget
+    assert "Paris" in choice.message.content          # a trained model, not noise
+
+
+def test_stop_string_cuts_where_the_greedy_text_has_it(client, capital):
+    greedy = capital.choices[0].message.content
+    cut = greedy[:greedy.index("Paris")]
+    r = client.chat.completions.create(model="demo", messages=CAPITAL, temperature=0,
+                                       max_tokens=24, stop=["Paris"])
+    assert r.choices[0].message.content == cut
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_streamed_multibyte_text_equals_the_non_streamed_text(real_server, client):
+    body = {"model": "demo", "temperature": 0, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Repeat exactly: café, naïve, 日本語, 😀"}]}
+    whole = client.chat.completions.create(**body).choices[0].message.content
+    with httpx.Client(base_url=real_server.url, timeout=120) as http:
+        with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+            assert r.status_code == 200
+            events = sse_events(r)
+    pieces = [e["choices"][0]["delta"].get("content") or "" for e in events[:-1] if e["choices"]]
+    assert events[-1] == "[DONE]"
+    assert "".join(pieces) == whole
+    assert any(ord(ch) > 0x7F for ch in whole)  # the model answered in multi-byte text
+    assert "\ufffd" not in whole                 # and no character was cut between tokens
+
+
+def test_a_json_schema_reply_parses_and_validates(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    r = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Describe a person."}],
+        temperature=0, max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+def test_the_templates_system_default_applies(client, real_mlx_lm):
+    """No system message: the GGUF's template adds its own, which the prompt then holds;
+    a system message of one's own replaces it."""
+    _, tokenizer = real_mlx_lm
+    user = [{"role": "user", "content": "Hi"}]
+    default = client.chat.completions.create(model="demo", messages=user, max_tokens=1)
+    rendered = (f"<|im_start|>system\n{SYSTEM_DEFAULT}<|im_end|>\n<|im_start|>user\nHi"
+                "<|im_end|>\n<|im_start|>assistant\n")
+    assert default.usage.prompt_tokens == len(tokenizer.encode(rendered))
+    own = client.chat.completions.create(
+        model="demo", messages=[{"role": "system", "content": "Be brief."}, *user], max_tokens=1)
+    assert own.usage.prompt_tokens == len(tokenizer.encode(rendered.replace(SYSTEM_DEFAULT,
+                                                                            "Be brief.")))
+
+
+def test_the_responses_chain_continues_a_conversation(client):
+    first = client.responses.create(model="demo", input="My name is Ana.", temperature=0,
+                                    max_output_tokens=12)
+    second = client.responses.create(model="demo", input="What is my name?", temperature=0,
+                                     previous_response_id=first.id, max_output_tokens=12)
+    assert "Ana" in second.output_text  # only the first turn said it
+    # The second prompt holds the first turn: its input and the reply.
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
