@@ -323,6 +323,7 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     active_bytes: int = 0
     peak_bytes: int = 0
     prompt_cache: Optional[CacheStats] = None  # None: the worker has no prompt cache
+    load_progress: Optional[float] = None  # 0..1 while a model is converted (GGUF) at load
 
 
 DOWN = (Generate, Cancel, StatusRequest, Shutdown)

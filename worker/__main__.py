@@ -98,8 +98,11 @@ def main(argv=None) -> int:
         from worker.engine import TextEngine  # imports MLX: inside, a failure is a load error
 
         log.info("loading %s", args.model)
+        def progress(done: int, total: int) -> None:  # heartbeats carry it (mlxctl status)
+            status.load_progress = done / total if total else None
+
         loaded = models.load(args.model, args.state_dir, args.max_context_tokens,
-                             gguf_options=models.gguf_options(args))
+                             gguf_options=models.gguf_options(args), progress=progress)
         engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                             args.prefill_step, loaded.vocab_size)
         _set_wired_limit()

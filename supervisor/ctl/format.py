@@ -48,7 +48,10 @@ def format_status(body: dict) -> str:
     for w in body.get("workers", []):
         cache = w.get("prompt_cache") or {}
         lookups = cache.get("hits", 0) + cache.get("misses", 0)
-        rows.append((w["model"], w["state"], w.get("pid"), human_seconds(w.get("uptime_s")),
+        state = w["state"]
+        if w.get("load_progress") is not None:
+            state += f"({w['load_progress']:.0%})"  # converting a GGUF
+        rows.append((w["model"], state, w.get("pid"), human_seconds(w.get("uptime_s")),
                      human_bytes(w.get("rss_bytes")), human_bytes(w.get("active_bytes")),
                      human_bytes(w.get("peak_bytes")), w.get("queued", 0), w.get("in_flight", 0),
                      f"{w.get('tokens_per_s', 0.0):.1f}",

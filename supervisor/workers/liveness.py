@@ -29,6 +29,7 @@ class Liveness:
     active_bytes: int = 0
     peak_bytes: int = 0
     prompt_cache: CacheStats | None = None
+    load_progress: float | None = None
 
     def on_heartbeat(self, msg: Heartbeat, now: float) -> None:
         self.heartbeat_at = now
@@ -37,6 +38,7 @@ class Liveness:
         self.worker_state, self.active, self.waiting = msg.state, msg.active, msg.waiting
         self.active_bytes, self.peak_bytes = msg.active_bytes, msg.peak_bytes
         self.prompt_cache = msg.prompt_cache
+        self.load_progress = msg.load_progress
 
     def verdict(self, now: float, config: Config, *, busy: bool,
                 cancels_sent_at: Iterable[float | None]) -> Verdict | None:

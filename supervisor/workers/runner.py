@@ -487,6 +487,10 @@ class ModelRunner:
             "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
             "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
             "slots": self.dispatch.slots,
+            # While a GGUF converts at load: the share done (None otherwise).
+            "load_progress": (lv.load_progress
+                              if self.state in (RunnerState.STARTING, RunnerState.RESTARTING)
+                              else None),
             # The worker's prompt-prefix cache, as its last heartbeat said (None: none).
             "prompt_cache": msgspec.structs.asdict(lv.prompt_cache) if lv.prompt_cache else None,
         }

@@ -124,6 +124,9 @@ def test_human_formats():
                                 "CACHE", "MEM", "RESTARTS"]
     assert lines[3].split() == ["m", "ready", "42", "5s", "1.0", "GiB", "512.0", "MiB", "1.0", "GiB",
                                 "2", "1", "12.3", "3/4", "3.0", "MiB", "1"]
+    converting = format_status({"status": "ok", "workers": [
+        {"model": "m.gguf", "state": "starting", "load_progress": 0.42}]}).splitlines()
+    assert converting[-1].split()[:2] == ["m.gguf", "starting(42%)"]
     assert "no local MLX models" in format_models({"models": []})
     table = format_models({"models": [{"id": "org/m", "size_bytes": 4 << 30, "context_length": 32768,
                                        "state": "not_loaded", "source": "hf-cache"}]})

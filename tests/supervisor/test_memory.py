@@ -147,3 +147,14 @@ def test_liveness_verdicts():
     verdict = lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[None, 104.0])
     assert verdict.cause is ExitCause.CANCEL and "1 s" in verdict.reason
     assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[105.0]) is None
+
+
+def test_liveness_keeps_what_heartbeats_say_of_the_cache_and_the_load():
+    from protocol.messages import CacheStats
+
+    lv = Liveness()
+    lv.on_heartbeat(Heartbeat(epoch=1, state="loading", load_progress=0.5), 1.0)
+    assert (lv.load_progress, lv.prompt_cache) == (0.5, None)
+    stats = CacheStats(hits=3, misses=1, tokens_reused=900, bytes=1 << 20, entries=2)
+    lv.on_heartbeat(Heartbeat(epoch=1, state="ready", prompt_cache=stats), 2.0)
+    assert (lv.load_progress, lv.prompt_cache) == (None, stats)

@@ -206,3 +206,12 @@ def test_steps_faster_than_the_stream_interval_share_a_delta(engine):
     assert ids == [t for d in singles for t in unpack_ids(d.token_ids)]
     assert "".join(d.text for d in batched) == "".join(d.text for d in singles)
     assert merged.kinds("a")[-1] == "done" and merged.of("a")[-1].completion_tokens == 40
+
+
+def test_heartbeats_carry_load_progress_only_while_loading():
+    status = WorkerStatus(epoch=1)
+    assert status.heartbeat().load_progress is None
+    status.load_progress = 0.25  # a GGUF a quarter converted
+    assert status.heartbeat().load_progress == 0.25
+    status.publish("ready")
+    assert status.heartbeat().load_progress is None  # loaded: no progress to show
