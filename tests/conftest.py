@@ -29,6 +29,15 @@ def tiny_model(models_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def hybrid_model(models_dir) -> Path:
+    """A float32 qwen3_next-type model: GatedDeltaNet (recurrent) layers between attention
+    layers, hidden 64, 4 layers: its cache cannot be trimmed."""
+    from worker.demo import build_model
+
+    return build_model(models_dir / "tiny-hybrid", "tiny-hybrid").path
+
+
+@pytest.fixture(scope="session")
 def family_model(models_dir):
     """family_model(name) -> path of a tiny model with a family's chat template and
     special tokens (tests/families.py: plain ChatML or a real tool-calling format), built

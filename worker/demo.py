@@ -30,7 +30,25 @@ PRESETS = {
                   num_key_value_heads=2, intermediate_size=1536, vocab_size=8000),
 }
 PRESETS["demo"] = PRESETS["tiny"]
+# Hybrid architectures: recurrent layers (GatedDeltaNet, whose state cannot be trimmed
+# back to a shorter prefix) between attention layers, as in Qwen3-Next / Qwen3.5. Dense
+# (no experts), so the tiny ones cost what `tiny` and `small` cost. The prompt cache and
+# the batch must serve them from snapshots (worker/prefix_cache.py).
+_HYBRID = dict(model_type="qwen3_next", num_experts=0, num_experts_per_tok=1,
+               decoder_sparse_step=1, full_attention_interval=2, partial_rotary_factor=0.5,
+               linear_conv_kernel_dim=4)
+PRESETS["tiny-hybrid"] = dict(
+    _HYBRID, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, intermediate_size=128, vocab_size=1024, linear_num_value_heads=4,
+    linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+    shared_expert_intermediate_size=128, moe_intermediate_size=64)
+PRESETS["small-hybrid"] = dict(
+    _HYBRID, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+    head_dim=64, intermediate_size=1536, vocab_size=8000, linear_num_value_heads=8,
+    linear_num_key_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+    shared_expert_intermediate_size=1536, moe_intermediate_size=512)
 
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
 MARKER = "mlxd-random-weights.json"  # written into the model dir: these are not real weights
 
 
@@ -163,12 +181,14 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
     """Build a random-weight model at `path` (atomically; reused if already there).
     `template` is its chat template and added special tokens: plain ChatML (no tools),
     QWEN, or a family of tests/families.py."""
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import qwen2
 
     path = Path(path)
-    arch = PRESETS[preset]
+    arch = dict(PRESETS[preset])
+    model_type = arch.pop("model_type", "qwen2")
     if (path / MARKER).exists():
         meta = json.loads((path / MARKER).read_text())
         return BuiltModel(path, meta["context_length"], meta["vocab_size"])
@@ -177,8 +197,8 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
     vocab_size = max(arch["vocab_size"], len(tokenizer))
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = {
-        "model_type": "qwen2",
-        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": model_type,
+        "architectures": [_ARCHITECTURES[model_type]],
         **arch,
         "vocab_size": vocab_size,
         "max_position_embeddings": context_length,
@@ -189,7 +209,10 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
         "eos_token_id": eos_id,
     }
     mx.random.seed(seed)
-    model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    if model_type == "qwen3_next":  # dense: every layer an MLP, no experts
+        config["mlp_only_layers"] = list(range(arch["num_hidden_layers"]))
+    module = importlib.import_module(f"mlx_lm.models.{model_type}")
+    model = module.Model(module.ModelArgs.from_dict(config))
     # Untied head, scaled up: the logits are far from uniform (argmax has no near-ties, so
     # greedy output is stable) and greedy text varies instead of repeating one token.
     # The EOS row of the head is zeroed: its logit is always 0 while the largest logit is

@@ -119,3 +119,24 @@ def test_prompt_cache_keys_separate_and_caches_never_cross_models(tiny_model, tm
         keyed = chat(c, str(tiny_model), "Hi", max_tokens=2, extra_body={
             "prompt_cache_key": "someone-else"})
         assert keyed.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_a_hybrid_models_next_turn_reports_cached_tokens(hybrid_model):
+    """Recurrent layers (qwen3_next-type): the agent's next turn starts from the state
+    the worker kept at the end of the first, and answers as a cold run would."""
+    model = str(hybrid_model)
+    turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi"}]
+    with ServerProcess([model]) as srv:
+        srv.wait_healthy()
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        first = c.chat.completions.create(model=model, messages=turn1, max_tokens=8,
+                                          temperature=0)
+        turn2 = turn1 + [{"role": "assistant", "content": first.choices[0].message.content},
+                         {"role": "user", "content": "More"}]
+        second = c.chat.completions.create(model=model, messages=turn2, max_tokens=8,
+                                           temperature=0)
+        cold = c.chat.completions.create(model=model, messages=turn2, max_tokens=8,
+                                         temperature=0, extra_body={"prompt_cache_key": "cold"})
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.choices[0].message.content == cold.choices[0].message.content

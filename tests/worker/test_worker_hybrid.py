@@ -1,0 +1,73 @@
+"""A hybrid model (recurrent GatedDeltaNet layers between attention layers, as in
+Qwen3-Next / Qwen3.5) in the batch and the prompt cache: its recurrent state cannot be
+trimmed back to a shorter prefix, so reuse comes from snapshots."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+from protocol.messages import pack_ids
+from tests.generates import generate
+from tests.worker.batchrun import Seq, make_batch, run_all, steps
+from worker.prefix_cache import PrefixCache
+
+SYSTEM = [10 + (i * 7) % 900 for i in range(200)]
+
+
+@pytest.fixture(scope="module")
+def hybrid(hybrid_model):
+    from worker import models
+    from worker.engine import TextEngine
+
+    loaded = models.load(str(hybrid_model), hybrid_model.parent)
+    return TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 64,
+                      loaded.vocab_size)
+
+
+def ids_gen(ids, name="r", **kw):
+    kw.setdefault("max_tokens", 10)
+    kw.setdefault("temperature", 0.0)
+    return generate(rid=name, prompt_ids=pack_ids(ids), **kw)
+
+
+def tokens(outcomes):
+    return [o[0] for o in outcomes if o is not None and o[0] >= 0]
+
+
+def run_one(batch, engine, g):
+    cached = batch.add(Seq(g.rid), engine.prepare(g))
+    out = []
+    while batch.members:
+        out += [o for _, o in batch.step()]
+    return cached, tokens(out)
+
+
+def test_its_cache_cannot_be_trimmed(hybrid):
+    assert not can_trim_prompt_cache(make_prompt_cache(hybrid.model))
+
+
+def test_batched_greedy_equals_alone(hybrid):
+    prompts = {n: SYSTEM[: 40 * n] + [n] for n in (1, 2, 3)}
+    together = run_all(make_batch(hybrid), {n: hybrid.prepare(ids_gen(p, str(n)))
+                                            for n, p in prompts.items()})
+    for n, p in prompts.items():
+        assert tokens(together[n]) == tokens(steps(hybrid, hybrid.prepare(ids_gen(p)))), n
+
+
+def test_the_next_turn_resumes_from_a_snapshot(hybrid):
+    """Turn two extends turn one (its prompt, the reply, a new message): it starts from
+    the state stored at the end of turn one, not from scratch, and says the same."""
+    cache = PrefixCache(1 << 30)
+    batch = make_batch(hybrid, prefix=cache)
+    turn1 = SYSTEM + [20, 21, 22]
+    cold1, reply = run_one(batch, hybrid, ids_gen(turn1))
+    assert cold1 == 0 and len(cache) == 2  # the prompt's snapshot and the final state
+    turn2 = turn1 + reply + [30, 31, 32]
+    cached, out = run_one(batch, hybrid, ids_gen(turn2))
+    assert cached >= len(turn1) - 1
+    assert out == run_one(make_batch(hybrid), hybrid, ids_gen(turn2))[1]
+    # A prompt that shares only the system part finds nothing it can use: the states
+    # hold more than the shared part, and recurrent state cannot be trimmed back.
+    other = SYSTEM + [40, 41]
+    assert run_one(batch, hybrid, ids_gen(other))[0] == 0
