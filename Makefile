@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.serve_vs_engine --preset small
 	$(BIN)/python -m bench.constrained --preset small
 	$(BIN)/python -m bench.swap --preset small
+	$(BIN)/python -m bench.throughput --preset all
 
 clean:
 	rm -rf $(VENV) .pytest_cache
