@@ -67,10 +67,18 @@ def hf_download(model: str, revision: str | None) -> str:
     return snapshot_download(model, revision=revision, allow_patterns=PULL_PATTERNS)
 
 
+def hf_download_file(model: str, filename: str, revision: str | None) -> str:
+    """One file of a repo (a GGUF repo holds one file per quantization: only one is wanted)."""
+    from huggingface_hub import hf_hub_download
+
+    return hf_hub_download(model, filename, revision=revision)
+
+
 @dataclass
 class Deps:
     """What tests replace: the downloader and the service manager's command runner."""
     download: Callable[[str, str | None], str] = hf_download
+    download_file: Callable[[str, str, str | None], str] = hf_download_file
     service_runner: Callable | None = None
     home: Path | None = None
     platform: str = sys.platform
@@ -177,20 +185,36 @@ def cmd_kill(args, client: Client, deps: Deps) -> int:
 
 
 def cmd_pull(args, client: Client, deps: Deps) -> int:
-    print(f"downloading {args.model} from Hugging Face ...", file=sys.stderr)
+    what = f"{args.model}/{args.gguf}" if args.gguf else args.model
+    if args.gguf is not None and not args.gguf.lower().endswith(".gguf"):
+        print(f"mlxctl: --gguf names a .gguf file of the repo, not {args.gguf!r}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    print(f"downloading {what} from Hugging Face ...", file=sys.stderr)
     try:
-        path = deps.download(args.model, args.revision)
+        if args.gguf:
+            path = deps.download_file(args.model, args.gguf, args.revision)
+        else:
+            path = deps.download(args.model, args.revision)
     except Exception as e:  # network, auth, unknown repo: say it plainly
-        print(f"mlxctl: could not download {args.model}: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"mlxctl: could not download {what}: {type(e).__name__}: {e}", file=sys.stderr)
         return EXIT_UNHEALTHY
     from supervisor.memory import catalog
+    if args.gguf:
+        # Converted by the worker on its first load (worker/gguf/), once per file.
+        body = {"model": what, "path": str(path), "mlx": False, "gguf": True,
+                "size_bytes": Path(path).stat().st_size}
+        emit(args, body, f"{what}: {path}\nload it with `mlxctl load {path}` or "
+                         f"`mlxd --model {path}` (converted to MLX on its first load)")
+        return EXIT_OK
     mlx = catalog.is_mlx_model(Path(path), args.model)
     body = {"model": args.model, "path": str(path), "mlx": mlx,
             "size_bytes": catalog.weights_bytes(Path(path))}
     text = f"{args.model}: {path}"
     if not mlx:
         text += ("\nwarning: this does not look like an MLX model; look for an MLX version "
-                 "(e.g. under mlx-community/) or convert it with `mlx_lm.convert`")
+                 "(e.g. under mlx-community/), convert it with `mlx_lm.convert`, or, for a "
+                 "GGUF repo, pull one file: `mlxctl pull REPO --gguf FILE.gguf`")
     emit(args, body, text)
     return EXIT_OK
 
@@ -324,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("pull", cmd_pull, "download a model from Hugging Face")
     sp.add_argument("model")
     sp.add_argument("--revision", default=None)
+    sp.add_argument("--gguf", default=None, metavar="FILE",
+                    help="download only this .gguf file of the repo (mlxd converts it on load)")
     sp = add("logs", cmd_logs, "print the server's log")
     sp.add_argument("-f", "--follow", action="store_true")
     sp.add_argument("-n", "--lines", type=int, default=50)

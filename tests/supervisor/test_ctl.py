@@ -39,6 +39,26 @@ def test_pull_wires_the_downloader_and_reports_mlx(tmp_path, capsys):
     assert code == 0 and "does not look like an MLX model" in out
 
 
+def test_pull_of_one_gguf_file(tmp_path, capsys):
+    calls = []
+    gguf = tmp_path / "m-Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+
+    def download_file(repo, filename, revision):
+        calls.append((repo, filename, revision))
+        return str(gguf)
+
+    deps = ctl.Deps(download=lambda r, v: pytest.fail("the whole repo was pulled"),
+                    download_file=download_file)
+    code, out, _ = run(capsys, "pull", "org/m-GGUF", "--gguf", "m-Q4_K_M.gguf", "--json",
+                       deps=deps)
+    assert code == 0 and calls == [("org/m-GGUF", "m-Q4_K_M.gguf", None)]
+    body = json.loads(out)
+    assert body["gguf"] is True and body["path"] == str(gguf) and body["size_bytes"] == 64
+    code, out, err = run(capsys, "pull", "org/m-GGUF", "--gguf", "m.safetensors", deps=deps)
+    assert code == 2 and "names a .gguf file" in err
+
+
 def test_pull_failure_is_a_message_and_exit_1(capsys):
     def offline(repo, revision):
         raise OSError("no network")
