@@ -107,10 +107,10 @@ class ChunkSizer:
     A fixed chunk is wrong on every machine but one: small on a GPU (a 512-token chunk of
     a small model takes milliseconds, and its per-chunk overhead halves prefill speed),
     and cancel and the running streams wait for a whole chunk however long it takes.
-    So the size doubles while a step with prefill stays under half the target time and
-    halves when it goes over, between `--prefill-step` and `largest` (mlx-lm's default
-    2048, or --prefill-step if larger): running streams wait at most about one target
-    per token, and prefill runs at the engine's speed where steps are fast."""
+    So the size doubles while a step with prefill stays under the target time and halves
+    when one takes over twice that, between `--prefill-step` and `largest` (mlx-lm's
+    default 2048, or --prefill-step if larger): running streams wait at most about two
+    targets per token, and prefill runs at the engine's speed where steps are fast."""
 
     def __init__(self, smallest: int, largest: int, target: float = 0.1):
         self.smallest = max(1, smallest)
@@ -120,9 +120,9 @@ class ChunkSizer:
 
     def observe(self, seconds: float) -> int:
         """The size for the next step, after a step with prefill took `seconds`."""
-        if seconds < self.target / 2 and self.size < self.largest:
+        if seconds < self.target and self.size < self.largest:
             self.size = min(self.largest, self.size * 2)
-        elif seconds > self.target and self.size > self.smallest:
+        elif seconds > 2 * self.target and self.size > self.smallest:
             self.size = max(self.smallest, self.size // 2)
         return self.size
 
