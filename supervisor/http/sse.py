@@ -26,10 +26,19 @@ STREAM_HEADERS = {
 }
 
 
+# Characters that SSE does not take for line ends but many client line splitters do
+# (Python's str.splitlines, which httpx's iter_lines uses; U+2028/2029 in older JavaScript):
+# written as JSON escapes, so every client sees one event as one line.
+_LINE_LIKE = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
 def encode_event(obj) -> bytes:
-    """`data: <compact json>\\n\\n`. JSON escapes CR and LF inside strings, so one event is
-    always one line; NaN is refused (not JSON)."""
+    """`data: <compact json>\\n\\n`. JSON escapes CR and LF inside strings, and the other
+    characters some clients split lines on are escaped here, so one event is always one
+    line; NaN is refused (not JSON)."""
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if "\x85" in text or "\u2028" in text or "\u2029" in text:
+        text = text.translate(_LINE_LIKE)  # only inside strings: JSON has them nowhere else
     return b"data: " + text.encode("utf-8") + b"\n\n"
 
 

@@ -63,7 +63,8 @@ def gone(pid: int) -> bool:
 @pytest.mark.parametrize("mode", ["drain", "force"])
 def test_swap_under_load(tiny_model, model_b, mode):
     a, b = str(tiny_model), str(model_b)
-    with ServerProcess([a]) as srv:
+    # One sequence at a time, so the second request waits behind the stream.
+    with ServerProcess([a], "--max-batch-size", "1") as srv:
         srv.wait_healthy()
         pid_a = srv.worker_pids()[0]
         with httpx.Client(base_url=srv.url, timeout=120) as http, \

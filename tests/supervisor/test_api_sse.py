@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+import json
+
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -24,6 +26,18 @@ def test_encode_event_is_one_compact_line():
         'data: {"t":"x\\ny\\r\\nz é"}\n\n'.encode()
     with pytest.raises(ValueError):
         sse.encode_event({"x": float("nan")})
+
+
+def test_characters_clients_split_lines_on_are_escaped():
+    """U+0085, U+2028 and U+2029 are line ends to str.splitlines (httpx's iter_lines) and
+    to older JavaScript: written raw they would cut an event in two (the fuzz suite found
+    it through a tool schema echoed in a Responses stream)."""
+    text = "a\x85b\u2028c\u2029d é"
+    line = sse.encode_event({"t": text})
+    body = line.decode("utf-8")
+    assert len(body.removesuffix("\n\n").splitlines()) == 1 and body.endswith("\n\n")
+    assert json.loads(body[len("data: "):]) == {"t": text}
+    assert "é".encode() in line  # other text stays as UTF-8
 
 
 def test_error_event():
