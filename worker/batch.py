@@ -20,8 +20,8 @@ What this module adds around it:
 - per-sequence output (worker/decoding.py), and removal on cancel, stop strings and
   grammar completion, which mlx-lm's batch does not know about.
 
-A step that raises cannot be pinned on one sequence: the scheduler fails every sequence
-of the batch and starts a new one (`reset`).
+A step that raises cannot be pinned on one sequence: the scheduler takes the sequences
+back (`reset`, a fresh generator) and finds the culprit (worker/scheduler.py).
 """
 
 from __future__ import annotations
@@ -133,7 +133,6 @@ class Member:
     seq: Any                    # the scheduler's Sequence
     decoding: Decoding
     namespace: str              # prefix-cache namespace
-    ids: list                   # the prompt
     reserved: int               # KV bytes reserved
     snapshots: list = field(default_factory=list)  # prompt lengths to snapshot at, in order
 
@@ -215,7 +214,7 @@ class Batch:
             caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
         reserved = self.need(prep)
-        self.members[uid] = Member(seq, decoding, namespace, ids, reserved, snapshots)
+        self.members[uid] = Member(seq, decoding, namespace, reserved, snapshots)
         self.reserved += reserved
         seq.uid = uid
         self._bound_prefix()

@@ -27,8 +27,9 @@ FIFO) and `active` (in the batch: worker/batch.py). Prepared requests join the b
 arrival order while it has a free slot and KV room (the first that does not fit waits,
 and so do those behind it: no starvation of large requests). Each turn advances every
 active sequence by one batched step. A step that fails cannot be pinned on one sequence:
-every sequence in the batch ends with an error, and the engine proves that a step still
-runs before the next batch starts.
+those that already streamed end with an error, the others run again one at a time until
+their first token (so the one that fails again is the culprit), and the engine proves a
+step still runs before anything else does (`_batch_failed`).
 """
 
 from __future__ import annotations
