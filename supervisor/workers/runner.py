@@ -478,6 +478,8 @@ class ModelRunner:
             "pid": self.link.pid if self.link else None,
             "context_length": self.context_length, "random_weights": self.random_weights,
             "queued": len(self.queue), "in_flight": len(self.inflight),
+            # Accepted and not started, here or on the worker: what --max-queue counts.
+            "waiting": self.dispatch.waiting(),
             "worker_active": lv.active, "worker_waiting": lv.waiting, "steps": lv.steps,
             "active_bytes": lv.active_bytes, "peak_bytes": lv.peak_bytes,
             "restarts": self.restarts, "restart_causes": dict(self.restart_causes),

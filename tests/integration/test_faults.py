@@ -120,9 +120,10 @@ def test_queue_limits_and_timeouts(tiny_model):
         with httpx.Client(base_url=srv.url, timeout=60) as http, \
                 concurrent.futures.ThreadPoolExecutor(3) as pool:
             running = pool.submit(http.post, "/v1/chat/completions", json=long_body)
-            wait_for(lambda: worker(srv)["in_flight"] == 1, 5)
+            # Started (sent and not started would count against --max-queue itself).
+            wait_for(lambda: (w := worker(srv))["in_flight"] == 1 and w["waiting"] == 0, 5)
             waiting = pool.submit(http.post, "/v1/chat/completions", json=long_body)
-            wait_for(lambda: worker(srv)["in_flight"] == 2, 5)  # on the worker, not started
+            wait_for(lambda: (w := worker(srv))["in_flight"] == 2 and w["waiting"] == 1, 5)
             full = http.post("/v1/chat/completions", json=long_body)
             err = assert_envelope(full, 503)
             assert int(full.headers["Retry-After"]) >= 1 and "retry" in err["message"].lower()
