@@ -8,13 +8,20 @@ dataclass codec this replaced), so the types here ARE the schema: what a field's
 is checked when a frame is decoded (protocol/codec.py).
 
 Down (supervisor → worker): Generate, Cancel, StatusRequest, Shutdown.
-Up (worker → supervisor): Ready, Started, Delta, Done, Error, Status, Heartbeat.
+Up (worker → supervisor): Ready, Started, Delta, Tokens, Pooled, Done, Error, Status,
+Heartbeat.
 Up messages carry the worker's `epoch` (its incarnation): events of a dead epoch are dropped.
 
 A `Generate` is one complete request, built once by the API surface that received it
 (supervisor/api/parse/generate.py) with the server's defaults applied; the dispatcher only
 stamps its `rid`. Sampling options live in `SamplingParams`, what the output must look like
 in `OutputSpec`: a new option is one field there plus its parsing.
+
+`Generate` is the one request struct, whatever it computes (like vLLM's one request type
+with sampling or pooling parameters): its `task` says what. Every task goes through the
+same queue, retry, cancel and timeout machinery and ends with exactly one Done; what it
+computes comes before that Done, in the task's own message (Delta for generation, Tokens
+for tokenize/detokenize, Pooled for embeddings and rerank scores).
 
 Compatibility rule: a new field gets a default and goes at the end of its class (an older
 peer's frame lacks it and decodes to the default; a newer peer's unknown fields are
@@ -30,7 +37,7 @@ from typing import Any, Literal, Optional
 
 import msgspec
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3  # 3: Generate.task, Tokens, Pooled, Ready.model_kind
 
 
 class WireEnum(str, Enum):
@@ -48,6 +55,44 @@ class FinishReason(WireEnum):
     TOOL_CALLS = "tool_calls"
     CANCELLED = "cancelled"
     ERROR = "error"
+
+
+class Task(WireEnum):
+    """What a Generate computes, and the message that carries its result."""
+    GENERATE = "generate"      # tokens: Started, Delta..., Done
+    TOKENIZE = "tokenize"      # the prompt's ids as a generation would see them (chat
+    #                            template and tools applied), no prefill: Started, Tokens, Done
+    DETOKENIZE = "detokenize"  # `prompt_ids` → text: Started, Tokens (text), Done
+    EMBED = "embed"            # one vector per item of `inputs`: Started, Pooled, Done
+    SCORE = "score"            # rerank: each of `inputs` (documents) against `prompt` (the
+    #                            query), one relevance score each: Started, Pooled (dim 1), Done
+
+
+class ModelKind(WireEnum):
+    """What a loaded model does (Ready.model_kind): which tasks its worker serves."""
+    TEXT = "text"        # generate, tokenize, detokenize
+    EMBED = "embed"      # embed, tokenize, detokenize
+    RERANK = "rerank"    # score, tokenize, detokenize
+
+
+TASKS_OF = {
+    ModelKind.TEXT: frozenset({Task.GENERATE, Task.TOKENIZE, Task.DETOKENIZE}),
+    ModelKind.EMBED: frozenset({Task.EMBED, Task.TOKENIZE, Task.DETOKENIZE}),
+    ModelKind.RERANK: frozenset({Task.SCORE, Task.TOKENIZE, Task.DETOKENIZE}),
+}
+
+
+_KIND_WORDS = {ModelKind.TEXT: "a text generation model", ModelKind.EMBED: "an embedding model",
+               ModelKind.RERANK: "a reranker model"}
+_TASK_WORDS = {Task.GENERATE: "generate text", Task.EMBED: "compute embeddings",
+               Task.SCORE: "rerank documents"}
+
+
+def task_refusal(model: str | None, task: Task, kind: ModelKind) -> str:
+    """Why `model` cannot do `task`: the same words from the supervisor (which refuses at
+    admission once it knows the kind) and the worker (which refuses what came before)."""
+    who = f"Model `{model}`" if model else "This model"
+    return f"{who} is {_KIND_WORDS[kind]}: it cannot {_TASK_WORDS[task]}."
 
 
 class ErrorCode(WireEnum):
@@ -180,6 +225,12 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     # The prompt cache's namespace (the client's `prompt_cache_key`): prefixes stored under
     # one key are reused only by requests with that key. None: the shared namespace.
     cache_key: Optional[str] = None
+    task: Task = Task.GENERATE
+    # EMBED: the texts to embed; SCORE: the documents, scored against `prompt`.
+    inputs: Optional[list[str]] = None
+    input_ids: Optional[list[bytes]] = None  # EMBED given token ids: one packed list each
+    dimensions: Optional[int] = None      # EMBED: keep this many leading dimensions
+    #                                       (Matryoshka), renormalised
 
 
 class Cancel(Message, frozen=True, kw_only=True, tag="cancel"):
@@ -209,6 +260,8 @@ class Ready(Message, frozen=True, kw_only=True, tag="ready"):
     active_bytes: int = 0          # MLX memory in use after loading
     peak_bytes: int = 0
     vocab_size: int = 0            # the logits' width: token ids (top_k, logit_bias) < this
+    model_kind: ModelKind = ModelKind.TEXT  # which tasks it serves (TASKS_OF)
+    dimensions: int = 0            # EMBED: the vector width
 
 
 class Started(Message, frozen=True, kw_only=True, tag="started"):
@@ -266,6 +319,35 @@ class Delta(Message, frozen=True, kw_only=True, tag="delta"):
         return rows
 
 
+class Tokens(Message, frozen=True, kw_only=True, tag="tokens"):
+    """The result of TOKENIZE (`ids`, and the pieces each id decodes to) or DETOKENIZE
+    (`text`)."""
+    epoch: int
+    rid: str
+    ids: bytes = b""              # packed (pack_ids)
+    pieces: list[bytes] = []      # TOKENIZE: each id's bytes (a piece may be part of a
+    #                               UTF-8 character)
+    text: str = ""
+
+    def id_list(self) -> list[int]:
+        return unpack_ids(self.ids)
+
+
+class Pooled(Message, frozen=True, kw_only=True, tag="pooled"):
+    """The result of EMBED (one vector per input) or SCORE (one score per document): a
+    float32 matrix of `rows` × `dim`, row-major, packed like logprobs."""
+    epoch: int
+    rid: str
+    rows: int
+    dim: int
+    data: bytes = b""             # float32 (pack_floats), rows * dim values
+    tokens: list[int] = []        # prompt tokens per row (usage; truncation visible)
+
+    def matrix(self) -> list[list[float]]:
+        values = unpack_floats(self.data)
+        return [values[i * self.dim:(i + 1) * self.dim] for i in range(self.rows)]
+
+
 class Done(Message, frozen=True, kw_only=True, tag="done"):
     """The one terminal message of every Generate."""
     epoch: int
@@ -275,6 +357,7 @@ class Done(Message, frozen=True, kw_only=True, tag="done"):
     completion_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0   # of completion_tokens, those spent reasoning
+    stop_sequence: Optional[str] = None  # the stop string that ended it ("stop" only)
 
 
 class Error(Message, frozen=True, kw_only=True, tag="error"):
@@ -327,4 +410,4 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
 
 
 DOWN = (Generate, Cancel, StatusRequest, Shutdown)
-UP = (Ready, Started, Delta, Done, Error, Status, Heartbeat)
+UP = (Ready, Started, Delta, Tokens, Pooled, Done, Error, Status, Heartbeat)

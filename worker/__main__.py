@@ -56,8 +56,8 @@ def main(argv=None) -> int:
 
     import zmq
 
-    from protocol.messages import (LOAD_FAILED, Done, Error, FinishReason, Generate, Ready,
-                                   Shutdown)
+    from protocol.messages import (LOAD_FAILED, Done, Error, FinishReason, Generate,
+                                   ModelKind, Ready, Shutdown)
     from worker import models
     from worker.link import Link
     from worker.status import WorkerStatus
@@ -103,11 +103,16 @@ def main(argv=None) -> int:
 
         loaded = models.load(args.model, args.state_dir, args.max_context_tokens,
                              gguf_options=models.gguf_options(args), progress=progress)
-        engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
-                            args.prefill_step, loaded.vocab_size)
         _set_wired_limit()
-        batch = _make_batch(engine, args)
-        batch.warm()  # before Ready: the first request pays no compile
+        batch = None
+        if loaded.engine is not None:  # an embedding or reranker model (worker/pooling/)
+            engine = loaded.engine
+            engine.probe()  # before Ready: the first request pays no compile
+        else:
+            engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
+                                args.prefill_step, loaded.vocab_size)
+            batch = _make_batch(engine, args)
+            batch.warm()  # before Ready: the first request pays no compile
         loading[0] = False
     except Exception as e:
         loading[0] = False
@@ -126,17 +131,24 @@ def main(argv=None) -> int:
 
     from worker.scheduler import Scheduler, WorkerBroken
 
-    log.info("ready: %s (context %d, batch %d, %s)", name, engine.context_length,
-             batch.max_size, loaded.path)
+    slots = batch.max_size if batch is not None else 1
+    log.info("ready: %s (%s, context %d, batch %d, %s)", name, loaded.kind,
+             engine.context_length, slots, loaded.path)
     memory = mx.get_active_memory(), mx.get_peak_memory()
     status.publish("ready", (), (), *memory)  # no heartbeat says "loading" after Ready
     link.send(Ready(epoch=args.epoch, model=name, context_length=engine.context_length,
-                    pid=os.getpid(), slots=batch.max_size, random_weights=loaded.random_weights,
+                    pid=os.getpid(), slots=slots, random_weights=loaded.random_weights,
                     active_bytes=memory[0], peak_bytes=memory[1],
-                    vocab_size=engine.vocab_size))
+                    vocab_size=engine.vocab_size or 0, model_kind=loaded.kind,
+                    dimensions=engine.dim if loaded.kind is ModelKind.EMBED else 0))
     try:
-        Scheduler(engine, link, status, batch, log_prompts=args.log_prompts,
-                  stream_interval=args.stream_interval).run()
+        if batch is None:
+            from worker.pooling.scheduler import PoolScheduler
+
+            PoolScheduler(engine, link, status).run()
+        else:
+            Scheduler(engine, link, status, batch, log_prompts=args.log_prompts,
+                      stream_interval=args.stream_interval).run()
     except WorkerBroken:
         # No Done for what waits here: the supervisor re-queues what never started.
         log.critical("exiting with code %d: MLX cannot run a step in this process after a "

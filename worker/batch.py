@@ -253,6 +253,7 @@ class Batch:
                 results.append((m.seq, e))
                 continue
             if out[2] is not None:  # finished
+                m.seq.stop_sequence = m.decoding.stop_sequence
                 if r.finish_reason is not None:  # mlx-lm ended it (EOS, length)
                     self._store(m, r.all_tokens, r.prompt_cache)
                     self._leave(r.uid, in_gen=False, store=False)

@@ -132,6 +132,11 @@ class Decoding:
             return (tok, *self._split(text + tail, extra, finish, final=True))
         return (tok, *self._split(text, extra, None))
 
+    @property
+    def stop_sequence(self) -> Optional[str]:
+        """The stop string that ended the output (None: none did)."""
+        return self.stops.matched if self.stops is not None else None
+
     def _split(self, text, extra, finish, final=False):
         """(answer text, finish, extra) of a step: reasoning and calls split off."""
         splitter = self.splitter

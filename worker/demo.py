@@ -150,7 +150,7 @@ def is_random_weights(path: str | Path) -> bool:
     return (Path(path) / MARKER).exists()
 
 
-def _train_tokenizer(vocab_size: int, template: ChatTemplate):
+def _train_tokenizer(vocab_size: int, template: ChatTemplate, corpus: tuple[str, ...] = ()):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -164,7 +164,7 @@ def _train_tokenizer(vocab_size: int, template: ChatTemplate):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS * 20, trainer=trainer)
+    tok.train_from_iterator((_CORPUS + list(corpus)) * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -177,10 +177,12 @@ def _train_tokenizer(vocab_size: int, template: ChatTemplate):
 
 
 def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
-                context_length: int = 4096, template: ChatTemplate = CHATML) -> BuiltModel:
+                context_length: int = 4096, template: ChatTemplate = CHATML,
+                corpus: tuple[str, ...] = ()) -> BuiltModel:
     """Build a random-weight model at `path` (atomically; reused if already there).
     `template` is its chat template and added special tokens: plain ChatML (no tools),
-    QWEN, or a family of tests/families.py."""
+    QWEN, or a family of tests/families.py. `corpus`: more text its tokenizer learns
+    from (a reranker's tokenizer must hold "yes" and "no" as single tokens)."""
     import importlib
 
     import mlx.core as mx
@@ -193,7 +195,7 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
         meta = json.loads((path / MARKER).read_text())
         return BuiltModel(path, meta["context_length"], meta["vocab_size"])
 
-    tokenizer = _train_tokenizer(arch["vocab_size"], template)
+    tokenizer = _train_tokenizer(arch["vocab_size"], template, corpus)
     vocab_size = max(arch["vocab_size"], len(tokenizer))
     eos_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     config = {

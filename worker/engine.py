@@ -27,14 +27,16 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.sample_utils import make_sampler
 
-from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, Generate, unpack_ids
+from protocol.messages import (CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, Generate, ModelKind,
+                               Task, unpack_ids)
 from worker import prompt as chat_prompt
-from worker import sampling, tool_formats
+from worker import sampling, tokens, tool_formats
 from worker.channels import REASONING, OutputSplitter
 from worker.constraints import Constraint, GrammarError, Grammars
 from worker.decoding import Decoding
 from worker.prompt import RequestError  # noqa: F401  (re-exported: callers catch it here)
 from worker.token_bound import TokenBound
+from worker.tokens import Answered
 
 # Texts shorter than this are tokenized (~0.1 s at most) rather than judged by the bound.
 _BOUND_MIN_CHARS = 100_000
@@ -69,14 +71,32 @@ class TextEngine:
 
     # ---- preparation (no MLX compute) -----------------------------------------------
 
-    def prepare(self, gen) -> Prepared:
+    def prepare(self, gen) -> Prepared | Answered:
         """Prompt ids for `gen`, checked against the context length, and the request's
-        grammar and output splitter. Raises RequestError (shown to the client)."""
+        grammar and output splitter. Raises RequestError (shown to the client).
+        Tokenize and detokenize are answered here, whole (worker/tokens.py)."""
+        if gen.task is not Task.GENERATE:
+            return tokens.answer(gen, self, ModelKind.TEXT)
+        ids, param = self.prompt_ids(gen)
+        max_tokens = gen.sampling.max_tokens
+        if max_tokens is not None and max_tokens < 1:
+            raise RequestError(INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens",
+                               len(ids))
+        self._check_context(len(ids), max_tokens, param)
+        sampling.check_logit_bias(gen.sampling, self.vocab_size)
+        sampling.check_sampler_values(gen.sampling)
+        return self._outputs(gen, ids)
+
+    def prompt_ids(self, gen, bound: bool = True) -> tuple[list[int], str]:
+        """The prompt's token ids, exactly as generation sees them (chat template, tools
+        and template switches applied), and the parameter they came from. `bound`:
+        refuse a text that cannot fit without tokenizing it."""
         max_tokens = gen.sampling.max_tokens
         if gen.messages is not None:
             param = "messages"
             text, special = chat_prompt.chat_text(self.tokenizer, gen)
-            self._check_bound(text, max_tokens, param)
+            if bound:
+                self._check_bound(text, max_tokens, param)
             ids = list(self.tokenizer.encode(text, add_special_tokens=special))
         elif gen.prompt_ids is not None:
             param = "prompt"
@@ -88,7 +108,8 @@ class TextEngine:
         elif gen.prompt is not None:
             param = "prompt"
             tok = self.tokenizer
-            self._check_bound(gen.prompt, max_tokens, param)
+            if bound:
+                self._check_bound(gen.prompt, max_tokens, param)
             # Like stream_generate: add BOS unless the prompt already starts with it.
             special = tok.bos_token is None or not gen.prompt.startswith(tok.bos_token)
             ids = tok.encode(gen.prompt, add_special_tokens=special)
@@ -96,13 +117,7 @@ class TextEngine:
             raise RequestError(INVALID_REQUEST, "a request needs messages or a prompt", "prompt")
         if not ids:
             raise RequestError(INVALID_REQUEST, "the prompt is empty", param)
-        if max_tokens is not None and max_tokens < 1:
-            raise RequestError(INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens",
-                               len(ids))
-        self._check_context(len(ids), max_tokens, param)
-        sampling.check_logit_bias(gen.sampling, self.vocab_size)
-        sampling.check_sampler_values(gen.sampling)
-        return self._outputs(gen, ids)
+        return list(ids), param
 
     def restart(self, prep: Prepared) -> Prepared:
         """The same request, to run again from its first token: a fresh grammar state

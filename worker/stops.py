@@ -13,7 +13,7 @@ from __future__ import annotations
 
 
 class StopMatcher:
-    __slots__ = ("stops", "_hold", "_pending")
+    __slots__ = ("stops", "_hold", "_pending", "matched")
 
     def __init__(self, stops):
         # Empty strings would match everywhere; the supervisor validates, but be safe.
@@ -21,6 +21,7 @@ class StopMatcher:
         # The longest text that can be held back: a proper prefix of the longest stop.
         self._hold = max((len(s) for s in self.stops), default=1) - 1
         self._pending = ""
+        self.matched: str | None = None  # the stop string that ended the text, once one did
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Add a segment; return (text safe to emit now, matched). After a match the
@@ -32,7 +33,7 @@ class StopMatcher:
         for s in self.stops:
             i = pending.find(s)
             if i != -1 and (cut == -1 or i < cut):
-                cut = i
+                cut, self.matched = i, s
         if cut != -1:
             self._pending = ""
             return pending[:cut], True

@@ -61,10 +61,10 @@ async def run(request: web.Request, parsed,
                                               usage_of(gen.done)))
     finally:
         gen.close()
-        _log_request(request, gen, model, parsed.stream, t0)
+        log_request(request, gen, model, parsed.stream, t0)
 
 
-def _log_request(request, gen: Generation, model: str, stream: bool, t0: float) -> None:
+def log_request(request, gen: Generation, model: str, stream: bool, t0: float) -> None:
     h, done = gen.handle, gen.done
     outcome = done.finish_reason if done else "error"
     if h.cancel_requested and outcome == "error":

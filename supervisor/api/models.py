@@ -63,14 +63,17 @@ LOCAL_MODELS = web.AppKey("local_models", LocalModels)
 
 
 def loaded_object(pool: Pool, runner: ModelRunner) -> dict:
+    extra = {"dimensions": runner.dimensions} if runner.dimensions else {}
     return shapes.model_object(runner.id, pool.created.get(runner.id, 0), "mlxd",
                                state=runner.state, context_length=runner.context_length,
-                               random_weights=runner.random_weights)
+                               random_weights=runner.random_weights, kind=runner.kind,
+                               **extra)
 
 
 def local_object(model: LocalModel) -> dict:
     return shapes.model_object(model.id, model.modified, "mlxd", state=NOT_LOADED,
-                               context_length=model.context_length, size_bytes=model.size_bytes)
+                               context_length=model.context_length, size_bytes=model.size_bytes,
+                               kind=model.kind)
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -35,7 +35,9 @@ log = logging.getLogger("mlxd.catalog")
 
 DEMO = models.DEMO
 DEMO_RANDOM = models.DEMO_RANDOM
-BUILT = {DEMO: models.demo_path, DEMO_RANDOM: models.demo_random_path}  # made by the worker
+DEMO_EMBED = models.DEMO_EMBED
+BUILT = {DEMO: models.demo_path, DEMO_RANDOM: models.demo_random_path,
+         DEMO_EMBED: models.demo_embed_path}  # made by the worker
 WEIGHT_SUFFIXES = (".safetensors",)
 # A name longer than this, or with a longer path component, names nothing (PATH_MAX is
 # 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.
@@ -55,6 +57,7 @@ class LocalModel:
     context_length: int | None
     source: str                # hf-cache | local | gguf | demo | demo-random
     modified: int = 0          # unix time the files were last written (/v1/models `created`)
+    kind: str = "text"         # text | embed | rerank (protocol.models.model_kind)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -270,6 +273,11 @@ def context_length(path: Path, cap: int | None = None) -> int | None:
     return models.context_length(config, cap)
 
 
+def kind_of(path: Path) -> str:
+    """What the model does, by the rule the worker picks its engine by."""
+    return models.model_kind(path, read_config(path)).value
+
+
 def safetensors_format(file: Path) -> str | None:
     """The `format` in a safetensors header's metadata ("mlx" for MLX-saved weights)."""
     try:
@@ -319,19 +327,21 @@ def scan_hf_cache(cap: int | None = None, cache_dir: Path | None = None) -> list
         if not is_mlx_model(path, repo.repo_id):
             continue
         found.append(LocalModel(repo.repo_id, str(path), weights_bytes(path),
-                                context_length(path, cap), "hf-cache", modified(path)))
+                                context_length(path, cap), "hf-cache", modified(path),
+                                kind_of(path)))
     return sorted(found, key=lambda m: m.id)
 
 
 def scan(state_dir: Path, cap: int | None = None, cache_dir: Path | None = None) -> list[LocalModel]:
-    """Every local MLX model mlxd can serve by name: the HF cache, plus `demo` and
-    `demo-random` once built."""
+    """Every local MLX model mlxd can serve by name: the HF cache, plus `demo`,
+    `demo-random` and `demo-embed` once built."""
     found = scan_hf_cache(cap, cache_dir)
     for name, where in BUILT.items():
         path = where(state_dir)
         if path.is_dir():
             found.append(LocalModel(name, str(path), weights_bytes(path),
-                                    context_length(path, cap), name, modified(path)))
+                                    context_length(path, cap), name, modified(path),
+                                    kind_of(path)))
     return found
 
 
@@ -349,4 +359,4 @@ def describe(name: str, state_dir: Path, cap: int | None = None) -> LocalModel |
                           modified(path))
     source = name if name in BUILT else ("local" if found.load_as == found.real else "hf-cache")
     return LocalModel(name, str(path), weights_bytes(path), context_length(path, cap), source,
-                      modified(path))
+                      modified(path), kind_of(path))

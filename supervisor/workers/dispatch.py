@@ -28,11 +28,12 @@ from typing import Callable
 
 import msgspec
 
-from protocol import Cancel, Delta, Done, Error, FinishReason, Generate, Started
+from protocol import (Cancel, Delta, Done, Error, FinishReason, Generate, ModelKind, Pooled,
+                      Started, Tokens)
 from supervisor.config import Config
 from supervisor.workers.errors import Overloaded, WorkerError, WorkerFailed, from_worker
 from supervisor.workers.handle import QUEUED, STARTED, RequestHandle
-from supervisor.workers.limits import check_limits, unsendable
+from supervisor.workers.limits import check_limits, check_task, unsendable
 from supervisor.workers.link import LinkClosed, WorkerLink
 
 log = logging.getLogger("mlxd.runner")
@@ -50,10 +51,12 @@ class Dispatcher:
         self.link: WorkerLink | None = None  # the worker requests go to, while it serves
         self.context_length: int | None = None
         self.vocab_size: int | None = None
+        self.model_kind: ModelKind | None = None  # known once a worker was ready
 
     # ---- admission -----------------------------------------------------------------------
     def admit(self, request: Generate, params: dict) -> RequestHandle:
         """Check the request against the model's limits and queue it."""
+        check_task(self.model_id, request.task, self.model_kind)
         check_limits(request.sampling, params, self.context_length, self.vocab_size)
         if self.waiting() >= self.config.max_queue:
             raise Overloaded(
@@ -137,6 +140,11 @@ class Dispatcher:
             h.set_failure(Overloaded(
                 "The client read the stream too slowly; the request was cancelled.", 1))
             self.send_cancel(h)
+
+    def on_result(self, msg: Tokens | Pooled) -> None:
+        h = self.inflight.get(msg.rid)
+        if h is not None:
+            h.on_result(msg)
 
     def on_done(self, msg: Done) -> RequestHandle | None:
         """The request's end; returns its handle (None for an unknown rid)."""

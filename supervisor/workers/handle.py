@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import AsyncIterator, Callable
 
-from protocol import Delta, Done, FinishReason, Generate, Started
+from protocol import Delta, Done, FinishReason, Generate, Pooled, Started, Tokens
 from supervisor.workers.errors import (Internal, Overloaded, RequestTimeout, WorkerError,
                                        WorkerFailed)
 
@@ -81,6 +81,7 @@ class RequestHandle:
         self.last_token_at: float | None = None   # with first_token_at: inter-token latency
         self.started_msg: Started | None = None
         self.done: Done | None = None
+        self.result: Tokens | Pooled | None = None  # what a non-generating task computed
         self.failure: WorkerError | None = None
         self.cancel_requested = False
         self.cancel_sent_at: float | None = None
@@ -118,6 +119,10 @@ class RequestHandle:
         self.last_token_at = now
         self._events.put(msg)
         return len(self._events) <= MAX_PENDING_EVENTS
+
+    def on_result(self, msg: Tokens | Pooled) -> None:
+        """What a task other than generation computed; its Done follows."""
+        self.result = msg
 
     def on_done(self, msg: Done) -> None:
         if self.state == FINISHED:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from protocol import EncodeError, SamplingParams
+from protocol import TASKS_OF, EncodeError, ModelKind, SamplingParams, Task
+from protocol.messages import task_refusal
 from supervisor.workers.errors import BadRequest, ContextTooLong, Internal, WorkerError
 
 log = logging.getLogger("mlxd.runner")
@@ -47,6 +48,14 @@ def check_limits(sampling: SamplingParams, params: dict, context_length: int | N
                 f"Invalid value for '{name}': token id {token} is out of range: this "
                 f"model's vocabulary has {vocab} tokens (ids 0 to {vocab - 1}).",
                 name, "invalid_value")
+
+
+def check_task(model: str, task: Task, kind: ModelKind | None) -> None:
+    """Refuse a task the model's kind cannot do (an embedding model asked to chat, a chat
+    model asked to rerank), before it queues. Known once a worker was ready; until then
+    the worker refuses it itself, in the same words."""
+    if kind is not None and task not in TASKS_OF[kind]:
+        raise BadRequest(task_refusal(model, task, kind), "model", "model_not_supported")
 
 
 def unsendable(e: Exception) -> WorkerError:

@@ -28,8 +28,8 @@ from typing import Awaitable, Callable
 
 import msgspec
 
-from protocol import (Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown, Started,
-                      Status, StatusRequest)
+from protocol import (Delta, Done, Error, Generate, Heartbeat, Pooled, Ready, Shutdown,
+                      Started, Status, StatusRequest, Tokens)
 from supervisor.config import Config
 from supervisor.workers.dispatch import Dispatcher
 from supervisor.workers.errors import Internal, WorkerError, WorkerFailed
@@ -79,6 +79,7 @@ class ModelRunner:
         self.link: WorkerLink | None = None
         self.epoch = 0
         self.random_weights = False
+        self.dimensions: int | None = None  # an embedding model's vector width
         self.ready_at: float | None = None
         self.restarts = 0
         self.restart_causes: collections.Counter = collections.Counter()  # ExitCause → n
@@ -120,6 +121,12 @@ class ModelRunner:
     @property
     def context_length(self) -> int | None:
         return self.dispatch.context_length
+
+    @property
+    def kind(self) -> str | None:
+        """text | embed | rerank, once a worker was ready (None before)."""
+        kind = self.dispatch.model_kind
+        return kind.value if kind is not None else None
 
     @property
     def vocab_size(self) -> int | None:
@@ -391,6 +398,8 @@ class ModelRunner:
             self.live.steps_changed_at = now
             self.tokens.add(msg.n_tokens, now)
             self.dispatch.on_delta(msg)
+        elif isinstance(msg, (Tokens, Pooled)):
+            self.dispatch.on_result(msg)
         elif isinstance(msg, Done):
             h = self.dispatch.on_done(msg)
             if h is not None:
@@ -406,6 +415,8 @@ class ModelRunner:
             d.slots = max(1, msg.slots)
             d.context_length = msg.context_length
             d.vocab_size = msg.vocab_size or None
+            d.model_kind = msg.model_kind
+            self.dimensions = msg.dimensions or None
             self.random_weights = msg.random_weights
             self.ready_at = self._clock()
             self.live.active_bytes, self.live.peak_bytes = msg.active_bytes, msg.peak_bytes
@@ -489,6 +500,9 @@ class ModelRunner:
             "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
             "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
             "slots": self.dispatch.slots,
+            # What the model does (text | embed | rerank), once a worker was ready.
+            "kind": self.kind,
+            "dimensions": self.dimensions,
             # While a GGUF converts at load: the share done (None otherwise).
             "load_progress": (lv.load_progress
                               if self.state in (RunnerState.STARTING, RunnerState.RESTARTING)

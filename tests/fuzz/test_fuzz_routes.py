@@ -40,6 +40,8 @@ KNOWN_KEYS = [
     "prompt_cache_key", "echo", "suffix", "best_of", "functions", "function_call", "content",
     "role", "type", "name", "arguments", "parameters", "schema", "strict", "include_usage",
     "effort", "format", "tool_call_id", "mode", "replace", "include", "truncation",
+    "query", "documents", "top_n", "return_documents", "encoding_format", "dimensions",
+    "tokens", "return_token_strs", "text",
 ]
 CHECK_EVERY = 15  # requests between two normal requests
 
@@ -50,8 +52,10 @@ def fuzz_settings(examples: int):
 
 
 @pytest.fixture(scope="module")
-def srv(tiny_model):
-    with ServerProcess([str(tiny_model)]) as s:
+def srv(tiny_model, embed_model, reranker_model):
+    # The text model first: the checks below follow its worker. The embedding model and
+    # the reranker serve the routes that need them (/v1/embeddings, /v1/rerank).
+    with ServerProcess([str(tiny_model), str(embed_model("bert")), str(reranker_model)]) as s:
         s.wait_healthy()
         s.first_pid = s.worker_pids()[0]
         yield s
@@ -111,7 +115,7 @@ def tool(name="f"):
         "required": ["x"]}}}
 
 
-def bases(model: str) -> dict[str, list[dict]]:
+def bases(model: str, embed: str = "", rerank: str = "") -> dict[str, list[dict]]:
     history = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "hi"}]},
@@ -154,12 +158,27 @@ def bases(model: str) -> dict[str, list[dict]]:
                  "parameters"]}], "tool_choice": "auto",
              "text": {"format": {"type": "json_schema", "name": "s", "schema": schema}}},
         ],
+        "/v1/embeddings": [
+            {"model": embed, "input": ["hi", "there"], "encoding_format": "base64",
+             "dimensions": 32, "user": "u"},
+            {"model": embed, "input": [[1, 2, 3], [4]], "encoding_format": "float"},
+        ],
+        "/v1/rerank": [
+            {"model": rerank, "query": "q", "documents": ["a", {"text": "b"}], "top_n": 1,
+             "return_documents": True},
+        ],
+        "/tokenize": [
+            {"model": model, "messages": history, "tools": [tool()],
+             "return_token_strs": True},
+            {"model": embed, "prompt": "hello"},
+        ],
+        "/detokenize": [{"model": model, "tokens": [1, 2, 3]}],
     }
 
 
 @st.composite
-def mutated_bodies(draw, route: str, model: str):
-    base = draw(st.sampled_from(bases(model)[route]))
+def mutated_bodies(draw, route: str, models: tuple[str, str, str]):
+    base = draw(st.sampled_from(bases(*models)[route]))
     place = draw(st.sampled_from(places(base)))
     key = draw(st.sampled_from(KNOWN_KEYS))
     value = draw(hostile_values())
@@ -167,13 +186,16 @@ def mutated_bodies(draw, route: str, model: str):
 
 
 @pytest.mark.parametrize("route,examples", [
-    ("/v1/chat/completions", 400), ("/v1/completions", 200), ("/v1/responses", 300)])
-def test_post_routes_survive_hostile_bodies(srv, http, tiny_model, route, examples):
+    ("/v1/chat/completions", 400), ("/v1/completions", 200), ("/v1/responses", 300),
+    ("/v1/embeddings", 120), ("/v1/rerank", 80), ("/tokenize", 100), ("/detokenize", 50)])
+def test_post_routes_survive_hostile_bodies(srv, http, tiny_model, embed_model,
+                                            reranker_model, route, examples):
     model = str(tiny_model)
+    models = (model, str(embed_model("bert")), str(reranker_model))
 
     @seed(SEED)
     @fuzz_settings(examples)
-    @given(raw=mutated_bodies(route, model))
+    @given(raw=mutated_bodies(route, models))
     def run(raw):
         check(srv, http, model, "POST " + route, "POST", route, content=raw.encode(
             "utf-8", "surrogatepass"), headers={"Content-Type": "application/json"}, what=raw[:300])

@@ -10,33 +10,33 @@ import msgspec
 import pytest
 
 from protocol import (PROTOCOL_VERSION, Cancel, Delta, Done, EncodeError, Error, ErrorCode,
-                      FinishReason, Generate, Heartbeat, OutputSpec, ProtocolError, Ready,
-                      SamplingParams, Shutdown, Started, Status, StatusRequest, ToolCall,
-                      decode_down, decode_up, encode, pack_floats, pack_ids, unpack_floats,
-                      unpack_ids)
+                      FinishReason, Generate, Heartbeat, ModelKind, OutputSpec, Pooled,
+                      ProtocolError, Ready, SamplingParams, Shutdown, Started, Status,
+                      StatusRequest, Task, Tokens, ToolCall, decode_down, decode_up, encode,
+                      pack_floats, pack_ids, unpack_floats, unpack_ids)
 from protocol.messages import DOWN, UP
 from protocol.sockets import Endpoints, make_runtime_dir, remove_runtime_dir
 
-# A msgpack map: fixmap header, then ("type", kind), ("v", 2), then the fields in declaration
+# A msgpack map: fixmap header, then ("type", kind), ("v", 3), then the fields in declaration
 # order (nested structs as maps of their own). Pinned byte for byte: a change here breaks
 # mixed-version peers, so it comes with a PROTOCOL_VERSION bump.
 GOLDEN = [
-    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x02\xa3rid\xa2r1"),
-    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x02"),
+    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x03\xa3rid\xa2r1"),
+    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x03"),
     (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
-     b"\x8c\xa4type\xa5delta\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\x8c\xa4type\xa5delta\xa1v\x03\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"
      b"\xa9reasoning\xa0\xaatool_calls\x90\xa8logprobs\xc4\x00\xa7top_ids\xc4\x00"
      b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90"),
     (Done(epoch=2, rid="r1", finish_reason=FinishReason.LENGTH, prompt_tokens=3,
           completion_tokens=4),
-     b"\x89\xa4type\xa4done\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+     b"\x8a\xa4type\xa4done\xa1v\x03\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"
-     b"\xb0reasoning_tokens\x00"),
+     b"\xb0reasoning_tokens\x00\xadstop_sequence\xc0"),
     (Generate(rid="r1", prompt="hi",
               sampling=SamplingParams(max_tokens=2, logit_bias=((7, -1.5),)),
               output=OutputSpec(stop=("x",))),
-     b"\x8b\xa4type\xa8generate\xa1v\x02\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\x8f\xa4type\xa8generate\xa1v\x03\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
      b"\xa8sampling\x8a\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
@@ -44,19 +44,19 @@ GOLDEN = [
      b"\xa6output\x8a\xa4stop\x91\xa1x\xa8logprobs\xc2\xactop_logprobs\x00"
      b"\xafresponse_format\xc0\xabjson_schema\xc0\xa5tools\xc0\xabtool_choice\xc0"
      b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"
-     b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2\xa9cache_key\xc0"),
+     b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2\xa9cache_key\xc0"
+     b"\xa4task\xa8generate\xa6inputs\xc0\xa9input_ids\xc0\xaadimensions\xc0"),
 ]
 
 # Messages as an older peer of this version (before reasoning, tool calls and logprobs)
 # sent them: the fields added since decode to their defaults.
 OLD_WIRE = [
-    (b"\x86\xa4type\xa5delta\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+    (b"\x86\xa4type\xa5delta\xa1v\x03\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00", GOLDEN[2][0]),
-    (b"\x88\xa4type\xa4done\xa1v\x02\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+    (b"\x88\xa4type\xa4done\xa1v\x03\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
-    # A Generate from before cache_key (the prompt cache's namespace).
-    (GOLDEN[4][1].replace(b"\x8b", b"\x8a", 1).removesuffix(b"\xa9cache_key\xc0"),
-     GOLDEN[4][0]),
+    # A Generate from before cache_key (the prompt cache's namespace) and the tasks.
+    (GOLDEN[4][1].replace(b"\x8f", b"\x8a", 1).split(b"\xa9cache_key")[0], GOLDEN[4][0]),
 ]
 
 # Version 1's bytes (the dataclass codec's) for the same Cancel and Done: refused.
@@ -82,8 +82,16 @@ def test_an_older_peers_messages_still_decode(wire, msg):
 
 @pytest.mark.parametrize("wire", VERSION_1, ids=["Cancel", "Done"])
 def test_version_1_frames_are_refused(wire):
-    with pytest.raises(ProtocolError, match="version 1, expected 2"):
+    with pytest.raises(ProtocolError, match="version 1, expected 3"):
         (decode_down if b"cancel" in wire else decode_up)(wire)
+
+
+def test_version_2_generate_is_refused():
+    # A version-2 worker would ignore `task` and generate instead of embedding: a peer of
+    # another version is refused, not half understood.
+    v2 = GOLDEN[4][1].replace(b"\xa1v\x03", b"\xa1v\x02", 1)
+    with pytest.raises(ProtocolError, match="version 2, expected 3"):
+        decode_down(v2)
 
 
 def test_tool_calls_and_logprobs_travel_packed():
@@ -134,6 +142,14 @@ def test_every_message_round_trips_with_version():
         Ready(epoch=1, model="m", context_length=4096, pid=9, slots=1, random_weights=True),
         Started(epoch=1, rid="a", prompt_tokens=10, cached_tokens=2),
         Delta(epoch=1, rid="a", text="x", token_ids=pack_ids([5])),
+        Generate(rid="c", task=Task.EMBED, inputs=["a", "b"], dimensions=8),
+        Generate(rid="d", task=Task.EMBED, input_ids=[pack_ids([1, 2]), pack_ids([3])]),
+        Generate(rid="e", task=Task.SCORE, prompt="q", inputs=["d1"]),
+        Tokens(epoch=1, rid="a", ids=pack_ids([1, 2]), pieces=[b"a", b"\xe2"], text="ab"),
+        Pooled(epoch=1, rid="a", rows=2, dim=2, data=pack_floats([0.5, 1, -1, 2]),
+               tokens=[3, 4]),
+        Ready(epoch=1, model="e", context_length=512, pid=9, model_kind=ModelKind.EMBED,
+              dimensions=384),
         Done(epoch=1, rid="a", finish_reason=FinishReason.STOP),
         Error(epoch=1, code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, message="too long", rid="a",
               param="messages"),

@@ -2,7 +2,9 @@
 
 Supervisor unit tests use it to drive the runner's fault paths fast and without MLX:
 modes make it crash mid-stream, hang (no heartbeats, no steps), ignore cancels, or fail
-to load. It "generates" `tokens` words per request, one every `step_s` seconds.
+to load. It "generates" `tokens` words per request, one every `step_s` seconds; the other
+tasks it answers at once: TOKENIZE gives the prompt's UTF-8 bytes as ids, EMBED and SCORE
+one row per input, [length of the input, its index] (SCORE: the length alone).
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from protocol import (Cancel, Delta, Done, Error, Generate, Heartbeat, Ready, Shutdown,
-                      Started, Status, StatusRequest, decode_down, decode_up, encode, pack_ids)
+from protocol import (TASKS_OF, Cancel, Delta, Done, Error, Generate, Heartbeat, ModelKind,
+                      Pooled, Ready, Shutdown, Started, Status, StatusRequest, Task, Tokens,
+                      decode_down, decode_up, encode, pack_floats, pack_ids)
 from supervisor.workers.link import LinkClosed, WorkerLink
 
 
@@ -28,6 +31,7 @@ class FakeBehaviour:
     vocab_size: int = 1000
     heartbeat_s: float = 0.05
     die_after_ready_s: float | None = None  # crash this long after Ready, busy or not
+    model_kind: ModelKind = ModelKind.TEXT
 
 
 class FakeWorld:
@@ -119,7 +123,7 @@ class FakeLink(WorkerLink):
             return
         self._emit(Ready(epoch=self.epoch, model="fake", context_length=b.context_length,
                          pid=self.pid, slots=1, random_weights=True,
-                         vocab_size=b.vocab_size))
+                         vocab_size=b.vocab_size, model_kind=b.model_kind))
         if b.die_after_ready_s is not None:
             asyncio.get_running_loop().call_later(b.die_after_ready_s, self._die, 1)
         pending: list[Generate] = []
@@ -139,6 +143,9 @@ class FakeLink(WorkerLink):
 
     async def _run(self, g: Generate, pending: list) -> None:
         b = self.b
+        if g.task is not Task.GENERATE:
+            self._answer(g)
+            return
         prompt_tokens = len(g.prompt or "") + sum(len(m.get("content") or "") for m in g.messages or [])
         max_tokens = g.sampling.max_tokens
         if prompt_tokens + (max_tokens or 0) > b.context_length:
@@ -187,3 +194,26 @@ class FakeLink(WorkerLink):
         self._emit(Done(epoch=self.epoch, rid=g.rid,
                         finish_reason="length" if limit == max_tokens else "stop",
                         prompt_tokens=prompt_tokens, completion_tokens=n))
+
+    def _answer(self, g: Generate) -> None:
+        """A task other than generation: its result and Done at once."""
+        if g.task not in TASKS_OF[self.b.model_kind]:
+            self._emit(Error(epoch=self.epoch, code="invalid_request", rid=g.rid,
+                             message="wrong kind", param="model"))
+            self._emit(Done(epoch=self.epoch, rid=g.rid, finish_reason="error"))
+            return
+        if g.task is Task.TOKENIZE:
+            ids = list((g.prompt or "").encode())
+            result = Tokens(epoch=self.epoch, rid=g.rid, ids=pack_ids(ids))
+        else:
+            inputs = g.inputs or []
+            rows = [[float(len(text)), float(i)] for i, text in enumerate(inputs)]
+            if g.task is Task.SCORE:  # one score per document
+                rows = [r[:1] for r in rows]
+            result = Pooled(epoch=self.epoch, rid=g.rid, rows=len(rows), dim=len(rows[0]),
+                            data=pack_floats([v for r in rows for v in r]))
+            ids = [0] * sum(len(t) for t in inputs)
+        self._emit(Started(epoch=self.epoch, rid=g.rid, prompt_tokens=len(ids)))
+        self._emit(result)
+        self._emit(Done(epoch=self.epoch, rid=g.rid, finish_reason="stop",
+                        prompt_tokens=len(ids)))

@@ -189,7 +189,7 @@ def test_context_length_exceeded_without_compute(spawn, tiny_model):
 
 @pytest.mark.parametrize("how", ["message", "sigterm"])
 def test_shutdown_answers_everything_and_exits_0(spawn, tiny_model, how):
-    w = spawn(tiny_model)
+    w = spawn(tiny_model, "--max-batch-size", "1")  # one slot: "queued" really waits
     w.wait_for("ready", timeout=60)
     w.send(long_gen("in-flight", "Hello"))
     w.send(long_gen("queued", "Hello"))

@@ -70,6 +70,16 @@ def test_multiple_stops_earliest_wins():
     assert run(["ab", "abc"], ["zab", "c"]) == ("z", True)
 
 
+def test_the_matched_stop_is_named():
+    """Done.stop_sequence (Anthropic's `stop_sequence`) comes from here."""
+    m = StopMatcher(["world", "lo w", "zz"])
+    assert m.matched is None
+    first, hit = m.feed("hel")
+    assert not hit and m.matched is None
+    second, hit = m.feed("lo world")
+    assert hit and first + second == "hel" and m.matched == "lo w"
+
+
 def test_overlapping_prefix_inside_held_text():
     # "aab": after "aa" the matcher must keep "a" (the 2nd one) as a possible start.
     assert run(["ab"], ["a", "a", "b"]) == ("a", True)

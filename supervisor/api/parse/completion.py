@@ -14,12 +14,11 @@ from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, is_int, missing, opt_bool, opt_int, opt_str,
-    parse_common, unsupported,
+    parse_common, token_ids, unsupported,
 )
 
 # OpenAI's default for /v1/completions (CreateCompletionRequest.max_tokens.default).
 DEFAULT_MAX_TOKENS = 16
-_UINT32 = 2 ** 32  # token ids travel as packed uint32 (protocol.pack_ids)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +74,7 @@ def _parse_prompt(body: dict) -> tuple[Optional[str], Optional[tuple]]:
         raise invalid_value("prompt", "empty array. Expected an array with minimum length 1, "
                             "but got an empty array instead.", "empty_array")
     if all(is_int(t) for t in value):
-        return None, _token_ids(value, "prompt")
+        return None, token_ids(value, "prompt")
     if all(isinstance(p, (str, list)) for p in value):
         if len(value) > 1:
             raise unsupported("prompt", "Only one prompt per request is supported by this "
@@ -84,17 +83,9 @@ def _parse_prompt(body: dict) -> tuple[Optional[str], Optional[tuple]]:
         if isinstance(only, str):
             return only, None
         if only and all(is_int(t) for t in only):
-            return None, _token_ids(only, "prompt[0]")
+            return None, token_ids(only, "prompt[0]")
         raise invalid_type("prompt[0]", "a non-empty array of integers", only)
     raise invalid_type("prompt", expected, value)
-
-
-def _token_ids(ids: list, param: str) -> tuple:
-    for i, t in enumerate(ids):
-        if not 0 <= t < _UINT32:
-            raise invalid_value(f"{param}[{i}]", f"token ids are integers from 0 to "
-                                f"{_UINT32 - 1}, got {t}.")
-    return tuple(ids)
 
 
 def _reject_unsupported(body: dict) -> None:

@@ -143,6 +143,18 @@ def opt_list(body: dict, key: str, param: Optional[str] = None) -> Optional[list
 
 # ---- shared fields -------------------------------------------------------------------
 
+UINT32 = 2 ** 32  # token ids travel as packed uint32 (protocol.pack_ids)
+
+
+def token_ids(ids: list, param: str) -> tuple:
+    """A list of ints (checked by the caller) as token ids: each must fit a uint32."""
+    for i, t in enumerate(ids):
+        if not 0 <= t < UINT32:
+            raise invalid_value(f"{param}[{i}]", f"token ids are integers from 0 to "
+                                f"{UINT32 - 1}, got {t}.")
+    return tuple(ids)
+
+
 def parse_model(body: dict) -> str:
     if body.get("model") is None:
         raise missing("model")
