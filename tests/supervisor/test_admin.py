@@ -228,7 +228,7 @@ async def raw_get(client, path: str, header: bytes) -> tuple[int, bytes]:
     """GET with an Authorization header of exactly these bytes (no client library lets
     one send bytes that are not text): the status and the body."""
     reader, writer = await asyncio.open_connection(client.host, client.port)
-    writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nAuthorization: " + header
+    writer.write(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: localhost\r\nAuthorization: " + header
                  + b"\r\nConnection: close\r\n\r\n")
     raw = await reader.read()
     writer.close()
