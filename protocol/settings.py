@@ -224,6 +224,12 @@ SETTINGS: tuple[Setting, ...] = (
     S("heartbeat_timeout", FLOAT, 15.0, "seconds without a heartbeat before a worker counts as hung"),
     S("hang_timeout", FLOAT, 120.0, "seconds busy without progress before a worker counts as hung"),
     S("max_body_bytes", SIZE, 16 << 20, "largest request body accepted (413 above), e.g. 16M"),
+    # Slow and idle clients (supervisor/http/serving.py).
+    S("header_timeout", FLOAT, 15.0, "seconds a client has to send a request's headers; also "
+      "how long an idle keep-alive connection is kept"),
+    S("body_timeout", FLOAT, 60.0, "seconds a request body may take to arrive (408 after)"),
+    S("max_connections", INT, 512, "open connections at most: over it the longest-idle one "
+      "is closed, or the new one if none is idle (0: no limit)"),
     # Resident models and the memory gate (DESIGN.md, "Lifecycle and cancellation").
     S("max_models", INT, 0, "resident models at most; the least recently used idle one is "
       "unloaded for another (0: memory decides)"),

@@ -22,9 +22,9 @@ from supervisor.api.health import health
 from supervisor.api.responses import routes as responses
 from supervisor.admin import routes as admin
 from supervisor.api import models as listing
-from supervisor.http import guard, metrics
+from supervisor.http import guard, metrics, serving
 from supervisor.config import Config
-from supervisor.http.errors import install
+from supervisor.http.errors import BODY_TIMEOUT, install
 from supervisor.keys import CONFIG, POOL
 from supervisor.memory.probe import Probe
 from supervisor.workers.pool import Pool, process_link_factory
@@ -39,6 +39,8 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     install(app)
     metrics.install(app)
     guard.install(app, guard.Guard.from_config(config))
+    serving.install(app)
+    app[BODY_TIMEOUT] = config.body_timeout or None
     admin.setup(app, config)
     app[CONFIG] = config
     app.cleanup_ctx.append(_workers(factory_for, probe))

@@ -122,10 +122,8 @@ def private_dir(path: Path) -> None:
 
 
 def serve(config: Config) -> None:
-    from aiohttp import web
-
     from supervisor.app import create_app
-    from supervisor.http import guard
+    from supervisor.http import guard, serving
 
     private_dir(config.state_dir)
     setup_logging(config)
@@ -142,11 +140,7 @@ def serve(config: Config) -> None:
 
         log.info("requests may load models from: %s", ", ".join(
             str(r) for r in model_roots(config.state_dir, config.models_dirs)))
-    # aiohttp's shutdown_timeout is its wait for handlers after our drain has already
-    # cancelled what was left (app._drain_then_cancel): a cancel's grace is enough.
-    web.run_app(create_app(config), host=config.host, port=config.port,
-                handler_cancellation=True, print=None, access_log=None,
-                shutdown_timeout=config.cancel_grace + 5)
+    serving.run(create_app(config), config)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -317,14 +317,23 @@ def _reject_constant(name: str):
     raise ValueError(name)  # NaN/Infinity are not JSON, whatever Python's json allows
 
 
+# Seconds a request body may take to arrive (--body-timeout; none if the app sets none).
+BODY_TIMEOUT = web.AppKey("mlxd_body_timeout", float)
+
+
 async def read_json(request: web.BaseRequest) -> dict:
-    """The body as a JSON object. Like OpenAI, the Content-Type is not checked (clients send
-    all sorts); a body over the app's client_max_size is a 413, anything not a JSON object
-    a 400, and so is a value no layer below can carry (http/values.py), named by its path."""
+    """The body as a JSON object (its Content-Type is the guard's business: http/guard.py).
+    A body over the app's client_max_size is a 413, one slower than BODY_TIMEOUT a 408,
+    anything not a JSON object a 400, and so is a value no layer below can carry
+    (http/values.py), named by its path."""
+    timeout = request.app.get(BODY_TIMEOUT) if request.app is not None else None
     try:
-        raw = await request.read()
+        raw = await asyncio.wait_for(request.read(), timeout)
     except web.HTTPRequestEntityTooLarge:
         raise APIError.payload_too_large(request.client_max_size) from None
+    except asyncio.TimeoutError:
+        raise APIError(408, f"The request body did not arrive within {timeout:g} s.",
+                       code="request_timeout", headers={"Connection": "close"}) from None
     try:
         body = json.loads(raw, parse_constant=_reject_constant)  # bytes: UTF-8/16/32
     except (ValueError, UnicodeDecodeError, RecursionError):
