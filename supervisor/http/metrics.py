@@ -30,6 +30,8 @@ prometheus_client.disable_created_metrics()
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+LAG_EVERY = 0.1  # seconds between two event-loop lag samples
 CLIENT_CLOSED = 499  # nginx's code for "the client left before the answer"
 
 
@@ -84,6 +86,10 @@ class Metrics(Observer):
                              ["mode", "outcome"], registry=r)
         self.swap_seconds = Histogram("mlxd_swap_seconds", "Duration of successful swaps",
                                       buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300), registry=r)
+        self.loop_lag = Histogram("mlxd_event_loop_lag_seconds",
+                                  "How late the event loop ran a timer (sampled every "
+                                  f"{LAG_EVERY} s): what every request waits on top",
+                                  buckets=LAG_BUCKETS, registry=r)
         self._gauges = _PoolGauges()
         r.register(self._gauges)
         self._scrape = asyncio.Lock()
@@ -241,4 +247,22 @@ def install(app: web.Application) -> Metrics:
     metrics = app[METRICS] = Metrics()
     app.middlewares.insert(0, metrics_middleware)
     app.router.add_get("/metrics", metrics_handler)
+    app.cleanup_ctx.append(_lag_sampler)
     return metrics
+
+
+async def _lag_sampler(app: web.Application):
+    """Event-loop lag: a timer asked for LAG_EVERY seconds, and how much later it ran.
+    Whatever blocks the loop (a slow handler, a big JSON encode) shows here."""
+    loop = asyncio.get_running_loop()
+    hist = app[METRICS].loop_lag
+
+    async def sample():
+        while True:
+            t0 = loop.time()
+            await asyncio.sleep(LAG_EVERY)
+            hist.observe(max(0.0, loop.time() - t0 - LAG_EVERY))
+
+    task = asyncio.create_task(sample())
+    yield
+    task.cancel()

@@ -159,6 +159,7 @@ async def test_metrics_count_requests_tokens_and_latencies(tmp_path):
                 "model": "a", "messages": [{"role": "user", "content": "hey"}]})
             assert r.status == 200
         assert (await client.get("/v1/nope")).status == 404
+        await asyncio.sleep(0.25)  # two loop-lag samples at least
         r = await client.get("/metrics")
         assert r.status == 200 and r.content_type == "text/plain"
         text = await r.text()
@@ -172,6 +173,10 @@ async def test_metrics_count_requests_tokens_and_latencies(tmp_path):
         for gauge in ("mlxd_queue_depth", "mlxd_in_flight", "mlxd_memory_available_bytes",
                       'mlxd_worker_memory_bytes{kind="mlx_active"'):
             assert gauge in text
+        # The loop-lag sampler runs every 0.1 s from startup: samples accumulate.
+        lag = [line for line in text.splitlines()
+               if line.startswith("mlxd_event_loop_lag_seconds_count")]
+        assert lag and float(lag[0].split()[-1]) >= 1
     finally:
         await client.close()
 
