@@ -192,6 +192,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     frequency_penalty: Optional[float] = None
     # (token id, bias) pairs: ids stay ints (JSON object keys are strings).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # max_tokens is a ceiling, not a demand: a prompt that leaves less room gets what the
+    # context leaves, instead of a 400 (Anthropic's clients send max_tokens far beyond a
+    # small model's context: Claude Code asks for 32000 on every turn).
+    max_tokens_ceiling: bool = False
 
 
 class OutputSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,6 +18,7 @@ from protocol.sockets import make_runtime_dir, remove_runtime_dir
 from supervisor.api.chat import chat_completions
 from supervisor.api.completions import completions
 from supervisor.api import embeddings, tokenize
+from supervisor.api.messages import routes as messages
 from supervisor.api.health import health
 from supervisor.api.responses import routes as responses
 from supervisor.admin import routes as admin
@@ -52,6 +53,7 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     responses.setup(app)
     embeddings.setup(app)
     tokenize.setup(app)
+    messages.setup(app)
     return app
 
 

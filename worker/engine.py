@@ -82,7 +82,9 @@ class TextEngine:
         if max_tokens is not None and max_tokens < 1:
             raise RequestError(INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens",
                                len(ids))
-        self._check_context(len(ids), max_tokens, param)
+        # A ceiling only caps the budget (`budget`): the prompt alone must fit.
+        self._check_context(len(ids), None if gen.sampling.max_tokens_ceiling else max_tokens,
+                            param)
         sampling.check_logit_bias(gen.sampling, self.vocab_size)
         sampling.check_sampler_values(gen.sampling)
         return self._outputs(gen, ids)
@@ -91,7 +93,7 @@ class TextEngine:
         """The prompt's token ids, exactly as generation sees them (chat template, tools
         and template switches applied), and the parameter they came from. `bound`:
         refuse a text that cannot fit without tokenizing it."""
-        max_tokens = gen.sampling.max_tokens
+        max_tokens = None if gen.sampling.max_tokens_ceiling else gen.sampling.max_tokens
         if gen.messages is not None:
             param = "messages"
             text, special = chat_prompt.chat_text(self.tokenizer, gen)

@@ -7,6 +7,10 @@ server raises `APIError` anywhere, and one middleware (`error_middleware`) turns
 aiohttp's own HTTP exceptions, and any bug — into that shape. The same middleware assigns
 each request its `X-Request-ID`.
 
+A surface whose clients read another shape registers an `Envelope` for its path prefix
+(`add_envelope`: the Anthropic Messages API on /v1/messages), and every error under it,
+mid-stream ones included, takes that shape instead.
+
 Route handlers call: `APIError.<constructor>(...)`, `read_json(request)`,
 `get_request_id(request)`; the app factory puts `error_middleware` first in its middlewares
 and calls `install_request_id(app)` (or `install(app)` for both).
@@ -40,6 +44,44 @@ _INTERNAL_MESSAGE = (
     "The server had an error while processing your request. Sorry about that! "
     "Check the server log for the request id in the X-Request-ID header."
 )
+
+
+class Envelope:
+    """How a surface whose clients read another error shape (Anthropic's) renders an
+    APIError: a whole response, or the last event of a stream already under way."""
+
+    def response(self, err: "APIError", request_id: str) -> web.Response:
+        raise NotImplementedError
+
+    def event(self, err: "APIError", request_id: str) -> bytes:
+        raise NotImplementedError
+
+
+# Path prefix → Envelope, for the surfaces that are not OpenAI's (the default).
+ENVELOPES = web.AppKey("mlxd_envelopes", dict)
+
+
+def add_envelope(app: web.Application, prefix: str, envelope: Envelope) -> None:
+    """Errors on paths under `prefix` are rendered by `envelope`: the routes' own 404s,
+    405s, 413s and bad JSON included, since the middleware renders them all."""
+    if ENVELOPES not in app:
+        app[ENVELOPES] = {}
+    app[ENVELOPES][prefix] = envelope
+
+
+def _envelope_of(request: web.BaseRequest) -> Optional[Envelope]:
+    table = request.app.get(ENVELOPES) if request.app is not None else None
+    for prefix, envelope in (table or {}).items():
+        if request.path == prefix or request.path.startswith(prefix + "/"):
+            return envelope
+    return None
+
+
+def _respond(request: web.BaseRequest, err: "APIError") -> web.Response:
+    envelope = _envelope_of(request)
+    if envelope is None:
+        return err.to_response()
+    return envelope.response(err, get_request_id(request))
 
 
 class APIError(Exception):
@@ -227,7 +269,7 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
             return await _fail_started(request, started, exc, err)
         log.debug("request %s: %s %s -> %s", request[REQUEST_ID], request.method,
                   request.path, exc.status)
-        return err.to_response()
+        return _respond(request, err)
     except (APIError, werr.WorkerError) as exc:
         err = api_error(exc)
         started = _started(request)
@@ -236,14 +278,14 @@ async def error_middleware(request: web.Request, handler) -> web.StreamResponse:
         level = logging.WARNING if err.status >= 500 else logging.DEBUG
         log.log(level, "request %s: %s %s -> %s %s", request[REQUEST_ID], request.method,
                 request.path, err.status, err.message)
-        return err.to_response()
+        return _respond(request, err)
     except Exception as exc:
         started = _started(request)
         if started is not None:
             return await _fail_started(request, started, exc, APIError.internal())
         log.exception("request %s: %s %s failed", request[REQUEST_ID], request.method,
                       request.path)
-        return APIError.internal().to_response()
+        return _respond(request, APIError.internal())
 
 
 def _started(request: web.BaseRequest) -> Optional[web.StreamResponse]:
@@ -269,8 +311,10 @@ async def _fail_started(request, response: web.StreamResponse, exc: BaseExceptio
         # out, yet the connection's writer is set up for that response): no answer can
         # be written cleanly any more. Dropping the connection is the honest end.
         raise exc
+    envelope = _envelope_of(request)
     try:
-        await response.write(error_event(err))
+        await response.write(error_event(err) if envelope is None
+                             else envelope.event(err, get_request_id(request)))
         await response.write_eof()
     except Exception:  # the client is gone; nothing left to tell it
         pass

@@ -107,9 +107,10 @@ def run(app: web.Application, config) -> None:
         pass
     finally:
         try:
-            main.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                loop.run_until_complete(main)
+            if not main.done():  # (done: it raised during startup, e.g. SystemExit(2))
+                main.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    loop.run_until_complete(main)
         finally:
             rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for task in rest:

@@ -32,14 +32,16 @@ STREAM_HEADERS = {
 _LINE_LIKE = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
-def encode_event(obj) -> bytes:
-    """`data: <compact json>\\n\\n`. JSON escapes CR and LF inside strings, and the other
+def encode_event(obj, event: Optional[str] = None) -> bytes:
+    """`data: <compact json>\\n\\n`, after `event: <name>\\n` when named (Anthropic's
+    streams name every event). JSON escapes CR and LF inside strings, and the other
     characters some clients split lines on are escaped here, so one event is always one
     line; NaN is refused (not JSON)."""
     text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     if "\x85" in text or "\u2028" in text or "\u2029" in text:
         text = text.translate(_LINE_LIKE)  # only inside strings: JSON has them nowhere else
-    return b"data: " + text.encode("utf-8") + b"\n\n"
+    data = b"data: " + text.encode("utf-8") + b"\n\n"
+    return data if event is None else b"event: " + event.encode("ascii") + b"\n" + data
 
 
 def error_event(err) -> bytes:

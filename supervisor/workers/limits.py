@@ -24,7 +24,7 @@ def check_limits(sampling: SamplingParams, params: dict, context_length: int | N
     queue. Known once a worker was ready; until then the worker checks them itself.
     `params` maps a field to the name the client's API gave it."""
     ctx, vocab = context_length, vocab_size
-    max_tokens = sampling.max_tokens
+    max_tokens = None if sampling.max_tokens_ceiling else sampling.max_tokens
     if ctx and max_tokens is not None and max_tokens > ctx:
         # Whatever the prompt, it cannot fit: OpenAI's code for it, before any queueing.
         name = params.get("max_tokens", "max_tokens")

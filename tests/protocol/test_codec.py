@@ -38,9 +38,10 @@ GOLDEN = [
               output=OutputSpec(stop=("x",))),
      b"\x8f\xa4type\xa8generate\xa1v\x03\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
-     b"\xa8sampling\x8a\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
+     b"\xa8sampling\x8b\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
      b"\xb1frequency_penalty\xc0\xaalogit_bias\x91\x92\x07\xcb\xbf\xf8\x00\x00\x00\x00\x00\x00"
+     b"\xb2max_tokens_ceiling\xc2"
      b"\xa6output\x8a\xa4stop\x91\xa1x\xa8logprobs\xc2\xactop_logprobs\x00"
      b"\xafresponse_format\xc0\xabjson_schema\xc0\xa5tools\xc0\xabtool_choice\xc0"
      b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"

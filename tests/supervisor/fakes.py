@@ -3,7 +3,8 @@
 Supervisor unit tests use it to drive the runner's fault paths fast and without MLX:
 modes make it crash mid-stream, hang (no heartbeats, no steps), ignore cancels, or fail
 to load. It "generates" `tokens` words per request, one every `step_s` seconds; the other
-tasks it answers at once: TOKENIZE gives the prompt's UTF-8 bytes as ids, EMBED and SCORE
+tasks it answers at once: TOKENIZE gives the prompt's (or the messages' joined contents')
+UTF-8 bytes as ids, EMBED and SCORE
 one row per input, [length of the input, its index] (SCORE: the length alone).
 """
 
@@ -203,7 +204,8 @@ class FakeLink(WorkerLink):
             self._emit(Done(epoch=self.epoch, rid=g.rid, finish_reason="error"))
             return
         if g.task is Task.TOKENIZE:
-            ids = list((g.prompt or "").encode())
+            text = g.prompt or "".join(m.get("content") or "" for m in g.messages or [])
+            ids = list(text.encode())
             result = Tokens(epoch=self.epoch, rid=g.rid, ids=pack_ids(ids))
         else:
             inputs = g.inputs or []

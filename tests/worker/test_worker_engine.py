@@ -113,6 +113,14 @@ def test_context_check_happens_before_any_compute(tiny_loaded):
     with pytest.raises(RequestError) as e:
         engine.prepare(gen(messages=[{"role": "user", "content": "word " * 20}], max_tokens=1))
     assert e.value.code == CONTEXT_LENGTH_EXCEEDED and e.value.param == "messages"
+    # A ceiling (Anthropic's max_tokens) only caps: the prompt alone must fit, and the
+    # budget is what the context leaves.
+    prep = engine.prepare(gen(max_tokens=32000, max_tokens_ceiling=True))
+    assert len(prep) == n_prompt and engine.budget(prep) == 16 - n_prompt
+    assert engine.budget(engine.prepare(gen(max_tokens=3, max_tokens_ceiling=True))) == 3
+    with pytest.raises(RequestError) as e:
+        engine.prepare(gen(prompt_ids=pack_ids(range(16)), max_tokens=5, max_tokens_ceiling=True))
+    assert e.value.code == CONTEXT_LENGTH_EXCEEDED
 
 
 def test_prefill_takes_one_step_per_chunk(engine):

@@ -256,6 +256,8 @@ class CommonParams:
     presence_penalty: Optional[float] = None    # -2..2, over the last 20 tokens (mlx-lm)
     frequency_penalty: Optional[float] = None   # -2..2, over the last 20 tokens (mlx-lm)
     logit_bias: Optional[dict] = None           # {token id: -100..100}
+    max_tokens_ceiling: bool = False            # OpenAI's max_tokens is a demand (a 400 if
+    #                                             it cannot fit); Anthropic's a ceiling
     user: Optional[str] = None
     metadata: Optional[dict] = None
     store: Optional[bool] = None

@@ -1,0 +1,36 @@
+"""Anthropic's error envelope: `{"type": "error", "error": {"type", "message"},
+"request_id"}`, with its error type names by status, for responses and for the `error`
+event that ends a stream. The status (and Retry-After) stay what the server decided:
+Anthropic's SDK retries on 408, 409, 429 and 5xx by the status, as OpenAI's does. The type
+names are those the SDK's ErrorResponse knows (a 413 is an `invalid_request_error` there:
+the documentation's `request_too_large` is not one of them)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from supervisor.http import sse
+from supervisor.http.errors import APIError, Envelope
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         404: "not_found_error", 408: "timeout_error", 413: "invalid_request_error",
+         415: "invalid_request_error", 429: "rate_limit_error", 503: "overloaded_error",
+         504: "timeout_error", 529: "overloaded_error"}
+
+
+def error_type(status: int) -> str:
+    return TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+
+
+def envelope(err: APIError, request_id: str) -> dict:
+    return {"type": "error", "error": {"type": error_type(err.status), "message": err.message},
+            "request_id": request_id}
+
+
+class AnthropicEnvelope(Envelope):
+    def response(self, err: APIError, request_id: str) -> web.Response:
+        return web.json_response(envelope(err, request_id), status=err.status,
+                                 headers={**err.headers, "request-id": request_id})
+
+    def event(self, err: APIError, request_id: str) -> bytes:
+        return sse.encode_event(envelope(err, request_id), event="error")

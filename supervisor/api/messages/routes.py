@@ -1,0 +1,110 @@
+"""POST /v1/messages and POST /v1/messages/count_tokens.
+
+A message runs the one request lifecycle (api/stream.py): admission, `started` (errors
+before it keep their own status, in this API's envelope), then the whole message or its
+event stream. count_tokens is the same request, rendered and tokenized by the worker as
+generation would prefill it, without generating (the TOKENIZE task): its count equals the
+`input_tokens + cache_read_input_tokens` the same request reports.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from protocol import Task
+from supervisor.api.compute import compute
+from supervisor.api.generation import log_request
+from supervisor.api.messages import shapes
+from supervisor.api.messages.errors import AnthropicEnvelope
+from supervisor.api.messages.request import MessagesRequest, parse_messages_request
+from supervisor.api.messages.stream import PING, BlockWriter, event
+from supervisor.api.stream import Generation
+from supervisor.http import sse
+from supervisor.http.errors import add_envelope, get_request_id, read_json
+from supervisor.keys import CONFIG, POOL
+
+PREFIX = "/v1/messages"
+# How this API's clients name the parameters the worker reports on.
+PARAMS = {"max_tokens": "max_tokens", "top_k": "top_k"}
+
+
+def _headers(request: web.Request, parsed: MessagesRequest) -> dict:
+    headers = {"request-id": get_request_id(request)}
+    if parsed.skipped_tools:
+        headers["X-MLXD-Warning"] = ("skipped tools this server cannot run: "
+                                     + ", ".join(parsed.skipped_tools))[:500]
+    return headers
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    parsed = parse_messages_request(await read_json(request))
+    config = request.app[CONFIG]
+    runner = await request.app[POOL].get(parsed.model)
+    gen = Generation(runner.submit(parsed.to_generate(config), PARAMS),
+                     queue_timeout=config.queue_timeout, request_timeout=config.request_timeout)
+    t0 = time.monotonic()
+    try:
+        started = await gen.started()
+        msg_id, headers = shapes.new_message_id(), _headers(request, parsed)
+        if parsed.stream:
+            return await _stream(request, gen, started, msg_id, runner.id, headers)
+        output = await gen.collect()
+        done = gen.done
+        blocks = shapes.content(output.reasoning_text, output.content, output.tool_calls)
+        body = shapes.message(
+            msg_id, runner.id, blocks, shapes.stop_reason(done.finish_reason, done.stop_sequence),
+            _stop_sequence(done), shapes.usage(done.prompt_tokens, done.cached_tokens,
+                                               done.completion_tokens))
+        return web.json_response(body, headers=headers)
+    finally:
+        gen.close()
+        log_request(request, gen, runner.id, parsed.stream, t0)
+
+
+def _stop_sequence(done) -> str | None:
+    return done.stop_sequence if shapes.stop_reason(
+        done.finish_reason, done.stop_sequence) == "stop_sequence" else None
+
+
+async def _stream(request, gen: Generation, started, msg_id: str, model: str,
+                  headers: dict) -> web.StreamResponse:
+    resp = await sse.open_stream(request, headers=headers)
+    start = shapes.message(msg_id, model, [], None, None,
+                           shapes.usage(started.prompt_tokens, started.cached_tokens, 0))
+    await resp.write(event("message_start", {"type": "message_start", "message": start}))
+    blocks = BlockWriter()
+    # A failure from here on raises through: the error middleware ends the stream with
+    # an `error` event in this API's shape.
+    async for part in gen.parts(idle=sse.PING_INTERVAL_S):
+        if part is None:
+            await resp.write(PING)
+            continue
+        for chunk in blocks.part(part):
+            await resp.write(chunk)
+    for chunk in blocks.finish():
+        await resp.write(chunk)
+    done = gen.done
+    await resp.write(event("message_delta", {
+        "type": "message_delta",
+        "delta": {"stop_reason": shapes.stop_reason(done.finish_reason, done.stop_sequence),
+                  "stop_sequence": _stop_sequence(done)},
+        "usage": shapes.usage(done.prompt_tokens, done.cached_tokens, done.completion_tokens)}))
+    await resp.write(event("message_stop", {"type": "message_stop"}))
+    await resp.write_eof()
+    return resp
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    parsed = parse_messages_request(await read_json(request), count_only=True)
+    counted = await compute(request, parsed.model,
+                            parsed.to_generate(request.app[CONFIG], Task.TOKENIZE), PARAMS)
+    return web.json_response({"input_tokens": len(counted.result.id_list())},
+                             headers=_headers(request, parsed))
+
+
+def setup(app: web.Application) -> None:
+    add_envelope(app, PREFIX, AnthropicEnvelope())
+    app.router.add_post(PREFIX, create_message)
+    app.router.add_post(PREFIX + "/count_tokens", count_tokens)

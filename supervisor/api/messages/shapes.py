@@ -1,0 +1,84 @@
+"""The Messages API's objects: the message, its content blocks, stop reasons and usage.
+
+Usage counts as Anthropic counts it: `input_tokens` are the prompt tokens not read from
+the cache, `cache_read_input_tokens` those the prefix cache supplied (so their sum is the
+prompt, what count_tokens returns), `cache_creation_input_tokens` is 0: the prefix cache
+stores every prompt as a side effect, at no extra cost and with no write to report.
+
+Thinking blocks carry a `signature`, as Anthropic's do: an HMAC of the thinking text under
+a key made when the server starts. Clients send signed thinking back in later turns;
+mlxd does not check it (the text goes back into the template either way, and a local
+model has nothing to protect by refusing edited reasoning), so the signature only keeps
+clients that require the field working.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import uuid
+
+from protocol import FinishReason
+
+_SIGNING_KEY = secrets.token_bytes(32)
+
+
+def new_message_id() -> str:
+    return "msg_" + uuid.uuid4().hex
+
+
+def signature(thinking: str) -> str:
+    digest = hmac.new(_SIGNING_KEY, thinking.encode("utf-8"), hashlib.sha256).digest()
+    return base64.b64encode(digest).decode("ascii")
+
+
+def stop_reason(finish: FinishReason, stop_sequence: str | None) -> str:
+    if finish == FinishReason.LENGTH:
+        return "max_tokens"
+    if finish == FinishReason.TOOL_CALLS:
+        return "tool_use"
+    return "stop_sequence" if stop_sequence else "end_turn"
+
+
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
+    return {"input_tokens": max(0, prompt_tokens - cached_tokens),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached_tokens,
+            "output_tokens": output_tokens}
+
+
+def tool_input(arguments: str) -> dict:
+    """A call's arguments (JSON text from the worker's tool parser) as the object
+    Anthropic's `input` is."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def tool_use_block(call) -> dict:
+    return {"type": "tool_use", "id": call.id, "name": call.name,
+            "input": tool_input(call.arguments)}
+
+
+def content(reasoning: str | None, text: str, calls) -> list[dict]:
+    """A whole answer's blocks: thinking, then text, then tool uses, as models write them."""
+    blocks = []
+    if reasoning:
+        blocks.append({"type": "thinking", "thinking": reasoning,
+                       "signature": signature(reasoning)})
+    if text:
+        blocks.append({"type": "text", "text": text})
+    blocks.extend(tool_use_block(c) for c in calls)
+    return blocks
+
+
+def message(id: str, model: str, blocks: list[dict], stop: str | None,
+            stop_sequence: str | None, usage: dict) -> dict:
+    return {"id": id, "type": "message", "role": "assistant", "model": model,
+            "content": blocks, "stop_reason": stop, "stop_sequence": stop_sequence,
+            "usage": usage}

@@ -1,0 +1,92 @@
+"""A Messages stream: Anthropic's named events, in its order.
+
+    message_start → (content_block_start → content_block_delta… → content_block_stop)…
+    → message_delta (stop_reason, stop_sequence, usage) → message_stop
+
+with `ping` events while the model is quiet (a long prefill). Blocks open and close as
+the output changes kind: reasoning is a `thinking` block (`thinking_delta`s, then its
+`signature_delta` just before it closes), answer text a `text` block (`text_delta`s), and
+each tool call a `tool_use` block whose input arrives as `input_json_delta` fragments
+(the worker hands over a call whole; it is cut into fragments so clients that assemble
+them, as Anthropic's SDK does, see what Anthropic sends). A failure after the first event
+ends the stream with an `error` event (http/errors.py renders it in this API's shape).
+"""
+
+from __future__ import annotations
+
+import json
+
+from supervisor.api.messages import shapes
+from supervisor.http import sse
+
+FRAGMENT_CHARS = 64  # input_json_delta pieces
+
+
+class BlockWriter:
+    """The events of one message's content blocks, given its output Part by Part."""
+
+    def __init__(self):
+        self.index = -1
+        self.open: str | None = None      # "thinking" | "text" | None
+        self.thinking = ""                # the open thinking block's text (for its signature)
+
+    def part(self, part) -> list[bytes]:
+        out = []
+        if part.reasoning:
+            out += self._ensure("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            self.thinking += part.reasoning
+            out.append(self._delta({"type": "thinking_delta", "thinking": part.reasoning}))
+        if part.text:
+            out += self._ensure("text", {"type": "text", "text": ""})
+            out.append(self._delta({"type": "text_delta", "text": part.text}))
+        for call in part.tool_calls:
+            out += self._close()
+            self.index += 1
+            out.append(event("content_block_start", {
+                "type": "content_block_start", "index": self.index,
+                "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
+                                  "input": {}}}))
+            args = json.dumps(shapes.tool_input(call.arguments), ensure_ascii=False)
+            for i in range(0, len(args), FRAGMENT_CHARS):
+                out.append(self._delta({"type": "input_json_delta",
+                                        "partial_json": args[i:i + FRAGMENT_CHARS]}))
+            out.append(event("content_block_stop", {"type": "content_block_stop",
+                                                    "index": self.index}))
+        return out
+
+    def finish(self) -> list[bytes]:
+        return self._close()
+
+    def _ensure(self, kind: str, block: dict) -> list[bytes]:
+        if self.open == kind:
+            return []
+        out = self._close()
+        self.index += 1
+        self.open = kind
+        out.append(event("content_block_start", {"type": "content_block_start",
+                                                 "index": self.index, "content_block": block}))
+        return out
+
+    def _close(self) -> list[bytes]:
+        if self.open is None:
+            return []
+        out = []
+        if self.open == "thinking":
+            out.append(self._delta({"type": "signature_delta",
+                                    "signature": shapes.signature(self.thinking)}))
+            self.thinking = ""
+        out.append(event("content_block_stop", {"type": "content_block_stop",
+                                                "index": self.index}))
+        self.open = None
+        return out
+
+    def _delta(self, delta: dict) -> bytes:
+        return event("content_block_delta", {"type": "content_block_delta",
+                                             "index": self.index, "delta": delta})
+
+
+def event(name: str, data: dict) -> bytes:
+    return sse.encode_event(data, event=name)
+
+
+PING = event("ping", {"type": "ping"})

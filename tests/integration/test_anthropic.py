@@ -1,0 +1,189 @@
+"""The Anthropic Messages API end to end: real supervisor and worker processes, the
+official `anthropic` client, a tiny model with a real tool-calling family's template
+(Qwen/Hermes: tools, <tool_call>, <think>). Every body and stream event is checked against
+Anthropic's shapes (tests/anthropic/shapes.json)."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import jsonschema
+import pytest
+
+from tests.anthropic.shapes import validate, validate_event
+
+pytestmark = pytest.mark.integration
+
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {
+               "city": {"type": "string", "maxLength": 12},
+               "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+               "required": ["city", "days"], "additionalProperties": False}}
+NO_THINKING = {"type": "disabled"}
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_server, family_model):
+    return qwen_server, str(family_model("qwen"))
+
+
+@pytest.fixture
+def client(qwen) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=qwen[0].url, api_key="unused", max_retries=0)
+
+
+def raw_events(srv, body: dict) -> list[tuple[str, dict]]:
+    """The stream's events as sent (name, data), each validated."""
+    events, name = [], None
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        with http.stream("POST", "/v1/messages", json={**body, "stream": True},
+                         headers={"anthropic-version": "2023-06-01"}) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("event: "):
+                    name = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    validate_event(name, data)
+                    events.append((name, data))
+    return events
+
+
+def test_a_message_whole_and_streamed(client, qwen):
+    srv, model = qwen
+    # (temperature rides as an extra field: this SDK's create() no longer takes it)
+    body = {"model": model, "max_tokens": 8, "thinking": NO_THINKING,
+            "messages": [{"role": "user", "content": "Say hello."}]}
+    greedy = {"extra_body": {"temperature": 0}}
+    msg = client.messages.create(**body, **greedy)
+    validate(msg.model_dump(exclude_unset=True, exclude_none=True), "Message")
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 8
+    assert [b.type for b in msg.content] == ["text"] and msg.content[0].text
+    events = raw_events(srv, {**body, "temperature": 0})
+    names = [n for n, _ in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    text = "".join(d["delta"]["text"] for n, d in events
+                   if n == "content_block_delta" and d["delta"]["type"] == "text_delta")
+    assert text == msg.content[0].text  # temperature 0: the same answer either way
+    with client.messages.stream(**body, **greedy) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].text == text and final.stop_reason == "max_tokens"
+
+
+def test_stop_sequences_end_the_text_and_are_named(client, qwen):
+    _, model = qwen
+    body = {"model": model, "max_tokens": 12, "thinking": NO_THINKING,
+            "extra_body": {"temperature": 0},
+            "messages": [{"role": "user", "content": "Tell me something."}]}
+    text = client.messages.create(**body).content[0].text
+    stop = text[3:6]
+    assert len(stop) == 3
+    cut = client.messages.create(**body, stop_sequences=["never-there", stop])
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert "".join(b.text for b in cut.content) == text[:text.find(stop)]
+
+
+def test_tool_use_round_trip(client, qwen):
+    _, model = qwen
+    first = client.messages.create(
+        model=model, max_tokens=200, thinking=NO_THINKING, tools=[WEATHER],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}])
+    validate(first.model_dump(exclude_unset=True, exclude_none=True), "Message")
+    assert first.stop_reason == "tool_use"
+    uses = [b for b in first.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather"
+    jsonschema.validate(uses[0].input, WEATHER["input_schema"])
+    follow = client.messages.create(
+        model=model, max_tokens=6, thinking=NO_THINKING, tools=[WEATHER], messages=[
+            {"role": "user", "content": "Weather in Paris for 3 days?"},
+            {"role": "assistant", "content": first.content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                          "content": [{"type": "text", "text": "21C"}]}]}])
+    assert follow.stop_reason in ("max_tokens", "end_turn", "tool_use")
+    seen = lambda m: m.usage.input_tokens + m.usage.cache_read_input_tokens  # noqa: E731
+    assert seen(follow) > seen(first) + first.usage.output_tokens
+
+
+def test_streamed_tool_input_arrives_as_json_fragments(qwen):
+    srv, model = qwen
+    events = raw_events(srv, {
+        "model": model, "max_tokens": 200, "thinking": NO_THINKING, "tools": [WEATHER],
+        "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        "messages": [{"role": "user", "content": "Weather?"}]})
+    start = next(d for n, d in events if n == "content_block_start"
+                 and d["content_block"]["type"] == "tool_use")
+    fragments = [d["delta"]["partial_json"] for n, d in events if n == "content_block_delta"
+                 and d["index"] == start["index"]]
+    jsonschema.validate(json.loads("".join(fragments)), WEATHER["input_schema"])
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    assert "<tool_call>" not in json.dumps(events)
+
+
+def test_thinking_comes_as_signed_thinking_blocks(client, qwen):
+    srv, model = qwen
+    body = {"model": model, "max_tokens": 12,
+            "thinking": {"type": "enabled", "budget_tokens": 2048},
+            "messages": [{"role": "user", "content": "Think first."}]}
+    msg = client.messages.create(**body)
+    assert msg.content[0].type == "thinking" and msg.content[0].thinking
+    assert msg.content[0].signature and "<think>" not in msg.content[0].thinking
+    events = raw_events(srv, body)
+    kinds = [d["delta"]["type"] for n, d in events if n == "content_block_delta"]
+    assert kinds[0] == "thinking_delta" and "signature_delta" in kinds
+    # The signed thinking goes back in a later turn, as clients send it.
+    again = client.messages.create(model=model, max_tokens=4, thinking=NO_THINKING, messages=[
+        {"role": "user", "content": "Think first."},
+        {"role": "assistant", "content": msg.content},
+        {"role": "user", "content": "And now?"}])
+    assert again.usage.output_tokens == 4
+
+
+def test_count_tokens_equals_what_the_message_reads(client, qwen):
+    _, model = qwen
+    body = {"model": model, "system": "You are a weather bot.", "tools": [WEATHER],
+            "thinking": NO_THINKING,
+            "messages": [{"role": "user", "content": "How warm is Rome today, exactly?"}]}
+    counted = client.messages.count_tokens(**body)
+    msg = client.messages.create(**body, max_tokens=2)
+    assert counted.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
+    assert counted.input_tokens > 20
+
+
+def test_bad_requests_are_anthropic_errors_never_500s(client, qwen):
+    srv, model = qwen
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(model=model, max_tokens=5, extra_body={"temperature": 3},
+                               messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="claude-nonexistent", max_tokens=5,
+                               messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError) as e:  # the context is 4096 tokens
+        client.messages.create(model=model, max_tokens=5,
+                               messages=[{"role": "user", "content": "word " * 5000}])
+    validate(e.value.body, "ErrorResponse")
+    assert "context length" in e.value.body["error"]["message"]
+    with httpx.Client(base_url=srv.url, timeout=30) as http:
+        for bad in ({"model": model}, {"model": model, "max_tokens": 3, "messages": "hi"},
+                    {"model": model, "max_tokens": 3, "messages": [{"role": "user",
+                                                                     "content": [{"type": 7}]}]}):
+            r = http.post("/v1/messages", json=bad)
+            assert r.status_code == 400, r.text
+            validate(r.json(), "ErrorResponse")
+
+
+def test_max_tokens_is_a_ceiling_as_claude_code_sends_it(client, qwen):
+    """Claude Code asks for 32000 tokens on every turn: a model with less context left
+    generates what is left (here up to a stop sequence) instead of refusing."""
+    _, model = qwen
+    body = {"model": model, "thinking": NO_THINKING, "extra_body": {"temperature": 0},
+            "messages": [{"role": "system", "content": "A reminder mid-conversation."},
+                         {"role": "user", "content": "Go on."}]}
+    text = client.messages.create(**body, max_tokens=10).content[0].text
+    # (streamed, as the SDK requires for a max_tokens this large)
+    with client.messages.stream(**body, max_tokens=32000, stop_sequences=[text[4:7]]) as s:
+        msg = s.get_final_message()
+    assert msg.stop_reason == "stop_sequence" and msg.content[0].text == text[:text.find(text[4:7])]
