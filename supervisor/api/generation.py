@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 from aiohttp import web
 
 from supervisor.api.render import shapes
+from supervisor.api.render.output import Output, Part
 from supervisor.http import sse
 from supervisor.api.stream import Generation
 from supervisor.http.errors import get_request_id

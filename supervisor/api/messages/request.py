@@ -43,6 +43,7 @@ import msgspec
 from protocol.messages import Generate, Task
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
+from supervisor.api.parse.limits import MAX_MESSAGES, check_length
 from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_number, opt_object, parse_model)
 from supervisor.http.errors import APIError
@@ -131,6 +132,7 @@ def _messages(value) -> list[dict]:
         raise invalid_type("messages", "an array", value)
     if not value:
         raise invalid_value("messages", "expected at least one message.", "empty_array")
+    check_length("messages", value, MAX_MESSAGES)
     last_user = max((i for i, m in enumerate(value)
                      if isinstance(m, dict) and m.get("role") == "user"), default=-1)
     out: list[dict] = []

@@ -16,6 +16,7 @@ from typing import Optional
 
 from protocol.messages import Generate
 from supervisor.api.parse import generate as build
+from supervisor.api.parse import limits
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
@@ -105,6 +106,7 @@ def _parse_messages(body: dict) -> tuple:
     if not value:
         raise invalid_value("messages", "empty array. Expected an array with minimum "
                             "length 1, but got an empty array instead.", "empty_array")
+    limits.check_length("messages", value, limits.MAX_MESSAGES)
     return tuple(_parse_message(i, m) for i, m in enumerate(value))
 
 

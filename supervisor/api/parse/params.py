@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from protocol.messages import SamplingParams
 from supervisor.api.parse import generate as build
+from supervisor.api.parse import limits
 from supervisor.http.errors import APIError
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -217,6 +218,7 @@ def parse_logit_bias(body: dict) -> Optional[dict]:
     value = opt_object(body, "logit_bias")
     if value is None:
         return None
+    limits.check_length("logit_bias", value, limits.MAX_LOGIT_BIAS)
     out = {}
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit()):
@@ -231,6 +233,7 @@ def parse_logit_bias(body: dict) -> Optional[dict]:
 def parse_metadata(body: dict) -> Optional[dict]:
     value = opt_object(body, "metadata")
     if value is not None:
+        limits.check_length("metadata", value, limits.MAX_METADATA)
         for key, item in value.items():
             if not isinstance(item, str):
                 raise invalid_type(f"metadata.{key}", "a string", item)

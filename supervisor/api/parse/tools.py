@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from supervisor.api.parse.limits import MAX_TOOLS, check_length
 from supervisor.api.parse.params import invalid_type, invalid_value, missing, opt_bool, opt_str
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -54,6 +55,7 @@ def normalize_tools(value, param: str = "tools") -> tuple:
         return ()
     if not isinstance(value, list):
         raise invalid_type(param, "an array", value)
+    check_length(param, value, MAX_TOOLS)
     out, names = [], set()
     for i, tool in enumerate(value):
         where = f"{param}[{i}]"

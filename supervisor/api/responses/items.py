@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 
+from supervisor.api.parse.limits import MAX_MESSAGES, check_length
 from supervisor.api.parse.params import invalid_type, invalid_value, unsupported
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
@@ -26,6 +27,7 @@ def normalize_input(value) -> list[dict]:
         return [_message("user", [{"type": "input_text", "text": value}])]
     if not isinstance(value, list):
         raise invalid_type("input", "a string or an array", value)
+    check_length("input", value, MAX_MESSAGES)
     return [_item(i, item) for i, item in enumerate(value)]
 
 

@@ -1,0 +1,27 @@
+"""How much one request may ask for, beyond its byte size (--max-body-bytes) and nesting
+(http/values.py): counts of the lists every layer below walks item by item.
+
+A 16 MiB body can hold a million one-character messages or tools; each would then be
+validated, templated and tokenized, and a tool's schema compiled into the grammar. The
+bounds are far above what any real client sends (Claude Code: ~25 tools and a few
+hundred messages in a long session; OpenAI caps tools at 128) and each refusal is a 400
+naming the parameter and the limit, OpenAI's `array_above_max_length`.
+"""
+
+from __future__ import annotations
+
+from supervisor.http.errors import APIError
+
+MAX_MESSAGES = 10_000     # chat and Anthropic messages, Responses input items
+MAX_TOOLS = 512
+MAX_LOGIT_BIAS = 1024     # token ids biased
+MAX_METADATA = 64         # keys (OpenAI allows 16; clients that send more lose nothing here)
+
+
+def check_length(param: str, value, limit: int) -> None:
+    """Refuse a list (or mapping) longer than `limit`, naming both."""
+    if len(value) > limit:  # worded as params.invalid_value words it (params imports this)
+        raise APIError.bad_request(
+            f"Invalid value for '{param}': array too long. Expected an array with maximum "
+            f"length {limit}, but got an array with length {len(value)} instead.", param,
+            "array_above_max_length")
