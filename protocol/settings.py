@@ -240,6 +240,9 @@ SETTINGS: tuple[Setting, ...] = (
     # sequence alone always fits).
     S("kv_budget", SIZE, 1 << 30, "memory allowed per model for KV cache and activations, "
       "e.g. 2G", worker=True),
+    S("worker_memory_limit", SIZE, None, "MLX memory a worker may hold between requests "
+      "before it is recycled (default: what the memory gate reserved for it plus "
+      "--prompt-cache-bytes, with 25% headroom), e.g. 12G"),
     S("memory_wait", FLOAT, 30.0, "seconds a load waits for memory to come back before it is "
       "refused (507)"),
     S("memory_probe", PATH, None, "tests: a JSON file whose readings replace the OS's", hidden=True),

@@ -3,7 +3,9 @@
 Three signals (DESIGN.md): process exit (the runner sees it through `link.wait()`),
 heartbeats (sent by the worker's I/O thread, so they flow even inside a long step), and
 step progress while busy. A cancel left unanswered past the grace period also condemns
-the worker: only a kill makes the cancel real then.
+the worker: only a kill makes the cancel real then. And a worker whose MLX memory, idle,
+is over its limit is recycled: between requests nothing is lost, and a fresh process
+gives back whatever grew (a leak, fragmentation) that no request will.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ class Liveness:
         self.load_progress = msg.load_progress
 
     def verdict(self, now: float, config: Config, *, busy: bool,
-                cancels_sent_at: Iterable[float | None]) -> Verdict | None:
+                cancels_sent_at: Iterable[float | None],
+                memory_limit: int | None = None) -> Verdict | None:
         """Why the worker must be killed now, or None. `busy`: it has requests and is
-        serving (a worker still loading makes no steps and is not hung)."""
+        serving (a worker still loading makes no steps and is not hung). `memory_limit`:
+        the MLX memory it may hold while idle (None: no limit)."""
         if now - self.heartbeat_at > config.heartbeat_timeout:
             return Verdict(ExitCause.HEARTBEAT, f"no heartbeat for {config.heartbeat_timeout:g} s")
         if busy and now - self.steps_changed_at > config.hang_timeout:
@@ -53,4 +57,9 @@ class Liveness:
             if sent is not None and now - sent > config.cancel_grace:
                 return Verdict(ExitCause.CANCEL,
                                f"cancel unanswered for {config.cancel_grace:g} s")
+        if (memory_limit and not busy and self.worker_state == "ready"
+                and self.active_bytes > memory_limit):
+            return Verdict(ExitCause.MEMORY,
+                           f"recycled: {self.active_bytes / 2**30:.2f} GiB of MLX memory "
+                           f"held while idle, over its {memory_limit / 2**30:.2f} GiB limit")
         return None

@@ -295,7 +295,7 @@ class ModelRunner:
             self.restarts += 1
             self.restart_causes[ended.cause.value] += 1
             self.observer.worker_restarted(self, ended.cause.value)
-            if ended.cause is ExitCause.ADMIN:  # mlxctl kill: respawn at once, not a crash
+            if ended.cause in (ExitCause.ADMIN, ExitCause.MEMORY):  # asked for: not a crash
                 continue
             now = self._clock()
             self._crashes.append(now)
@@ -346,6 +346,16 @@ class ModelRunner:
                 fut.set_exception(WorkerFailed("The worker stopped."))
         self._status_waiters.clear()
 
+    def memory_limit(self) -> int | None:
+        """MLX memory the worker may hold while idle before it is recycled:
+        --worker-memory-limit, else what the memory gate reserved for it plus its prompt
+        cache, with 25% headroom (None: neither is known)."""
+        if self.config.worker_memory_limit:
+            return self.config.worker_memory_limit
+        if not self.need_bytes:
+            return None
+        return int((self.need_bytes + self.config.prompt_cache_bytes) * 1.25)
+
     async def _monitor(self, link: WorkerLink) -> None:
         """Kill a worker that stopped beating, stopped making progress while busy, or
         left a cancel unanswered past the grace period. The exit does the rest."""
@@ -354,7 +364,8 @@ class ModelRunner:
             verdict = self.live.verdict(
                 self._clock(), self.config,
                 busy=bool(self.inflight) and self.state in SERVING,
-                cancels_sent_at=[h.cancel_sent_at for h in self.inflight.values()])
+                cancels_sent_at=[h.cancel_sent_at for h in self.inflight.values()],
+                memory_limit=self.memory_limit() if self.state in SERVING else None)
             if verdict is not None:
                 log.warning("model %s: killing worker pid %s: %s", self.id, link.pid, verdict)
                 self._verdict = Verdict(verdict.cause, "killed: " + verdict.reason)

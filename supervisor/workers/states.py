@@ -60,6 +60,8 @@ class ExitCause(str, Enum):
     CANCEL = "cancel"           # killed: a cancel unanswered past --cancel-grace
     KILLED = "killed"           # killed by the server itself (unload, swap, shutdown)
     ADMIN = "admin"             # mlxctl kill: respawned at once, not counted as a crash
+    MEMORY = "memory"           # recycled between requests: its memory grew past its limit
+    #                             (respawned at once, not counted as a crash)
     SPAWN = "spawn"             # the process could not even be started
     LOAD = "load"               # it reported that the model cannot be loaded
     UNHEALTHY = "unhealthy"     # it found itself unable to run a step and asked to be recycled

@@ -33,6 +33,7 @@ class FakeBehaviour:
     heartbeat_s: float = 0.05
     die_after_ready_s: float | None = None  # crash this long after Ready, busy or not
     model_kind: ModelKind = ModelKind.TEXT
+    active_bytes: int = 0                   # MLX memory its heartbeats report
 
 
 class FakeWorld:
@@ -111,7 +112,8 @@ class FakeLink(WorkerLink):
 
     async def _beat(self) -> None:
         while True:
-            self._emit(Heartbeat(epoch=self.epoch, state="ready", steps=self.steps))
+            self._emit(Heartbeat(epoch=self.epoch, state="ready", steps=self.steps,
+                                 active_bytes=self.b.active_bytes))
             await asyncio.sleep(self.b.heartbeat_s)
 
     async def _main(self) -> None:

@@ -292,3 +292,35 @@ async def test_integers_beyond_the_models_limits_are_refused_before_queueing(
         assert await collect(ok) == "w1 "
     finally:
         await runner.stop()
+
+
+async def test_a_worker_over_its_memory_limit_is_recycled_between_requests():
+    """Busy, it finishes its request; idle and over --worker-memory-limit, it is replaced
+    at once (not as a crash); a worker within the limit is left alone."""
+    world = FakeWorld(per_epoch={1: FakeBehaviour(tokens=30, step_s=0.02, active_bytes=5000)},
+                      behaviour=FakeBehaviour(tokens=2, active_bytes=100))
+    runner = make(world, worker_memory_limit=1000, restart_backoff=30.0)
+    runner.MONITOR_INTERVAL = 0.05
+    try:
+        h = runner.submit(generate(prompt="a"))
+        assert (await collect(h)).count("w") == 30  # not killed while it ran
+        deadline = time.monotonic() + 5
+        while runner.restart_causes["memory"] == 0:
+            assert time.monotonic() < deadline, "an idle worker over its limit was kept"
+            await asyncio.sleep(0.05)
+        # Respawned at once (no 30 s backoff: not a crash), and the new one is kept.
+        assert await collect(runner.submit(generate(prompt="b"))) == "w1 w2 "
+        await asyncio.sleep(0.5)
+        assert runner.restart_causes == {"memory": 1} and runner.epoch == 2
+        assert "recycled" in runner.last_error and "over its" in runner.last_error
+    finally:
+        await runner.stop()
+
+
+def test_the_memory_limit_defaults_to_the_gates_reservation_plus_the_prompt_cache():
+    runner = ModelRunner("fake", Config(prompt_cache_bytes=1000), FakeWorld().factory("fake"))
+    assert runner.memory_limit() is None  # nothing reserved yet: no limit to judge by
+    runner.need_bytes = 3000
+    assert runner.memory_limit() == 5000
+    runner.config = Config(worker_memory_limit=7)
+    assert runner.memory_limit() == 7
