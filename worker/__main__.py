@@ -147,8 +147,10 @@ def main(argv=None) -> int:
 
             PoolScheduler(engine, link, status).run()
         else:
+            from worker.faults import Faults
+
             Scheduler(engine, link, status, batch, log_prompts=args.log_prompts,
-                      stream_interval=args.stream_interval).run()
+                      stream_interval=args.stream_interval, faults=Faults.from_env()).run()
     except WorkerBroken:
         # No Done for what waits here: the supervisor re-queues what never started.
         log.critical("exiting with code %d: MLX cannot run a step in this process after a "

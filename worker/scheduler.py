@@ -121,7 +121,7 @@ class Held:
 
 class Scheduler:
     def __init__(self, engine, link, status, batch: Batch, *, log_prompts: bool = False,
-                 stream_interval: float = 0.0):
+                 stream_interval: float = 0.0, faults=None):
         self.engine = engine
         self.batch = batch
         # Steps that come faster than this share one Delta: at ~1 ms a token, a message
@@ -133,6 +133,7 @@ class Scheduler:
         self.status = status
         self.epoch = status.epoch
         self.log_prompts = log_prompts
+        self.faults = faults  # worker/faults.py: tests only, else None
         self.active: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
         self.preparing: dict[str, Sequence] = {}
@@ -354,6 +355,8 @@ class Scheduler:
         if tok >= 0:  # (EOS comes as -1: no token to report, only text held back)
             seq.completion_tokens += 1
             seq.held_ids += _pack1(tok)
+            if self.faults is not None:
+                self.faults.after_token(seq.completion_tokens)
         seq.held_text += text
         if extra is not None:
             if seq.held is None:
