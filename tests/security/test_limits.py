@@ -41,6 +41,22 @@ CASES = [
 ]
 
 
+def test_stop_strings_have_a_length_limit():
+    ok = "x" * limits.MAX_STOP_CHARS
+    parse_chat_request({"model": "m", "messages": [MSG], "stop": [ok]})
+    for parse, param in ((lambda s: parse_chat_request({"model": "m", "messages": [MSG],
+                                                         "stop": s}), "stop"),
+                         (lambda s: parse_chat_request({"model": "m", "messages": [MSG],
+                                                         "stop": ["a", s]}), "stop[1]"),
+                         (lambda s: parse_messages_request({"model": "m", "max_tokens": 1,
+                                                             "messages": [MSG],
+                                                             "stop_sequences": [s]}),
+                          "stop_sequences[0]")):
+        with pytest.raises(APIError) as e:
+            parse(ok + "x")
+        assert e.value.param == param and e.value.code == "string_above_max_length"
+
+
 @pytest.mark.parametrize("what,parse,param,limit", CASES, ids=[c[0] for c in CASES])
 def test_at_the_limit_parses_one_over_is_refused(what, parse, param, limit):
     parse(limit)

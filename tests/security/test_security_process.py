@@ -43,8 +43,7 @@ def test_keys_files_and_logs_of_a_running_server(tmp_path, tiny_model):
     keys = tmp_path / "keys"
     keys.write_text("sk-local-one\nsk-local-two\n")
     keys.chmod(0o600)
-    with ServerProcess([str(tiny_model)], "--api-key-file", str(keys), "--log-prompts",
-                       state_dir=state) as srv:
+    with ServerProcess([str(tiny_model)], "--api-key-file", str(keys), state_dir=state) as srv:
         srv.wait_healthy()
         good = openai.OpenAI(base_url=srv.url + "/v1", api_key="sk-local-two", max_retries=0)
         reply = good.responses.create(model=str(tiny_model), input="secret words here",
@@ -66,3 +65,4 @@ def test_keys_files_and_logs_of_a_running_server(tmp_path, tiny_model):
         log_text = (logs / "mlxd.log").read_text()
         assert "sk-local" not in log_text  # keys never reach a log
         assert "sk-local" not in srv.log()
+        assert "secret words" not in log_text + srv.log()  # nor prompts

@@ -78,14 +78,14 @@ def test_a_body_that_never_arrives_is_a_408(srv, tiny_model):
 
 
 def test_idle_sockets_beyond_the_cap_are_closed_and_health_answers(srv):
-    socks = [connect(srv) for _ in range(120)]
+    socks = [connect(srv) for _ in range(300)]  # hundreds of idle sockets
     try:
         t0 = time.monotonic()
         r = httpx.get(srv.url + "/health", timeout=5)
         assert r.status_code == 200 and time.monotonic() - t0 < 1.0
         time.sleep(0.3)
-        shut = sum(closed_by_server(s, 0.05) is not None for s in socks[:60])
-        assert shut >= 60 - 40  # the oldest went first, to keep within 40
+        shut = sum(closed_by_server(s, 0.02) is not None for s in socks[:200])
+        assert shut >= 150  # the oldest went first, to keep within 40
     finally:
         for s in socks:
             s.close()

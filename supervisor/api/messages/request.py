@@ -43,7 +43,7 @@ import msgspec
 from protocol.messages import Generate, Task
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
-from supervisor.api.parse.limits import MAX_MESSAGES, check_length
+from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_stop
 from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_number, opt_object, parse_model)
 from supervisor.http.errors import APIError
@@ -369,6 +369,7 @@ def _stop_sequences(value) -> tuple:
     for i, s in enumerate(value):
         if not isinstance(s, str) or not s:
             raise invalid_value(f"stop_sequences[{i}]", "expected a non-empty string.")
+        check_stop(f"stop_sequences[{i}]", s)
     return tuple(value)
 
 

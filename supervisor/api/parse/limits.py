@@ -16,6 +16,16 @@ MAX_MESSAGES = 10_000     # chat and Anthropic messages, Responses input items
 MAX_TOOLS = 512
 MAX_LOGIT_BIAS = 1024     # token ids biased
 MAX_METADATA = 64         # keys (OpenAI allows 16; clients that send more lose nothing here)
+# A stop string's length: the worker holds back up to this many characters of output and
+# searches them at every token, so a megabyte stop string would slow every step.
+MAX_STOP_CHARS = 1024
+
+
+def check_stop(param: str, text: str) -> None:
+    if len(text) > MAX_STOP_CHARS:
+        raise APIError.bad_request(
+            f"Invalid value for '{param}': a stop sequence may be at most {MAX_STOP_CHARS} "
+            f"characters long, got {len(text)}.", param, "string_above_max_length")
 
 
 def check_length(param: str, value, limit: int) -> None:

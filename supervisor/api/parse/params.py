@@ -190,6 +190,7 @@ def parse_stop(body: dict) -> tuple[str, ...]:
     if isinstance(value, str):
         if not value:
             raise invalid_value("stop", "stop sequences must not be empty strings.")
+        limits.check_stop("stop", value)
         return (value,)
     if not isinstance(value, list):
         raise invalid_type("stop", "a string or an array of strings", value)
@@ -202,6 +203,7 @@ def parse_stop(body: dict) -> tuple[str, ...]:
             raise invalid_type(f"stop[{i}]", "a string", item)
         if not item:
             raise invalid_value(f"stop[{i}]", "stop sequences must not be empty strings.")
+        limits.check_stop(f"stop[{i}]", item)
     return tuple(value)
 
 
