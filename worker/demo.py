@@ -226,15 +226,29 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)
 
+    save_model_dir(path, weights, config, tokenizer,
+                   {"preset": preset, "family": template.name, "seed": seed,
+                    "context_length": context_length, "vocab_size": vocab_size})
+    return BuiltModel(path, context_length, vocab_size)
+
+
+def save_model_dir(path: Path, weights: dict, config: dict, tokenizer, meta: dict, *,
+                   weights_format: str = "mlx", extra=None) -> None:
+    """Write a random-weight model directory atomically (a temporary sibling renamed into
+    place; a model another process built first wins): weights, config.json, the
+    tokenizer, the marker with `meta`, and whatever `extra(folder)` adds."""
+    import mlx.core as mx
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
-        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
+        mx.save_safetensors(str(tmp / "model.safetensors"), weights,
+                            metadata={"format": weights_format})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(str(tmp))
-        meta = {"preset": preset, "family": template.name, "seed": seed,
-                "context_length": context_length,
-                "vocab_size": vocab_size, "note": "random weights: output is meaningless"}
+        if extra is not None:
+            extra(tmp)
+        meta = {**meta, "note": "random weights: output is meaningless"}
         (tmp / MARKER).write_text(json.dumps(meta, indent=2))
         try:
             os.rename(tmp, path)
@@ -243,4 +257,3 @@ def build_model(path: str | Path, preset: str = "tiny", *, seed: int = 0,
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return BuiltModel(path, context_length, vocab_size)

@@ -13,12 +13,9 @@ weights are random, as for worker/demo.py's models.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from worker.demo import MARKER, _CORPUS
+from worker.demo import _CORPUS, MARKER, save_model_dir
 
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # XLM-RoBERTa's specials, in its order: <pad> is id 1, the padding index of its positions.
@@ -104,8 +101,10 @@ def build_embedding_model(path: str | Path, preset: str = "bert", *, seed: int =
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)
 
-    _save(path, weights, config, tokenizer, f"embed-{preset}", seed,
-          lambda folder: _sentence_transformers(folder, POOLING[preset], config["hidden_size"]))
+    save_model_dir(path, weights, config, tokenizer,
+                   {"preset": f"embed-{preset}", "seed": seed, "vocab_size": len(tokenizer)},
+                   extra=lambda folder: _sentence_transformers(folder, POOLING[preset],
+                                                               config["hidden_size"]))
     return path
 
 
@@ -158,30 +157,8 @@ def build_cross_encoder(path: str | Path, preset: str = "xlm-roberta", *, seed: 
     weights = {prefix + k: v for k, v in tree_flatten(encoder.parameters())}
     weights.update(head)
     mx.eval(weights)
-    _save(path, weights, config, tokenizer, f"cross-encoder-{preset}", seed)
+    # Saved as transformers saves a checkpoint ("pt"), which is what such models ship as.
+    save_model_dir(path, weights, config, tokenizer,
+                   {"preset": f"cross-encoder-{preset}", "seed": seed,
+                    "vocab_size": len(tokenizer)}, weights_format="pt")
     return path
-
-
-def _save(path: Path, weights: dict, config: dict, tokenizer, preset: str, seed: int,
-          extra=None) -> None:
-    """Write a model directory atomically (a temporary sibling, then a rename)."""
-    import mlx.core as mx
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        tokenizer.save_pretrained(str(tmp))
-        if extra is not None:
-            extra(tmp)
-        (tmp / MARKER).write_text(json.dumps(
-            {"preset": preset, "seed": seed, "vocab_size": len(tokenizer),
-             "note": "random weights: output is meaningless"}, indent=2))
-        try:
-            os.rename(tmp, path)
-        except OSError:  # another process built it first
-            if not (path / MARKER).exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -16,6 +16,7 @@ import msgspec
 
 from protocol.messages import Generate, Task, pack_ids
 from supervisor.api.parse.chat import parse_chat_request
+from supervisor.api.parse.limits import check_length
 from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_str, parse_model, token_ids)
 
@@ -62,13 +63,7 @@ def _parse_input(value) -> tuple[Optional[tuple], Optional[tuple]]:
         return (value,), None
     if not isinstance(value, list):
         raise invalid_type("input", expected, value)
-    if not value:
-        raise invalid_value("input", "empty array. Expected an array with minimum length 1, "
-                            "but got an empty array instead.", "empty_array")
-    if len(value) > MAX_INPUTS:
-        raise invalid_value("input", f"array too long. Expected an array with maximum length "
-                            f"{MAX_INPUTS}, but got an array with length {len(value)} instead.",
-                            "array_above_max_length")
+    _non_empty("input", value, MAX_INPUTS)
     if all(is_int(t) for t in value):
         return None, (token_ids(value, "input"),)
     if all(isinstance(t, str) for t in value):
@@ -81,6 +76,13 @@ def _parse_input(value) -> tuple[Optional[tuple], Optional[tuple]]:
             rows.append(token_ids(row, f"input[{n}]"))
         return None, tuple(rows)
     raise invalid_type("input", expected, value)
+
+
+def _non_empty(param: str, value: list, limit: int) -> None:
+    if not value:
+        raise invalid_value(param, "empty array. Expected an array with minimum length 1, "
+                            "but got an empty array instead.", "empty_array")
+    check_length(param, value, limit)
 
 
 def _texts(values: list[str]) -> tuple[str, ...]:
@@ -114,13 +116,7 @@ def parse_rerank_request(body: dict) -> RerankRequest:
         raise missing("documents")
     if not isinstance(docs, list):
         raise invalid_type("documents", "an array", docs)
-    if not docs:
-        raise invalid_value("documents", "empty array. Expected an array with minimum length "
-                            "1, but got an empty array instead.", "empty_array")
-    if len(docs) > MAX_DOCUMENTS:
-        raise invalid_value("documents", f"array too long. Expected an array with maximum "
-                            f"length {MAX_DOCUMENTS}, but got {len(docs)} instead.",
-                            "array_above_max_length")
+    _non_empty("documents", docs, MAX_DOCUMENTS)
     texts = []
     for n, doc in enumerate(docs):
         # Cohere and Jina also take {"text": ...} objects.
