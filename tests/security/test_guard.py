@@ -45,6 +45,11 @@ async def test_keys_guard_every_api_route_and_leave_health_open():
         await _envelope(await client.get("/v1/models", headers={"x-api-key": "k-one"}), 401)
         r = await client.post("/v1/messages", json={}, headers={"x-api-key": "k-one"})
         assert r.status != 401
+        r = await client.post("/v1/messages", json={}, headers={"x-api-key": "wrong"})
+        body = await r.json()  # the 401 in the route's own (Anthropic's) envelope
+        assert r.status == 401 and body["type"] == "error"
+        assert body["error"]["type"] == "authentication_error" and "x-api-key" in \
+            body["error"]["message"]
         for key in ("k-one", "k-two"):
             r = await client.post("/v1/chat/completions", json=CHAT,
                                   headers={"Authorization": f"Bearer {key}"})
