@@ -22,8 +22,7 @@ from supervisor.http.errors import read_json
 
 async def embeddings(request: web.Request) -> web.Response:
     parsed = parse_embeddings_request(await read_json(request))
-    done = await compute(request, parsed.model, parsed.to_generate(),
-                         {"dimensions": "dimensions"})
+    done = await compute(request, parsed.model, parsed.to_generate())
     data = []
     for i, row in enumerate(done.result.matrix()):
         if parsed.encoding_format == "base64":  # little-endian float32, as OpenAI sends it
