@@ -2,9 +2,12 @@
 
 A `MemoryReading` is one sample. It comes from a probe: `SystemProbe` asks psutil, plus the
 macOS memory-pressure level (`sysctl kern.memorystatus_vm_pressure_level`) or Linux PSI
-(`/proc/pressure/memory`) where present; `FileProbe` reads a JSON file instead, so the
-memory gate's decisions can be tested on any OS and in a real server (the hidden
-`--memory-probe FILE` flag). The parsers are pure functions over the tools' text.
+(`/proc/pressure/memory`) where present; `DeviceProbe` reads the GPU's own memory where
+MLX runs on CUDA (models live there, not in host RAM: an H100 has 80 GiB beside 126 GiB of
+RAM, and the host reading would admit a model the GPU cannot hold); `FileProbe` reads a
+JSON file instead, so the memory gate's decisions can be tested on any OS and in a real
+server (the hidden `--memory-probe FILE` flag). The parsers are pure functions over the
+tools' text.
 
 Probes may block (a subprocess, a file read): call them from a thread, not the loop.
 """
@@ -15,7 +18,8 @@ import json
 import logging
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -154,5 +158,79 @@ class FileProbe:
                              data.get("pressure", base.pressure), source=f"file:{self.path}")
 
 
+# Run in a child process (the supervisor never imports MLX): what MLX's default device is,
+# and its memory where it is a CUDA GPU (`mx.device_info()`; Metal's memory is the host's).
+DEVICE_SNIPPET = """
+import json, mlx.core as mx
+gpu = mx.default_device().type == mx.DeviceType.gpu
+cuda = gpu and not mx.metal.is_available()
+info = mx.device_info() if cuda else {}
+print(json.dumps({"cuda": cuda, "info": {k: v for k, v in info.items()
+                                         if isinstance(v, (int, float, str))}}))
+"""
+
+
+def parse_device_info(text: str) -> tuple[bool, int, int] | None:
+    """The snippet's output → (on CUDA, total bytes, free bytes), or None if unreadable.
+    MLX's CUDA device_info names its total `total_memory` (older: `memory_size`) and its
+    free memory `free_memory`."""
+    try:
+        data = json.loads(text.strip().splitlines()[-1])
+        info = data.get("info") or {}
+        if not data.get("cuda"):
+            return False, 0, 0
+        total = int(info.get("total_memory") or info.get("memory_size") or 0)
+        free = int(info.get("free_memory", total))
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return None
+    return (True, total, free) if total > 0 else None
+
+
+def _run_snippet() -> str:
+    out = subprocess.run([sys.executable, "-c", DEVICE_SNIPPET], capture_output=True,
+                         text=True, timeout=60)
+    return out.stdout if out.returncode == 0 else ""
+
+
+class DeviceProbe:
+    """The GPU's total and free memory where MLX runs on CUDA, host pressure beside it;
+    elsewhere (Metal's unified memory, the CPU backend) `fallback`'s reading. The first
+    call finds out which (a child process imports MLX: the supervisor never does); CUDA
+    readings are cached for `ttl` seconds, as each costs a process."""
+
+    def __init__(self, fallback: Probe | None = None, run: Callable[[], str] = _run_snippet,
+                 ttl: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.fallback = fallback or SystemProbe()
+        self._run, self.ttl, self._clock = run, ttl, clock
+        self.cuda: bool | None = None     # None: not asked yet
+        self._last: tuple[float, MemoryReading] | None = None
+
+    def __call__(self) -> MemoryReading:
+        host = self.fallback()
+        if self.cuda is False:
+            return host
+        now = self._clock()
+        if self._last is not None and now - self._last[0] < self.ttl:
+            return replace(self._last[1], pressure=host.pressure)
+        try:
+            found = parse_device_info(self._run())
+        except (OSError, subprocess.SubprocessError):
+            found = None
+        if found is None and self.cuda and self._last is not None:
+            return replace(self._last[1], pressure=host.pressure)  # a blip: the last one
+        if found is None or not found[0]:
+            if self.cuda is None:
+                log.info("memory gate: reading host memory (%s)", "not a CUDA device"
+                         if found is not None else "the device could not be read")
+            self.cuda = False if self.cuda is None else self.cuda
+            return host
+        if self.cuda is None:
+            log.info("memory gate: reading the CUDA GPU's memory (%.1f GiB)", found[1] / 2**30)
+        self.cuda = True
+        reading = MemoryReading(found[2], found[1], host.pressure, source="mlx-cuda")
+        self._last = (now, reading)
+        return reading
+
+
 def probe_for(memory_probe: Path | None) -> Probe:
-    return FileProbe(memory_probe) if memory_probe else SystemProbe()
+    return FileProbe(memory_probe) if memory_probe else DeviceProbe()

@@ -158,3 +158,50 @@ def test_liveness_keeps_what_heartbeats_say_of_the_cache_and_the_load():
     stats = CacheStats(hits=3, misses=1, tokens_reused=900, bytes=1 << 20, entries=2)
     lv.on_heartbeat(Heartbeat(epoch=1, state="ready", prompt_cache=stats), 2.0)
     assert (lv.load_progress, lv.prompt_cache) == (None, stats)
+
+
+# ---- the GPU's own memory on MLX's CUDA backend ------------------------------------------
+
+def _cuda(total: int, free: int, key: str = "total_memory") -> str:
+    return json.dumps({"cuda": True, "info": {"device_name": "NVIDIA H100", key: total,
+                                               "free_memory": free}})
+
+
+def test_device_info_is_read_by_the_names_mlx_gives_it():
+    from supervisor.memory.probe import parse_device_info
+
+    assert parse_device_info(_cuda(80 << 30, 70 << 30)) == (True, 80 << 30, 70 << 30)
+    assert parse_device_info(_cuda(80 << 30, 1, key="memory_size")) == (True, 80 << 30, 1)
+    assert parse_device_info('{"cuda": false, "info": {}}\n') == (False, 0, 0)
+    assert parse_device_info("") is None and parse_device_info("garbage") is None
+    assert parse_device_info('{"cuda": true, "info": {}}') is None  # no size: unreadable
+
+
+def test_on_cuda_the_gate_reads_the_gpu_with_the_hosts_pressure():
+    from supervisor.memory.probe import DeviceProbe
+
+    host = lambda: MemoryReading(120 << 30, 126 << 30, "warn", "psutil")  # noqa: E731
+    runs, now = [], [0.0]
+    readings = iter([_cuda(80 << 30, 60 << 30), _cuda(80 << 30, 10 << 30), "", ""])
+    probe = DeviceProbe(host, run=lambda: runs.append(1) or next(readings), ttl=2.0,
+                        clock=lambda: now[0])
+    r = probe()
+    assert (r.total_bytes, r.available_bytes, r.pressure, r.source) == (
+        80 << 30, 60 << 30, "warn", "mlx-cuda")
+    now[0] = 1.0
+    assert probe().available_bytes == 60 << 30 and len(runs) == 1  # cached within ttl
+    now[0] = 3.0
+    assert probe().available_bytes == 10 << 30 and len(runs) == 2
+    now[0] = 6.0
+    assert probe().available_bytes == 10 << 30  # an unreadable moment: the last reading
+
+
+def test_elsewhere_the_gate_reads_the_host_and_asks_once():
+    from supervisor.memory.probe import DeviceProbe
+
+    host = MemoryReading(20 << 30, 24 << 30, "normal", "psutil")
+    runs = []
+    probe = DeviceProbe(lambda: host, run=lambda: runs.append(1) or '{"cuda": false}')
+    assert probe() == host and probe() == host and len(runs) == 1 and probe.cuda is False
+    broken = DeviceProbe(lambda: host, run=lambda: "")  # MLX could not even be asked
+    assert broken() == host and broken.cuda is False
