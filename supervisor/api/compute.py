@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from protocol import Done, Generate, Pooled, Tokens
-from supervisor.api.generation import log_request
-from supervisor.api.stream import Generation
-from supervisor.keys import CONFIG, POOL
+from supervisor.api.generation import log_request, submit
 from supervisor.workers.errors import Internal
 
 
@@ -34,10 +32,7 @@ async def compute(request: web.Request, model_name: str, message: Generate,
     domain error that ended it, like a generation does (api/stream.py). A Pooled result
     has one row per input, checked here."""
     rows = len(message.inputs or message.input_ids or ())
-    config = request.app[CONFIG]
-    runner = await request.app[POOL].get(model_name)
-    gen = Generation(runner.submit(message, params), queue_timeout=config.queue_timeout,
-                     request_timeout=config.request_timeout)
+    runner, gen = await submit(request, model_name, message, params)
     t0 = time.monotonic()
     try:
         await gen.started()

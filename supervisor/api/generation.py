@@ -41,15 +41,21 @@ def usage_of(done) -> dict:
                         done.reasoning_tokens)
 
 
+async def submit(request: web.Request, model_name: str, message, params: dict | None = None):
+    """`message` (a complete Generate, less its rid) queued on `model_name`'s runner:
+    (the runner, its Generation under the server's queue and request timeouts)."""
+    config = request.app[CONFIG]
+    runner = await request.app[POOL].get(model_name)
+    return runner, Generation(runner.submit(message, params),
+                              queue_timeout=config.queue_timeout,
+                              request_timeout=config.request_timeout,
+                              logprobs=message.output.logprobs)
+
+
 async def run(request: web.Request, parsed,
               make_shapes: Callable[[str, int], Shapes]) -> web.StreamResponse:
     """`make_shapes(model, created)` gives the response's object builders."""
-    config = request.app[CONFIG]
-    runner = await request.app[POOL].get(parsed.model)
-    message = parsed.to_generate(config)  # the protocol Generate, less its rid
-    gen = Generation(runner.submit(message), queue_timeout=config.queue_timeout,
-                     request_timeout=config.request_timeout,
-                     logprobs=message.output.logprobs)
+    runner, gen = await submit(request, parsed.model, parsed.to_generate(request.app[CONFIG]))
     model = runner.id
     objects = make_shapes(model, int(time.time()))
     t0 = time.monotonic()

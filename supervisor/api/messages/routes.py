@@ -15,7 +15,7 @@ from aiohttp import web
 
 from protocol import Task
 from supervisor.api.compute import compute
-from supervisor.api.generation import log_request
+from supervisor.api.generation import log_request, submit
 from supervisor.api.messages import shapes
 from supervisor.api.messages.errors import AnthropicEnvelope
 from supervisor.api.messages.request import MessagesRequest, parse_messages_request
@@ -23,7 +23,7 @@ from supervisor.api.messages.stream import PING, BlockWriter, event
 from supervisor.api.stream import Generation
 from supervisor.http import sse
 from supervisor.http.errors import add_envelope, get_request_id, read_json
-from supervisor.keys import CONFIG, POOL
+from supervisor.keys import CONFIG
 
 PREFIX = "/v1/messages"
 # How this API's clients name the parameters the worker reports on.
@@ -40,10 +40,8 @@ def _headers(request: web.Request, parsed: MessagesRequest) -> dict:
 
 async def create_message(request: web.Request) -> web.StreamResponse:
     parsed = parse_messages_request(await read_json(request))
-    config = request.app[CONFIG]
-    runner = await request.app[POOL].get(parsed.model)
-    gen = Generation(runner.submit(parsed.to_generate(config), PARAMS),
-                     queue_timeout=config.queue_timeout, request_timeout=config.request_timeout)
+    runner, gen = await submit(request, parsed.model,
+                               parsed.to_generate(request.app[CONFIG]), PARAMS)
     t0 = time.monotonic()
     try:
         started = await gen.started()
