@@ -44,7 +44,7 @@ import mlx.core as mx
 
 from protocol.messages import (
     INTERNAL, Cancel, Delta, Done, Error, FinishReason, Generate, Shutdown, Started,
-    StatusRequest, Tokens, pack_floats, pack_ids,
+    StatusRequest, pack_floats, pack_ids,
 )
 from worker.batch import Batch
 from worker.engine import RequestError
@@ -260,9 +260,8 @@ class Scheduler:
         """Tokenize or detokenize, answered whole in preparation: its result and its
         Done, without joining the batch."""
         seq.prompt_tokens = answered.prompt_tokens
-        self.link.send(Started(epoch=self.epoch, rid=seq.rid, prompt_tokens=seq.prompt_tokens))
-        self.link.send(Tokens(epoch=self.epoch, rid=seq.rid, ids=pack_ids(answered.ids),
-                              pieces=answered.pieces, text=answered.text))
+        for msg in answered.messages(self.epoch, seq.rid):
+            self.link.send(msg)
         self._finish(seq, FinishReason.STOP)
 
     def _refuse(self, seq: Sequence, e: RequestError) -> None:

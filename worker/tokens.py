@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.messages import (INVALID_REQUEST, TASKS_OF, ModelKind, Task, task_refusal,
-                               unpack_ids)
+from protocol.messages import (INVALID_REQUEST, TASKS_OF, ModelKind, Started, Task, Tokens,
+                               pack_ids, task_refusal, unpack_ids)
 from worker.prompt import RequestError
 
 
@@ -28,6 +28,12 @@ class Answered:
     @property
     def prompt_tokens(self) -> int:
         return len(self.ids)
+
+    def messages(self, epoch: int, rid: str) -> tuple[Started, Tokens]:
+        """What goes out before its Done: Started (its count), then the result."""
+        return (Started(epoch=epoch, rid=rid, prompt_tokens=self.prompt_tokens),
+                Tokens(epoch=epoch, rid=rid, ids=pack_ids(self.ids), pieces=self.pieces,
+                       text=self.text))
 
 
 def check_task(gen, kind: ModelKind) -> None:

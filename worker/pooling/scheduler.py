@@ -23,7 +23,7 @@ from collections import deque
 import mlx.core as mx
 
 from protocol.messages import (INTERNAL, Cancel, Done, Error, FinishReason, Generate, Pooled,
-                               Shutdown, Started, StatusRequest, Tokens, pack_floats, pack_ids)
+                               Shutdown, Started, StatusRequest, pack_floats)
 from worker.pooling.jobs import Job
 from worker.preparer import PrepDone, Preparer
 from worker.prompt import RequestError
@@ -133,9 +133,8 @@ class PoolScheduler:
                       exc_info=(type(result), result, result.__traceback__))
             self._error(req, INTERNAL, "The worker failed to prepare this request.")
         elif isinstance(result, Answered):
-            self._send_started(req, result.prompt_tokens)
-            self.link.send(Tokens(epoch=self.epoch, rid=req.rid, ids=pack_ids(result.ids),
-                                  pieces=result.pieces, text=result.text))
+            for msg in result.messages(self.epoch, req.rid):
+                self.link.send(msg)
             self._done(req, FinishReason.STOP, result.prompt_tokens)
         else:
             req.job = result
