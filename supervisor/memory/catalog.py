@@ -273,9 +273,13 @@ def context_length(path: Path, cap: int | None = None) -> int | None:
     return models.context_length(config, cap)
 
 
-def kind_of(path: Path) -> str:
-    """What the model does, by the rule the worker picks its engine by."""
-    return models.model_kind(path, read_config(path)).value
+def local_model(name: str, path: Path, source: str, cap: int | None = None) -> LocalModel:
+    """A model directory as listed: its config read once for the context length (the rule
+    the worker enforces) and the kind (the rule the worker picks its engine by)."""
+    config = read_config(path)
+    return LocalModel(name, str(path), weights_bytes(path),
+                      models.context_length(config, cap) if config else None, source,
+                      modified(path), models.model_kind(path, config).value)
 
 
 def safetensors_format(file: Path) -> str | None:
@@ -326,9 +330,7 @@ def scan_hf_cache(cap: int | None = None, cache_dir: Path | None = None) -> list
         path = Path(revs[-1].snapshot_path)
         if not is_mlx_model(path, repo.repo_id):
             continue
-        found.append(LocalModel(repo.repo_id, str(path), weights_bytes(path),
-                                context_length(path, cap), "hf-cache", modified(path),
-                                kind_of(path)))
+        found.append(local_model(repo.repo_id, path, "hf-cache", cap))
     return sorted(found, key=lambda m: m.id)
 
 
@@ -339,9 +341,7 @@ def scan(state_dir: Path, cap: int | None = None, cache_dir: Path | None = None)
     for name, where in BUILT.items():
         path = where(state_dir)
         if path.is_dir():
-            found.append(LocalModel(name, str(path), weights_bytes(path),
-                                    context_length(path, cap), name, modified(path),
-                                    kind_of(path)))
+            found.append(local_model(name, path, name, cap))
     return found
 
 
@@ -358,5 +358,4 @@ def describe(name: str, state_dir: Path, cap: int | None = None) -> LocalModel |
                           context_length(done[-1], cap) if done else None, "gguf",
                           modified(path))
     source = name if name in BUILT else ("local" if found.load_as == found.real else "hf-cache")
-    return LocalModel(name, str(path), weights_bytes(path), context_length(path, cap), source,
-                      modified(path), kind_of(path))
+    return local_model(name, path, source, cap)
