@@ -6,6 +6,8 @@ Imports neither MLX nor aiohttp, so both sides (and tests) share it.
 from protocol.codec import EncodeError, ProtocolError, decode_down, decode_up, encode
 from protocol.messages import (
     PROTOCOL_VERSION,
+    CacheCommand,
+    CacheReply,
     Cancel,
     Delta,
     Done,
@@ -35,7 +37,8 @@ from protocol.messages import (
 
 __all__ = [
     "PROTOCOL_VERSION", "ProtocolError", "EncodeError", "encode", "decode_down", "decode_up",
-    "Generate", "SamplingParams", "OutputSpec", "Cancel", "StatusRequest", "Shutdown",
+    "Generate", "SamplingParams", "OutputSpec", "Cancel", "StatusRequest", "CacheCommand",
+    "CacheReply", "Shutdown",
     "Ready", "Started", "Delta", "Tokens", "Pooled", "Done", "Error", "Status", "Heartbeat",
     "FinishReason", "ErrorCode", "Task", "ModelKind", "TASKS_OF", "ToolCall", "pack_ids", "unpack_ids", "pack_floats",
     "unpack_floats",

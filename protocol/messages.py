@@ -7,9 +7,9 @@ Delta: ~0.3 µs to encode, ~0.6 µs to decode, against 3.6 µs and 13.1 µs for 
 dataclass codec this replaced), so the types here ARE the schema: what a field's type says
 is checked when a frame is decoded (protocol/codec.py).
 
-Down (supervisor → worker): Generate, Cancel, StatusRequest, Shutdown.
+Down (supervisor → worker): Generate, Cancel, StatusRequest, CacheCommand, Shutdown.
 Up (worker → supervisor): Ready, Started, Delta, Tokens, Pooled, Done, Error, Status,
-Heartbeat.
+CacheReply, Heartbeat.
 Up messages carry the worker's `epoch` (its incarnation): events of a dead epoch are dropped.
 
 A `Generate` is one complete request, built once by the API surface that received it
@@ -37,7 +37,8 @@ from typing import Any, Literal, Optional
 
 import msgspec
 
-PROTOCOL_VERSION = 3  # 3: Generate.task, Tokens, Pooled, Ready.model_kind
+PROTOCOL_VERSION = 4  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: KV snapshots
+#                       (Generate.snapshot/resume, CacheCommand, CacheReply)
 
 
 class WireEnum(str, Enum):
@@ -235,6 +236,11 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     input_ids: Optional[list[bytes]] = None  # EMBED given token ids: one packed list each
     dimensions: Optional[int] = None      # EMBED: keep this many leading dimensions
     #                                       (Matryoshka), renormalised
+    # KV snapshots (worker/snapshots/): keep the state this generation ends with under
+    # `snapshot` (a stored response's id, or "key:" + the client's prompt_cache_key), and
+    # start from the state kept under `resume` when its tokens begin this prompt.
+    snapshot: Optional[str] = None
+    resume: Optional[str] = None
 
 
 class Cancel(Message, frozen=True, kw_only=True, tag="cancel"):
@@ -245,6 +251,15 @@ class Cancel(Message, frozen=True, kw_only=True, tag="cancel"):
 
 class StatusRequest(Message, frozen=True, kw_only=True, tag="status"):
     qid: int = 0  # echoed in the Status reply
+
+
+class CacheCommand(Message, frozen=True, kw_only=True, tag="cache"):
+    """Administer the KV snapshots (mlxctl cache): "ls" lists them, "save" writes `name`'s
+    state to the disk tier, "drop" forgets `name` in every tier, "clear" forgets them all
+    (and the prompt-prefix cache). Answered by a CacheReply with the same qid."""
+    qid: int
+    op: Literal["ls", "save", "drop", "clear"]
+    name: Optional[str] = None
 
 
 class Shutdown(Message, frozen=True, kw_only=True, tag="shutdown"):
@@ -387,6 +402,41 @@ class Status(Message, frozen=True, kw_only=True, tag="status"):
     prompt_cache: Optional["CacheStats"] = None
 
 
+class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """One named KV snapshot (CacheReply)."""
+    name: str
+    tokens: int
+    ram_bytes: int = 0          # 0: not in memory
+    disk_bytes: int = 0         # 0: not on disk
+    used_at: float = 0.0        # unix time of its last use (stored or resumed from)
+
+
+class CacheReply(Message, frozen=True, kw_only=True, tag="cache_reply"):
+    """Answer to CacheCommand."""
+    epoch: int
+    qid: int
+    ok: bool = True
+    message: str = ""           # what was done, or why not (`ok` false: unknown name, ...)
+    entries: list[SnapshotInfo] = []
+
+
+class SnapshotStats(msgspec.Struct, frozen=True, kw_only=True):
+    """The worker's named KV snapshots (worker/snapshots/), counted since it started."""
+    hits_ram: int = 0        # resumed from a state in memory
+    hits_disk: int = 0       # resumed from a file of the disk tier
+    misses: int = 0          # `resume` named no state in any tier
+    fallbacks: int = 0       # the state's tokens did not begin the prompt: prefix matching
+    named: int = 0           # names held in memory now
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    disk_evictions: int = 0  # files dropped for room (--kv-disk-bytes)
+    disk_corrupt: int = 0    # files that failed their checksum or could not be read: deleted
+    disk_read_bytes: int = 0
+    disk_read_seconds: float = 0.0
+    disk_write_bytes: int = 0
+    disk_write_seconds: float = 0.0
+
+
 class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     """The worker's prompt-prefix cache (worker/prefix_cache.py), counted since it started
     (not a message: a field of Heartbeat and Status)."""
@@ -397,6 +447,7 @@ class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     entries: int = 0
     evictions: int = 0       # dropped for room
     expirations: int = 0     # dropped for age (--prompt-cache-ttl)
+    snapshots: Optional[SnapshotStats] = None  # None: no snapshots (no prompt cache)
 
 
 class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
@@ -413,5 +464,5 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     load_progress: Optional[float] = None  # 0..1 while a model is converted (GGUF) at load
 
 
-DOWN = (Generate, Cancel, StatusRequest, Shutdown)
-UP = (Ready, Started, Delta, Tokens, Pooled, Done, Error, Status, Heartbeat)
+DOWN = (Generate, Cancel, StatusRequest, CacheCommand, Shutdown)
+UP = (Ready, Started, Delta, Tokens, Pooled, Done, Error, Status, CacheReply, Heartbeat)

@@ -273,6 +273,10 @@ SETTINGS: tuple[Setting, ...] = (
       "(KV states reused by later prompts; 0: off), e.g. 2G", worker=True),
     S("prompt_cache_ttl", FLOAT, 3600.0, "seconds an unused cached prefix is kept (0: no "
       "limit)", worker=True),
+    # Named KV snapshots (worker/snapshots/): the disk tier under STATE_DIR/kv.
+    S("kv_disk_bytes", SIZE, 8 << 30, "disk per model for KV snapshots of stored responses "
+      "and prompt_cache_key conversations, so they resume after a restart (0: memory "
+      "only), e.g. 20G", worker=True),
     S("max_kv_size", INT, None, "a rotating KV cache of this many tokens per sequence (the "
       "oldest tokens are dropped; default: the whole context)", worker=True),
     # GGUF import (worker/gguf/): the precision a GGUF is converted to, once per file.

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
         else:
             engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                                 args.prefill_step, loaded.vocab_size)
-            batch = _make_batch(engine, args)
+            batch = _make_batch(engine, args, loaded.path)
             batch.warm()  # before Ready: the first request pays no compile
         loading[0] = False
     except Exception as e:
@@ -149,8 +149,11 @@ def main(argv=None) -> int:
         else:
             from worker.faults import Faults
 
-            Scheduler(engine, link, status, batch, log_prompts=args.log_prompts,
-                      stream_interval=args.stream_interval, faults=Faults.from_env()).run()
+            try:
+                Scheduler(engine, link, status, batch, log_prompts=args.log_prompts,
+                          stream_interval=args.stream_interval, faults=Faults.from_env()).run()
+            finally:
+                batch.close()  # the snapshot writes queued reach the disk
     except WorkerBroken:
         # No Done for what waits here: the supervisor re-queues what never started.
         log.critical("exiting with code %d: MLX cannot run a step in this process after a "
@@ -162,9 +165,10 @@ def main(argv=None) -> int:
     return 0
 
 
-def _make_batch(engine, args):
+def _make_batch(engine, args, path):
     """The batch the scheduler runs, its KV within --kv-budget: the context is capped to
-    what the budget holds for one sequence, so that one always fits alone."""
+    what the budget holds for one sequence, so that one always fits alone. With a prompt
+    cache, named KV snapshots too (on disk under STATE_DIR/kv/MODEL-IDENTITY)."""
     from worker.batch import Batch, ChunkSizer, KVSize
     from worker.models import LoadError
     from worker.prefix_cache import PrefixCache
@@ -183,14 +187,28 @@ def _make_batch(engine, args):
                     "--kv-budget (%d bytes) holds for one sequence", fits,
                     engine.context_length, args.kv_budget)
         engine.cap_context(fits)
-    prefix = None
+    prefix = snapshots = None
     if args.prompt_cache_bytes > 0:
         prefix = PrefixCache(min(args.prompt_cache_bytes, args.kv_budget), args.prompt_cache_ttl)
+        snapshots = _snapshots(prefix, args, path)
     step = max(1, args.prefill_step)
     return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
                  prefix=prefix, kv=kv, max_kv_size=args.max_kv_size,
-                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)))
+                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)), snapshots=snapshots)
+
+
+def _snapshots(prefix, args, path):
+    from worker.snapshots.disk import DiskTier
+    from worker.snapshots.identity import model_identity, snapshot_dir
+    from worker.snapshots.store import SnapshotStore
+
+    disk = None
+    if args.kv_disk_bytes > 0:
+        disk = DiskTier(snapshot_dir(args.state_dir, model_identity(path, args.max_kv_size)),
+                        args.kv_disk_bytes)
+        disk.start()
+    return SnapshotStore(prefix, disk)
 
 
 class LogLineCap(logging.Formatter):

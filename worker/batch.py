@@ -17,6 +17,9 @@ What this module adds around it:
   cached prefix of its prompt; the batch stores the state at the end of each prompt
   (only for models whose cache cannot be trimmed: for the others the final state,
   trimmed, serves the same prompts) and at the end of each sequence;
+- named snapshots (worker/snapshots/): a sequence that names a state to `resume` from
+  starts there when that state's tokens begin its prompt, and one that names a
+  `snapshot` keeps its final state under that name (in memory and on disk);
 - per-sequence output (worker/decoding.py), and removal on cancel, stop strings and
   grammar completion, which mlx-lm's batch does not know about.
 
@@ -38,6 +41,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from protocol.messages import CacheStats, Generate, SamplingParams, pack_ids
 from worker.decoding import Decoding
 from worker.prefix_cache import PrefixCache
+from worker.snapshots.store import SnapshotStore
 
 log = logging.getLogger("worker.batch")
 
@@ -135,6 +139,7 @@ class Member:
     namespace: str              # prefix-cache namespace
     reserved: int               # KV bytes reserved
     snapshots: list = field(default_factory=list)  # prompt lengths to snapshot at, in order
+    name: Optional[str] = None  # the name its final state is kept under (a named snapshot)
 
 
 class Batch:
@@ -142,6 +147,7 @@ class Batch:
                  kv_budget: int, prefix: Optional[PrefixCache], kv: KVSize,
                  max_kv_size: Optional[int] = None, snapshot_every: int = SNAPSHOT_EVERY,
                  chunks: Optional[ChunkSizer] = None,
+                 snapshots: Optional[SnapshotStore] = None,
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.max_size = max(1, max_size)
@@ -149,6 +155,7 @@ class Batch:
         self.prefill_batch = max(1, min(prefill_batch, self.max_size))
         self.kv_budget = kv_budget
         self.prefix = prefix
+        self.snapshots = snapshots if prefix is not None else None  # (its RAM tier)
         self.kv = kv
         self.max_kv_size = max_kv_size
         self.snapshot_every = snapshot_every
@@ -196,7 +203,7 @@ class Batch:
         engine, ids = self.engine, prep.ids
         decoding = engine.decoding(prep)
         namespace = prep.gen.cache_key or ""
-        hit = self.prefix.fetch(namespace, ids) if self.prefix is not None else None
+        hit = self._start(prep, namespace)
         cached = hit.tokens if hit is not None else 0
         snapshots = []  # prompt lengths at which to keep the state (see the docstring)
         if self.prefix is not None and not self.trimmable:
@@ -214,11 +221,25 @@ class Batch:
             caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
         reserved = self.need(prep)
-        self.members[uid] = Member(seq, decoding, namespace, reserved, snapshots)
+        self.members[uid] = Member(seq, decoding, namespace, reserved, snapshots,
+                                   prep.gen.snapshot if self.snapshots is not None else None)
         self.reserved += reserved
         seq.uid = uid
         self._bound_prefix()
         return cached
+
+    def _start(self, prep, namespace: str):
+        """The state a prompt starts from: the snapshot it resumes from, else (or when
+        that serves less) the longest cached prefix; None: from scratch."""
+        hit = None
+        if self.snapshots is not None and prep.gen.resume:
+            hit = self.snapshots.resume(prep.gen.resume, namespace, prep.ids, prep.snapshot)
+            prep.snapshot = None  # (host memory: not kept with a waiting request)
+        if self.prefix is not None and (hit is None or hit.partial):
+            found = self.prefix.fetch(namespace, prep.ids)
+            if found is not None and (hit is None or found.tokens >= hit.tokens):
+                hit = found
+        return hit
 
     def _bound_prefix(self) -> None:
         """The prefix cache gives way to running sequences: together they stay within
@@ -273,8 +294,12 @@ class Batch:
         self._bound_prefix()
 
     def _store(self, m: Member, tokens, cache) -> None:
+        """A sequence ended: keep its final state (and its name, if it has one)."""
         if self.prefix is not None and tokens and cache:
-            self.prefix.store(m.namespace, list(tokens), cache)
+            tokens = list(tokens)
+            kept = self.prefix.store(m.namespace, tokens, cache)
+            if m.name:
+                self.snapshots.keep(m.name, m.namespace, tokens, cache, kept)
             self._bound_prefix()
 
     def remove(self, seq) -> None:
@@ -320,7 +345,12 @@ class Batch:
         mx.clear_cache()
 
     def cache_stats(self) -> Optional[CacheStats]:
-        return CacheStats(**self.prefix.stats()) if self.prefix is not None else None
+        if self.prefix is None:
+            return None
+        snapshots = self.snapshots.stats() if self.snapshots is not None else None
+        return CacheStats(**self.prefix.stats(), snapshots=snapshots)
 
     def close(self) -> None:
         self.gen.close()
+        if self.snapshots is not None and self.snapshots.disk is not None:
+            self.snapshots.disk.close()  # the writes queued reach the disk

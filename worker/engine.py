@@ -50,6 +50,7 @@ class Prepared:
     constraint: Optional[Constraint] = None      # the grammar, if any
     splitter: Optional[OutputSplitter] = None    # reasoning / tool-call parsing, if any
     banned: tuple = ()                           # token ids never to sample
+    snapshot: object = None                      # its `resume` state read from disk, if any
 
     def __len__(self) -> int:
         return len(self.ids)

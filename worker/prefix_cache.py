@@ -114,6 +114,40 @@ class PrefixCache:
             return self._use(ns, found.shorter, shorter)
         return None
 
+    def state_of(self, namespace: str, tokens: list[int]) -> Optional[Hit]:
+        """A copy of the state holding exactly `tokens` (a named snapshot's: worker/
+        snapshots/): their entry, or a longer trimmable entry that begins with them,
+        trimmed. Not counted as a hit or a miss."""
+        self.expire()
+        key = self._covering(namespace, tokens)
+        return self._use(namespace, list(key), len(tokens)) if key is not None else None
+
+    def holds(self, namespace: str, tokens: list[int]) -> int:
+        """The bytes of the entry that holds the state of exactly `tokens` (0: none)."""
+        key = self._covering(namespace, tokens)
+        return self._lru[(namespace, key)].nbytes if key is not None else 0
+
+    def _covering(self, ns: str, tokens: list[int]) -> Optional[tuple]:
+        if not tokens or not self._lru:
+            return None
+        found = self._trie.search(ns, list(tokens))
+        if found.exact is not None:
+            return tuple(found.exact)
+        if found.longer is not None and found.common_prefix == len(tokens):
+            key = tuple(found.longer)
+            entry = self._lru.get((ns, key))
+            if entry is not None and entry.trimmable:
+                return key
+        return None
+
+    def drop(self, namespace: str, tokens: list[int]) -> bool:
+        """Forget the entry for exactly `tokens` (mlxctl cache drop)."""
+        key = (namespace, tuple(tokens))
+        if key not in self._lru:
+            return False
+        self._remove(key)
+        return True
+
     def _use(self, ns: str, key_tokens: list[int], n: int) -> Optional[Hit]:
         """A copy of the entry for `key_tokens`, trimmed to its first `n` tokens; None
         (and the entry dropped) if its state is not what it claims."""

@@ -43,11 +43,11 @@ from collections import deque
 import mlx.core as mx
 
 from protocol.messages import (
-    INTERNAL, Cancel, Delta, Done, Error, FinishReason, Generate, Shutdown, Started,
-    StatusRequest, pack_floats, pack_ids,
+    INTERNAL, CacheCommand, CacheReply, Cancel, Delta, Done, Error, FinishReason, Generate,
+    Shutdown, Started, StatusRequest, pack_floats, pack_ids,
 )
 from worker.batch import Batch
-from worker.engine import RequestError
+from worker.engine import Prepared, RequestError
 from worker.preparer import PrepDone, Preparer
 from worker.tokens import Answered
 
@@ -137,7 +137,7 @@ class Scheduler:
         self.active: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
         self.preparing: dict[str, Sequence] = {}
-        self.preparer = Preparer(engine.prepare, link.commands)
+        self.preparer = Preparer(self._prepare, link.commands)
         self.stopping = False
         self._next_memory = 0.0
 
@@ -212,6 +212,38 @@ class Scheduler:
             self.stopping = True
         elif isinstance(cmd, StatusRequest):  # normally answered by the I/O thread
             self.link.send(self.status.status(cmd.qid))
+        elif isinstance(cmd, CacheCommand):
+            self.link.send(self._cache_command(cmd))
+
+    def _prepare(self, gen: Generate):
+        """The preparation thread's work: the engine's, then the snapshot to resume from
+        when only the disk has it (a file read must not stall the MLX thread)."""
+        prep = self.engine.prepare(gen)
+        snapshots = self.batch.snapshots
+        if isinstance(prep, Prepared) and gen.resume and snapshots is not None:
+            prep.snapshot = snapshots.preload(gen.resume)
+        return prep
+
+    def _cache_command(self, cmd: CacheCommand) -> CacheReply:
+        """mlxctl cache: list, save, drop or clear the KV snapshots."""
+        reply = {"epoch": self.epoch, "qid": cmd.qid}
+        snapshots = self.batch.snapshots
+        if snapshots is None:
+            return CacheReply(**reply, ok=False, message="this worker keeps no KV snapshots "
+                              "(its prompt cache is off: --prompt-cache-bytes 0)")
+        if cmd.op == "ls":
+            return CacheReply(**reply, entries=snapshots.entries())
+        if cmd.op == "clear":
+            return CacheReply(**reply, message=f"cleared {snapshots.clear()} snapshots and "
+                              "the prompt cache")
+        if not cmd.name:
+            return CacheReply(**reply, ok=False, message=f"`{cmd.op}` needs a snapshot name")
+        if cmd.op == "save":
+            ok, message = snapshots.save(cmd.name)
+            return CacheReply(**reply, ok=ok, message=message)
+        if snapshots.drop(cmd.name):
+            return CacheReply(**reply, message=f"dropped {cmd.name}")
+        return CacheReply(**reply, ok=False, message=f"no snapshot named {cmd.name}")
 
     def _cancel(self, rid: str) -> None:
         seq = self.active.get(rid)

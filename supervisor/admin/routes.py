@@ -12,6 +12,7 @@ lies inside the model roots.
     POST /admin/swap     {"model", "mode": "drain"|"force", "replace": [ids]?}
     POST /admin/load     {"model"}            POST /admin/unload {"model", "mode"?}
     POST /admin/kill     {"model"?, "restart": true}   (no model: every worker)
+    GET  /admin/cache, POST /admin/cache/{save,drop,clear}: KV snapshots (admin/cache.py)
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from supervisor.admin import cache
 from supervisor.admin.token import ensure_token
 from supervisor.config import Config
 from supervisor.http.errors import APIError, read_json
@@ -216,6 +218,7 @@ def setup(app: web.Application, config: Config) -> None:
     r.add_post(PREFIX + "/load", load)
     r.add_post(PREFIX + "/unload", unload)
     r.add_post(PREFIX + "/kill", kill)
+    cache.setup(r, PREFIX)
 
 
 async def _create_token(app: web.Application) -> None:

@@ -5,6 +5,8 @@
     mlxctl swap MODEL [--drain|--force] [--replace OLD]...
     mlxctl load MODEL | unload MODEL [--drain|--force]
     mlxctl kill [MODEL] [--no-restart] hard-cancel everything on a worker (all without MODEL)
+    mlxctl cache ls | save NAME | drop NAME | clear [MODEL]
+                                       KV snapshots of conversations (memory and disk)
     mlxctl pull MODEL [--revision R]   download from Hugging Face into the local cache
     mlxctl logs [-f] [-n LINES]        the server's log
     mlxctl service install [MLXD FLAGS] | uninstall | start | stop | status
@@ -25,6 +27,7 @@ import os
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +35,7 @@ from typing import Callable
 
 from supervisor.admin.token import read_token, token_path
 from supervisor.config import default_log_dir, resolve
-from supervisor.ctl.format import format_models, format_status
+from supervisor.ctl.format import format_cache, format_models, format_status
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_DOWN, EXIT_REFUSED = 0, 1, 2, 3, 4
@@ -182,6 +185,29 @@ def cmd_kill(args, client: Client, deps: Deps) -> int:
              + ("restarting" if k["restarted"] else "not restarted") for k in body["killed"]]
     emit(args, body, "\n".join(lines))
     return EXIT_OK
+
+
+def cmd_cache(args, client: Client, deps: Deps) -> int:
+    """KV snapshots: ls [--model M] | save NAME | drop NAME | clear [MODEL]."""
+    if args.action == "ls":
+        query = f"?model={urllib.parse.quote(args.model)}" if args.model else ""
+        body = client.call("GET", "/admin/cache" + query, timeout=30)
+        emit(args, body, format_cache(body, time.time()))
+        return EXIT_OK
+    req = {}
+    if args.action == "clear":
+        model = args.model or args.name
+    else:
+        if not args.name:
+            print(f"mlxctl: cache {args.action} needs a snapshot name (see `mlxctl cache ls`)",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        req["name"], model = args.name, args.model
+    if model:
+        req["model"] = model
+    body = client.call("POST", f"/admin/cache/{args.action}", req, timeout=30)
+    emit(args, body, "\n".join(f"{r['model']}: {r['message']}" for r in body["results"]))
+    return EXIT_OK if all(r["ok"] for r in body["results"]) else EXIT_UNHEALTHY
 
 
 def cmd_pull(args, client: Client, deps: Deps) -> int:
@@ -345,6 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("kill", cmd_kill, "hard-cancel everything on a worker and kill it")
     sp.add_argument("model", nargs="?")
     sp.add_argument("--no-restart", action="store_true", help="leave it unloaded")
+    sp = add("cache", cmd_cache, "KV snapshots: ls | save NAME | drop NAME | clear [MODEL]")
+    sp.add_argument("action", choices=["ls", "save", "drop", "clear"])
+    sp.add_argument("name", nargs="?", help="a snapshot's name (a response id, or key:KEY); "
+                    "for clear, the model")
+    sp.add_argument("--model", default=None, help="only this loaded model")
     sp = add("pull", cmd_pull, "download a model from Hugging Face")
     sp.add_argument("model")
     sp.add_argument("--revision", default=None)

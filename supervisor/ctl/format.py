@@ -56,14 +56,22 @@ def format_status(body: dict) -> str:
                      human_bytes(w.get("peak_bytes")), w.get("queued", 0), w.get("in_flight", 0),
                      f"{w.get('tokens_per_s', 0.0):.1f}",
                      f"{cache.get('hits', 0)}/{lookups}" if cache else "-",
-                     human_bytes(cache.get("bytes")) if cache else "-", w.get("restarts", 0)))
+                     human_bytes(cache.get("bytes")) if cache else "-", _snapshots(cache),
+                     w.get("restarts", 0)))
     if rows:
         lines.append(table(("MODEL", "STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK",
                             "QUEUED", "IN-FLIGHT", "TOK/S (1m)", "CACHE HITS", "CACHE MEM",
-                            "RESTARTS"), rows))
+                            "RESUMED RAM/DISK", "RESTARTS"), rows))
     else:
         lines.append("no model loaded")
     return "\n".join(lines)
+
+
+def _snapshots(cache: dict) -> str:
+    """Requests resumed from a named KV snapshot in memory / on disk (mlxctl cache ls
+    lists the snapshots)."""
+    snap = cache.get("snapshots")
+    return f"{snap['hits_ram']}/{snap['hits_disk']}" if snap else "-"
 
 
 def format_models(body: dict) -> str:
@@ -73,3 +81,19 @@ def format_models(body: dict) -> str:
         return ("no local MLX models: `mlxctl pull mlx-community/MODEL` downloads one "
                 "into the Hugging Face cache")
     return table(("MODEL", "SIZE", "CONTEXT", "STATE", "SOURCE"), rows)
+
+
+def format_cache(body: dict, now: float) -> str:
+    """`mlxctl cache ls`: each model's KV snapshots, most recently used first."""
+    rows, errors = [], []
+    for m in body.get("models", []):
+        if "error" in m:
+            errors.append(f"{m['model']}: {m['error']}")
+        for s in m.get("snapshots", []):
+            rows.append((m["model"], s["name"], s["tokens"],
+                         human_bytes(s["ram_bytes"]) if s["ram_bytes"] else "-",
+                         human_bytes(s["disk_bytes"]) if s["disk_bytes"] else "-",
+                         human_seconds(now - s["used_at"]) + " ago"))
+    lines = [table(("MODEL", "NAME", "TOKENS", "MEMORY", "DISK", "USED"), rows)] if rows else [
+        "no KV snapshots (a stored response, or a request with a prompt_cache_key, keeps one)"]
+    return "\n".join(lines + errors)

@@ -168,6 +168,7 @@ class _PoolGauges:
             mem.add_metric([s.model, "mlx_peak"], s.mlx_peak_bytes)
         yield from (queue, inflight, up, mem)
         yield from self._prompt_cache()
+        yield from self._snapshots()
         yield GaugeMetricFamily("mlxd_models_loaded", "Workers resident or loading",
                                 value=len(self.samples))
         if self.memory is not None:
@@ -204,6 +205,47 @@ class _PoolGauges:
             held.add_metric([s.model], c.bytes)
             entries.add_metric([s.model], c.entries)
         yield from (*counters.values(), held, entries)
+
+    def _snapshots(self):
+        """Each worker's named KV snapshots by tier (worker/snapshots/): the memory tier
+        is the prompt cache (its bytes above), the disk tier its files."""
+        def counter(name, text, labels=("model",)):
+            return CounterMetricFamily(f"mlxd_kv_snapshot_{name}", text, labels=list(labels))
+
+        hits = counter("hits", "Requests that resumed from a named KV snapshot",
+                       ("model", "tier"))
+        misses = counter("misses", "Requests naming a KV snapshot no tier held")
+        fallbacks = counter("fallbacks", "Snapshots whose tokens did not begin the new prompt "
+                            "(the template rewrote history): prefix matching instead")
+        evictions = counter("disk_evictions", "Snapshot files dropped for room")
+        corrupt = counter("disk_corrupt", "Snapshot files that failed to read and were deleted")
+        moved = counter("disk_bytes", "Bytes of snapshot files read and written",
+                        ("model", "direction"))
+        seconds = counter("disk_seconds", "Seconds spent reading and writing snapshot files",
+                          ("model", "direction"))
+        held = GaugeMetricFamily("mlxd_kv_snapshots", "Named KV snapshots held, by tier",
+                                 labels=["model", "tier"])
+        disk = GaugeMetricFamily("mlxd_kv_snapshot_disk_bytes", "Bytes of snapshot files",
+                                 labels=["model"])
+        for s in self.samples:
+            snap = s.prompt_cache.snapshots if s.prompt_cache is not None else None
+            if snap is None:
+                continue
+            m = s.model
+            hits.add_metric([m, "ram"], snap.hits_ram)
+            hits.add_metric([m, "disk"], snap.hits_disk)
+            misses.add_metric([m], snap.misses)
+            fallbacks.add_metric([m], snap.fallbacks)
+            evictions.add_metric([m], snap.disk_evictions)
+            corrupt.add_metric([m], snap.disk_corrupt)
+            moved.add_metric([m, "read"], snap.disk_read_bytes)
+            moved.add_metric([m, "write"], snap.disk_write_bytes)
+            seconds.add_metric([m, "read"], snap.disk_read_seconds)
+            seconds.add_metric([m, "write"], snap.disk_write_seconds)
+            held.add_metric([m, "ram"], snap.named)
+            held.add_metric([m, "disk"], snap.disk_entries)
+            disk.add_metric([m], snap.disk_bytes)
+        yield from (hits, misses, fallbacks, evictions, corrupt, moved, seconds, held, disk)
 
 
 METRICS = web.AppKey("metrics", Metrics)

@@ -28,8 +28,8 @@ from typing import Awaitable, Callable
 
 import msgspec
 
-from protocol import (Delta, Done, Error, Generate, Heartbeat, Pooled, Ready, Shutdown,
-                      Started, Status, StatusRequest, Tokens)
+from protocol import (CacheCommand, CacheReply, Delta, Done, Error, Generate, Heartbeat, Pooled,
+                      Ready, Shutdown, Started, Status, StatusRequest, Tokens)
 from supervisor.config import Config
 from supervisor.workers.dispatch import Dispatcher
 from supervisor.workers.errors import Internal, WorkerError, WorkerFailed
@@ -93,7 +93,7 @@ class ModelRunner:
         self._worker_alive = False       # a worker process may exist right now
         self._ready = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self._status_waiters: dict[int, asyncio.Future] = {}
+        self._queries: dict[int, asyncio.Future] = {}
         self._qid = 0
 
     # ---- state -------------------------------------------------------------------------
@@ -281,7 +281,7 @@ class ModelRunner:
             self._ready.clear()
             self.ready_at = None
             self.dispatch.on_worker_gone(ended.reason)
-            self._fail_status_waiters()
+            self._fail_queries()
             if self._stopping:
                 break
             tail = link.stderr_tail()[-3:]
@@ -340,11 +340,11 @@ class ModelRunner:
     def _unavailable(self) -> WorkerError:
         return WorkerFailed(f"Model `{self.id}` is unavailable: {self.last_error}")
 
-    def _fail_status_waiters(self) -> None:
-        for fut in self._status_waiters.values():
+    def _fail_queries(self) -> None:
+        for fut in self._queries.values():
             if not fut.done():
                 fut.set_exception(WorkerFailed("The worker stopped."))
-        self._status_waiters.clear()
+        self._queries.clear()
 
     def memory_limit(self) -> int | None:
         """MLX memory the worker may hold while idle before it is recycled:
@@ -386,7 +386,7 @@ class ModelRunner:
         """Events a worker sent just before it exited (its last Done) may still sit in
         the socket: take them before judging what the death interrupted. With nothing
         in flight there is nothing to judge: no need to wait for stragglers."""
-        while self.inflight or self._status_waiters:
+        while self.inflight or self._queries:
             try:
                 msgs = await asyncio.wait_for(link.recv(), 0.05)
             except (asyncio.TimeoutError, LinkClosed):
@@ -440,8 +440,8 @@ class ModelRunner:
                 self._verdict = Verdict(ExitCause.LOAD, f"failed to load: {msg.message}")
             else:
                 self.dispatch.on_error(msg)
-        elif isinstance(msg, Status):
-            fut = self._status_waiters.pop(msg.qid, None)
+        elif isinstance(msg, (Status, CacheReply)):  # answers to `_query`
+            fut = self._queries.pop(msg.qid, None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
 
@@ -467,17 +467,28 @@ class ModelRunner:
         self.last_used = self._clock()
 
     async def worker_status(self, timeout: float = 2.0) -> Status:
+        return await self._query(lambda qid: StatusRequest(qid=qid), timeout)
+
+    async def cache_command(self, op: str, name: str | None = None,
+                            timeout: float = 10.0) -> CacheReply:
+        """mlxctl cache: the worker's KV snapshots listed, saved, dropped or cleared (on
+        its MLX thread, between two steps)."""
+        return await self._query(lambda qid: CacheCommand(qid=qid, op=op, name=name), timeout)
+
+    async def _query(self, make, timeout: float):
+        """Send the message `make(qid)` and wait for the worker's answer with that qid."""
         if self.link is None or self.state not in SERVING:
             raise self._unavailable() if self.state == BROKEN else WorkerFailed(
                 f"Model `{self.id}` is {self.state}.")
         self._qid += 1
+        qid = self._qid
         fut = asyncio.get_running_loop().create_future()
-        self._status_waiters[self._qid] = fut
-        self.link.send(StatusRequest(qid=self._qid))
+        self._queries[qid] = fut
+        self.link.send(make(qid))
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:
-            self._status_waiters.pop(self._qid, None)
+            self._queries.pop(qid, None)
 
     def kill(self, reason: str = "killed by mlxctl kill") -> int:
         """Hard-cancel everything on the worker: what it runs ends with a retryable
@@ -519,7 +530,7 @@ class ModelRunner:
                               if self.state in (RunnerState.STARTING, RunnerState.RESTARTING)
                               else None),
             # The worker's prompt-prefix cache, as its last heartbeat said (None: none).
-            "prompt_cache": msgspec.structs.asdict(lv.prompt_cache) if lv.prompt_cache else None,
+            "prompt_cache": msgspec.to_builtins(lv.prompt_cache) if lv.prompt_cache else None,
         }
 
 

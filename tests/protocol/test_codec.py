@@ -14,29 +14,30 @@ from protocol import (PROTOCOL_VERSION, Cancel, Delta, Done, EncodeError, Error,
                       ProtocolError, Ready, SamplingParams, Shutdown, Started, Status,
                       StatusRequest, Task, Tokens, ToolCall, decode_down, decode_up, encode,
                       pack_floats, pack_ids, unpack_floats, unpack_ids)
-from protocol.messages import DOWN, UP
+from protocol.messages import (DOWN, UP, CacheCommand, CacheReply, CacheStats, SnapshotInfo,
+                               SnapshotStats)
 from protocol.sockets import Endpoints, make_runtime_dir, remove_runtime_dir
 
-# A msgpack map: fixmap header, then ("type", kind), ("v", 3), then the fields in declaration
+# A msgpack map: fixmap header, then ("type", kind), ("v", 4), then the fields in declaration
 # order (nested structs as maps of their own). Pinned byte for byte: a change here breaks
 # mixed-version peers, so it comes with a PROTOCOL_VERSION bump.
 GOLDEN = [
-    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x03\xa3rid\xa2r1"),
-    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x03"),
+    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x04\xa3rid\xa2r1"),
+    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x04"),
     (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
-     b"\x8c\xa4type\xa5delta\xa1v\x03\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\x8c\xa4type\xa5delta\xa1v\x04\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"
      b"\xa9reasoning\xa0\xaatool_calls\x90\xa8logprobs\xc4\x00\xa7top_ids\xc4\x00"
      b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90"),
     (Done(epoch=2, rid="r1", finish_reason=FinishReason.LENGTH, prompt_tokens=3,
           completion_tokens=4),
-     b"\x8a\xa4type\xa4done\xa1v\x03\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+     b"\x8a\xa4type\xa4done\xa1v\x04\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"
      b"\xb0reasoning_tokens\x00\xadstop_sequence\xc0"),
     (Generate(rid="r1", prompt="hi",
               sampling=SamplingParams(max_tokens=2, logit_bias=((7, -1.5),)),
               output=OutputSpec(stop=("x",))),
-     b"\x8f\xa4type\xa8generate\xa1v\x03\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\xde\x00\x11\xa4type\xa8generate\xa1v\x04\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
      b"\xa8sampling\x8b\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
@@ -46,18 +47,19 @@ GOLDEN = [
      b"\xafresponse_format\xc0\xabjson_schema\xc0\xa5tools\xc0\xabtool_choice\xc0"
      b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"
      b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2\xa9cache_key\xc0"
-     b"\xa4task\xa8generate\xa6inputs\xc0\xa9input_ids\xc0\xaadimensions\xc0"),
+     b"\xa4task\xa8generate\xa6inputs\xc0\xa9input_ids\xc0\xaadimensions\xc0"
+     b"\xa8snapshot\xc0\xa6resume\xc0"),
 ]
 
 # Messages as an older peer of this version (before reasoning, tool calls and logprobs)
 # sent them: the fields added since decode to their defaults.
 OLD_WIRE = [
-    (b"\x86\xa4type\xa5delta\xa1v\x03\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+    (b"\x86\xa4type\xa5delta\xa1v\x04\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00", GOLDEN[2][0]),
-    (b"\x88\xa4type\xa4done\xa1v\x03\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+    (b"\x88\xa4type\xa4done\xa1v\x04\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
     # A Generate from before cache_key (the prompt cache's namespace) and the tasks.
-    (GOLDEN[4][1].replace(b"\x8f", b"\x8a", 1).split(b"\xa9cache_key")[0], GOLDEN[4][0]),
+    (GOLDEN[4][1].replace(b"\xde\x00\x11", b"\x8a", 1).split(b"\xa9cache_key")[0], GOLDEN[4][0]),
 ]
 
 # Version 1's bytes (the dataclass codec's) for the same Cancel and Done: refused.
@@ -83,16 +85,16 @@ def test_an_older_peers_messages_still_decode(wire, msg):
 
 @pytest.mark.parametrize("wire", VERSION_1, ids=["Cancel", "Done"])
 def test_version_1_frames_are_refused(wire):
-    with pytest.raises(ProtocolError, match="version 1, expected 3"):
+    with pytest.raises(ProtocolError, match="version 1, expected 4"):
         (decode_down if b"cancel" in wire else decode_up)(wire)
 
 
-def test_version_2_generate_is_refused():
-    # A version-2 worker would ignore `task` and generate instead of embedding: a peer of
-    # another version is refused, not half understood.
-    v2 = GOLDEN[4][1].replace(b"\xa1v\x03", b"\xa1v\x02", 1)
-    with pytest.raises(ProtocolError, match="version 2, expected 3"):
-        decode_down(v2)
+def test_version_3_generate_is_refused():
+    # A version-3 worker would ignore `resume` and `snapshot` and never answer a
+    # CacheCommand: a peer of another version is refused, not half understood.
+    v3 = GOLDEN[4][1].replace(b"\xa1v\x04", b"\xa1v\x03", 1)
+    with pytest.raises(ProtocolError, match="version 3, expected 4"):
+        decode_down(v3)
 
 
 def test_tool_calls_and_logprobs_travel_packed():
@@ -138,8 +140,11 @@ def test_every_message_round_trips_with_version():
                                    tool_choice="required", allowed_tools=("f",),
                                    parallel_tool_calls=False, reasoning_effort="low"),
                  template_kwargs={"k": True}, log_prompt=True),
-        Generate(rid="b", prompt_ids=pack_ids([1, 2, 3])),
+        Generate(rid="b", prompt_ids=pack_ids([1, 2, 3]), snapshot="resp_2", resume="resp_1"),
         Cancel(rid="a"), StatusRequest(qid=7), Shutdown(),
+        CacheCommand(qid=3, op="drop", name="resp_1"),
+        CacheReply(epoch=1, qid=3, entries=[SnapshotInfo(name="resp_1", tokens=9, ram_bytes=4,
+                                                         disk_bytes=5, used_at=1.5)]),
         Ready(epoch=1, model="m", context_length=4096, pid=9, slots=1, random_weights=True),
         Started(epoch=1, rid="a", prompt_tokens=10, cached_tokens=2),
         Delta(epoch=1, rid="a", text="x", token_ids=pack_ids([5])),
@@ -156,6 +161,8 @@ def test_every_message_round_trips_with_version():
               param="messages"),
         Status(epoch=1, qid=7, state="busy", active=["a"], waiting=["b"], steps=3),
         Heartbeat(epoch=1, state="ready", steps=4),
+        Heartbeat(epoch=1, state="ready", prompt_cache=CacheStats(
+            hits=1, snapshots=SnapshotStats(hits_disk=2, disk_read_seconds=0.5))),
     ]
     assert {type(m) for m in samples} == set(DOWN) | set(UP)
     for m in samples:

@@ -116,7 +116,7 @@ def test_every_surface_builds_one_complete_generate_with_the_server_defaults():
     text = parse_completion_request({"model": "m", "prompt": "x"})
     resp = parse_responses_request({"model": "m", "input": "x"})
     built = [chat.to_generate(cfg), text.to_generate(cfg),
-             resp.to_generate(resp.input_items, cfg)]
+             resp.to_generate(resp.input_items, cfg, "resp_1")]
     for g in built:
         assert isinstance(g, Generate) and g.rid == ""  # the dispatcher stamps it
         assert (g.sampling.max_tokens, g.sampling.temperature,
@@ -127,4 +127,4 @@ def test_every_surface_builds_one_complete_generate_with_the_server_defaults():
     # Without server defaults: legacy completions' own 16; chat and Responses none.
     assert text.to_generate(Config()).sampling.max_tokens == 16
     assert chat.to_generate(Config()).sampling == SamplingParams()
-    assert resp.to_generate(resp.input_items, Config()).sampling == SamplingParams()
+    assert resp.to_generate(resp.input_items, Config(), "resp_1").sampling == SamplingParams()

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from supervisor.ctl import client as ctl
-from supervisor.ctl.format import format_models, format_status, human_bytes, human_seconds
+from supervisor.ctl.format import format_cache, format_models, format_status, human_bytes, human_seconds
 from tests.serverproc import REPO, free_port
 from tests.supervisor.test_catalog import model
 
@@ -135,15 +135,16 @@ def test_human_formats():
         "workers": [{"model": "m", "state": "ready", "pid": 42, "uptime_s": 5, "rss_bytes": 1 << 30,
                      "active_bytes": 1 << 29, "peak_bytes": 1 << 30, "queued": 2, "in_flight": 1,
                      "tokens_per_s": 12.345, "restarts": 1,
-                     "prompt_cache": {"hits": 3, "misses": 1, "bytes": 3 << 20}}]})
+                     "prompt_cache": {"hits": 3, "misses": 1, "bytes": 3 << 20,
+                                      "snapshots": {"hits_ram": 4, "hits_disk": 2}}}]})
     lines = status.splitlines()
     assert lines[0] == "status: ok"
     assert lines[1] == "memory: 8.0 GiB available of 16.0 GiB, pressure warn"
     assert lines[2].split() == ["MODEL", "STATE", "PID", "UPTIME", "RSS", "MLX", "ACTIVE", "MLX",
                                 "PEAK", "QUEUED", "IN-FLIGHT", "TOK/S", "(1m)", "CACHE", "HITS",
-                                "CACHE", "MEM", "RESTARTS"]
+                                "CACHE", "MEM", "RESUMED", "RAM/DISK", "RESTARTS"]
     assert lines[3].split() == ["m", "ready", "42", "5s", "1.0", "GiB", "512.0", "MiB", "1.0", "GiB",
-                                "2", "1", "12.3", "3/4", "3.0", "MiB", "1"]
+                                "2", "1", "12.3", "3/4", "3.0", "MiB", "4/2", "1"]
     converting = format_status({"status": "ok", "workers": [
         {"model": "m.gguf", "state": "starting", "load_progress": 0.42}]}).splitlines()
     assert converting[-1].split()[:2] == ["m.gguf", "starting(42%)"]
@@ -151,3 +152,20 @@ def test_human_formats():
     table = format_models({"models": [{"id": "org/m", "size_bytes": 4 << 30, "context_length": 32768,
                                        "state": "not_loaded", "source": "hf-cache"}]})
     assert table.splitlines()[1].split() == ["org/m", "4.0", "GiB", "32768", "not_loaded", "hf-cache"]
+
+
+def test_cache_listing_format():
+    now = 1000.0
+    body = {"models": [
+        {"model": "m", "snapshots": [
+            {"name": "resp_1", "tokens": 2048, "ram_bytes": 3 << 20, "disk_bytes": 4 << 20,
+             "used_at": now - 90},
+            {"name": "key:conv", "tokens": 17, "ram_bytes": 0, "disk_bytes": 1 << 10,
+             "used_at": now - 5}]},
+        {"model": "e", "error": "this worker keeps no KV snapshots"}]}
+    lines = format_cache(body, now).splitlines()
+    assert lines[0].split() == ["MODEL", "NAME", "TOKENS", "MEMORY", "DISK", "USED"]
+    assert lines[1].split() == ["m", "resp_1", "2048", "3.0", "MiB", "4.0", "MiB", "1m30s", "ago"]
+    assert lines[2].split() == ["m", "key:conv", "17", "-", "1.0", "KiB", "5s", "ago"]
+    assert lines[3] == "e: this worker keeps no KV snapshots"
+    assert "no KV snapshots" in format_cache({"models": [{"model": "m", "snapshots": []}]}, now)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from supervisor.api.parse.chat import parse_chat_request
 from supervisor.api.responses.builder import ResponseBuilder, replay, usage
 from supervisor.api.responses.items import normalize_input, output_to_items, to_chat_messages
 from supervisor.api.responses.request import parse_responses_request
@@ -117,7 +118,7 @@ def test_request_tools_choice_and_formats():
     assert r.skipped_tools == ["web_search", "file_search"]
     assert r.tool_choice.mode == "required" and r.tool_choice.allowed == ("b",)
     assert r.text_format.kind == "json_schema" and r.reasoning_effort == "low"
-    g = r.to_generate(r.input_items, Config())
+    g = r.to_generate(r.input_items, Config(), "resp_1")
     out = g.output
     assert out.tool_choice == "required" and out.allowed_tools == ("b",)
     assert out.response_format == "json_schema" and out.reasoning_effort == "low"
@@ -149,3 +150,25 @@ def test_a_tool_type_that_is_no_tool_type_is_a_400_not_a_header(kind):
     req = parse_responses_request({"model": "m", "input": "hi", "tools": [
         {"type": "web_search_preview_2025_03_11"}]})
     assert req.skipped_tools == ["web_search_preview_2025_03_11"]
+
+
+def test_kv_snapshot_names_follow_the_store_and_the_cache_key():
+    """A stored response keeps its final KV state under its own id, an unstored one under
+    its prompt_cache_key; a turn resumes from its previous response, else from the key."""
+    def names(**body):
+        g = req(**body).to_generate([], Config(), "resp_new")
+        return g.snapshot, g.resume
+
+    assert names() == ("resp_new", None)
+    assert names(previous_response_id="resp_old") == ("resp_new", "resp_old")
+    assert names(store=False) == (None, None)
+    assert names(store=False, prompt_cache_key="conv") == ("key:conv", "key:conv")
+    assert names(prompt_cache_key="conv") == ("resp_new", "key:conv")
+    assert names(prompt_cache_key="conv", previous_response_id="resp_old") == (
+        "resp_new", "resp_old")
+    chat = parse_chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                               "prompt_cache_key": "conv"}).to_generate(Config())
+    assert (chat.snapshot, chat.resume, chat.cache_key) == ("key:conv", "key:conv", "conv")
+    with pytest.raises(APIError) as e:
+        req(prompt_cache_key="k" * 1025)
+    assert e.value.param == "prompt_cache_key" and e.value.status == 400

@@ -38,3 +38,15 @@ def engine(tiny_loaded):
 
     return TextEngine(tiny_loaded.model, tiny_loaded.tokenizer, tiny_loaded.context_length,
                       64, tiny_loaded.vocab_size)
+
+
+@pytest.fixture(scope="session")
+def hybrid_engine(hybrid_model):
+    """A TextEngine on the tiny hybrid model (recurrent layers: a cache that cannot be
+    trimmed), prefill step 64."""
+    from worker import models
+    from worker.engine import TextEngine
+
+    loaded = models.load(str(hybrid_model), hybrid_model.parent)
+    return TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 64,
+                      loaded.vocab_size)

@@ -15,14 +15,9 @@ from worker.prefix_cache import PrefixCache
 SYSTEM = [10 + (i * 7) % 900 for i in range(200)]
 
 
-@pytest.fixture(scope="module")
-def hybrid(hybrid_model):
-    from worker import models
-    from worker.engine import TextEngine
-
-    loaded = models.load(str(hybrid_model), hybrid_model.parent)
-    return TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 64,
-                      loaded.vocab_size)
+@pytest.fixture
+def hybrid(hybrid_engine):
+    return hybrid_engine
 
 
 def ids_gen(ids, name="r", **kw):

@@ -52,6 +52,8 @@ class ChatRequest(CommonParams):
                                 reasoning_effort=self.reasoning_effort),
             template_kwargs=self.template_kwargs,
             cache_key=self.prompt_cache_key,
+            snapshot=build.key_snapshot(self.prompt_cache_key),
+            resume=build.key_snapshot(self.prompt_cache_key),
         )
 
 

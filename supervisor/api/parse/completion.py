@@ -42,6 +42,8 @@ class CompletionRequest(CommonParams):
                                 stop=self.stop, logprobs=self.logprobs is not None,
                                 top_logprobs=self.logprobs or 0),
             cache_key=self.prompt_cache_key,
+            snapshot=build.key_snapshot(self.prompt_cache_key),
+            resume=build.key_snapshot(self.prompt_cache_key),
         )
 
 

@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from supervisor.api.parse.tools import ResponseFormat, ToolChoice
 
 
+def key_snapshot(cache_key: Optional[str]) -> Optional[str]:
+    """The name of a prompt_cache_key conversation's KV snapshot (worker/snapshots/): its
+    requests keep their final state under it and resume from it."""
+    return f"key:{cache_key}" if cache_key else None
+
+
 def sampling(config, *, max_tokens: Optional[int] = None,
              temperature: Optional[float] = None,
              repetition_penalty: Optional[float] = None,

@@ -19,13 +19,25 @@ MAX_METADATA = 64         # keys (OpenAI allows 16; clients that send more lose 
 # A stop string's length: the worker holds back up to this many characters of output and
 # searches them at every token, so a megabyte stop string would slow every step.
 MAX_STOP_CHARS = 1024
+# A prompt_cache_key names a conversation's KV snapshot (kept in memory and in a file's
+# header): an id, not a document.
+MAX_CACHE_KEY_CHARS = 1024
 
 
 def check_stop(param: str, text: str) -> None:
-    if len(text) > MAX_STOP_CHARS:
+    check_chars(param, text, MAX_STOP_CHARS, "a stop sequence")
+
+
+def check_cache_key(param: str, text) -> None:
+    if text is not None:
+        check_chars(param, text, MAX_CACHE_KEY_CHARS, "a prompt_cache_key")
+
+
+def check_chars(param: str, text: str, limit: int, what: str) -> None:
+    if len(text) > limit:
         raise APIError.bad_request(
-            f"Invalid value for '{param}': a stop sequence may be at most {MAX_STOP_CHARS} "
-            f"characters long, got {len(text)}.", param, "string_above_max_length")
+            f"Invalid value for '{param}': {what} may be at most {limit} characters long, "
+            f"got {len(text)}.", param, "string_above_max_length")
 
 
 def check_length(param: str, value, limit: int) -> None:

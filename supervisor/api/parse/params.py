@@ -124,6 +124,13 @@ def opt_str(body: dict, key: str, param: Optional[str] = None) -> Optional[str]:
     return value
 
 
+def cache_key(body: dict) -> Optional[str]:
+    """`prompt_cache_key`: a string of at most limits.MAX_CACHE_KEY_CHARS."""
+    key = opt_str(body, "prompt_cache_key")
+    limits.check_cache_key("prompt_cache_key", key)
+    return key
+
+
 def opt_object(body: dict, key: str, param: Optional[str] = None) -> Optional[dict]:
     value = body.get(key)
     if value is None:
@@ -303,5 +310,5 @@ def parse_common(body: dict) -> dict:
         "metadata": parse_metadata(body),
         "store": opt_bool(body, "store"),
         "service_tier": opt_str(body, "service_tier"),
-        "prompt_cache_key": opt_str(body, "prompt_cache_key"),
+        "prompt_cache_key": cache_key(body),
     }

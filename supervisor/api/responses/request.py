@@ -16,9 +16,9 @@ from typing import Optional
 from protocol.messages import Generate
 from supervisor.api.parse import generate as build
 from supervisor.api.parse.chat import parse_reasoning_effort
-from supervisor.api.parse.params import (invalid_type, invalid_value, missing, opt_bool, opt_int,
-                                   opt_list, opt_number, opt_object, opt_str, parse_metadata,
-                                   parse_model)
+from supervisor.api.parse.params import (cache_key, invalid_type, invalid_value, missing,
+                                         opt_bool, opt_int, opt_list, opt_number, opt_object,
+                                         opt_str, parse_metadata, parse_model)
 from supervisor.api.responses.items import normalize_input, to_chat_messages
 from supervisor.api.parse import tools as toolspec
 
@@ -64,10 +64,13 @@ class ResponsesRequest:
             out.append(tool)
         return out
 
-    def to_generate(self, items: list, config) -> Generate:
+    def to_generate(self, items: list, config, response_id: str) -> Generate:
         """The request as the worker gets it (less its rid): the conversation `items`
         (a stored chain's, then this input's) as chat messages, with the server's
-        defaults from `config` (supervisor/api/parse/generate.py)."""
+        defaults from `config` (supervisor/api/parse/generate.py). Its final KV state is
+        kept under the response's id when the response is stored (else under its
+        prompt_cache_key), and it resumes from its previous response's (else the key's)."""
+        key = build.key_snapshot(self.prompt_cache_key)
         return Generate(
             rid="",
             messages=to_chat_messages(items, self.instructions),
@@ -77,6 +80,8 @@ class ResponsesRequest:
                                 parallel_tool_calls=self.parallel_tool_calls,
                                 reasoning_effort=self.reasoning_effort),
             cache_key=self.prompt_cache_key,
+            snapshot=response_id if self.store else key,
+            resume=self.previous_response_id or key,
         )
 
 
@@ -114,7 +119,7 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         text_format_echo=fmt or {"type": "text"},
         reasoning=_parse_reasoning(body),
         metadata=parse_metadata(body) or {},
-        prompt_cache_key=opt_str(body, "prompt_cache_key"),
+        prompt_cache_key=cache_key(body),
         user=opt_str(body, "user"),
     )
 

@@ -134,11 +134,12 @@ async def create(request: web.Request) -> web.StreamResponse:
         await svc.store.check()  # a store that is down refuses before the model works
     runner = await request.app[POOL].get(req.model)
     items = await _conversation(svc, req)
-    handle = runner.submit(req.to_generate(items, config), {"max_tokens": "max_output_tokens"})
+    builder = ResponseBuilder(req, runner.id)  # its id names the KV snapshot
+    handle = runner.submit(req.to_generate(items, config, builder.id),
+                           {"max_tokens": "max_output_tokens"})
     gen = Generation(handle, queue_timeout=config.queue_timeout,
                      request_timeout=config.request_timeout)
-    run = Run(ResponseBuilder(req, runner.id), gen, svc.store if req.store else None,
-              req.input_items)
+    run = Run(builder, gen, svc.store if req.store else None, req.input_items)
     headers = {}
     if req.skipped_tools:
         headers["X-MLXD-Warning"] = ("skipped tools this server cannot run: "
