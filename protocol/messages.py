@@ -448,6 +448,7 @@ class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     evictions: int = 0       # dropped for room
     expirations: int = 0     # dropped for age (--prompt-cache-ttl)
     snapshots: Optional[SnapshotStats] = None  # None: no snapshots (no prompt cache)
+    pinned_tokens: int = 0   # the --warm-prompt prefix held for the worker's life
 
 
 class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):

@@ -277,6 +277,9 @@ SETTINGS: tuple[Setting, ...] = (
     S("kv_disk_bytes", SIZE, 8 << 30, "disk per model for KV snapshots of stored responses "
       "and prompt_cache_key conversations, so they resume after a restart (0: memory "
       "only), e.g. 20G", worker=True),
+    S("warm_prompt", PATH, None, "a system prompt (text) or a chat request (JSON: messages, "
+      "tools) each text model prefills at load and keeps in its prompt cache, so the first "
+      "request after a (re)start that begins with it already hits", worker=True),
     S("max_kv_size", INT, None, "a rotating KV cache of this many tokens per sequence (the "
       "oldest tokens are dropped; default: the whole context)", worker=True),
     # GGUF import (worker/gguf/): the precision a GGUF is converted to, once per file.

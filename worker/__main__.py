@@ -113,6 +113,11 @@ def main(argv=None) -> int:
                                 args.prefill_step, loaded.vocab_size)
             batch = _make_batch(engine, args, loaded.path)
             batch.warm()  # before Ready: the first request pays no compile
+            if args.warm_prompt is not None:
+                from worker.snapshots.warm import pin_warm_prompt
+
+                pinned = pin_warm_prompt(batch, args.warm_prompt, max(1, args.prefill_step))
+                log.info("--warm-prompt: %d tokens prefilled and pinned", pinned)
         loading[0] = False
     except Exception as e:
         loading[0] = False

@@ -19,7 +19,10 @@ Two kinds of state, one rule each:
   never dropped for being prefixes.
 
 Entries live in mlx-lm's token trie (`PromptTrie`), namespaced: by the request's
-`prompt_cache_key` when it gives one, else one shared namespace. A worker serves one
+`prompt_cache_key` when it gives one, else one shared namespace. A pinned entry (the
+operator's --warm-prompt, prefilled at load: worker/snapshots/warm.py) lives in the shared
+namespace for the worker's life, serves prompts of every namespace, and is never evicted,
+expired, swept as a prefix or cleared. A worker serves one
 model, so entries never cross models. Bounded by bytes (least recently used first out)
 and by age (`ttl`, seconds since last use). An entry whose state does not hold the
 tokens it claims (its offset disagrees) is dropped and counted as a miss: recomputing is
@@ -42,6 +45,8 @@ from mlx_lm.models.cache import PromptTrie, can_trim_prompt_cache, trim_prompt_c
 
 log = logging.getLogger("worker.prefix_cache")
 
+SHARED = ""  # the namespace of requests without a prompt_cache_key, and of pinned entries
+
 
 @dataclass
 class Entry:
@@ -49,6 +54,7 @@ class Entry:
     nbytes: int
     trimmable: bool
     used_at: float
+    pinned: bool = False
 
 
 @dataclass
@@ -79,6 +85,7 @@ class PrefixCache:
         self._clock = clock
         self._trie = PromptTrie()
         self._lru: OrderedDict[tuple, Entry] = OrderedDict()  # (ns, tokens) → entry, LRU first
+        self._pinned: list[tuple] = []      # tokens of the pinned entries (shared namespace)
         self.nbytes = 0
         self.hits = self.misses = self.tokens_reused = 0
         self.evictions = self.expirations = 0
@@ -94,6 +101,9 @@ class PrefixCache:
         self.expire()
         want = tokens[:-1]
         hit = self._find(namespace, want) if want and self._lru else None
+        for pin in self._pinned:  # the warm prompt serves every namespace
+            if (hit is None or len(pin) > hit.tokens) and tuple(want[:len(pin)]) == pin:
+                hit = self._use(SHARED, list(pin), len(pin))
         if hit is None:
             self.misses += 1
             return None
@@ -191,39 +201,59 @@ class PrefixCache:
             # This entry serves every prompt its prefixes served (trimmed): drop them.
             for n, _ in self._trie.pop_prefixes(namespace, tokens):
                 old = self._lru.pop((namespace, tuple(tokens[:n])), None)
-                if old is not None:
+                if old is not None and old.pinned:  # (stays: the longer one may go)
+                    self._lru[(namespace, tuple(tokens[:n]))] = old
+                    self._trie.add(namespace, tokens[:n], True)
+                elif old is not None:
                     self.nbytes -= old.nbytes
         self._lru[key] = Entry(cache, nbytes, trimmable, self._clock())
         self.nbytes += nbytes
         self.trim_to(self.max_bytes)
         return True
 
+    def pin(self, tokens: list[int], cache: list) -> bool:
+        """Keep `cache` (holding exactly `tokens`) for the worker's life, in the shared
+        namespace, for prompts of every namespace that begin with `tokens`."""
+        if not self.store(SHARED, tokens, cache):
+            return False
+        self._lru[(SHARED, tuple(tokens))].pinned = True
+        self._pinned.append(tuple(tokens))
+        return True
+
     # ---- bounds ----------------------------------------------------------------------
 
+    def _unpinned(self) -> list[tuple]:
+        """Keys of the entries that may go, least recently used first."""
+        return [k for k, e in self._lru.items() if not e.pinned]
+
     def trim_to(self, max_bytes: int) -> None:
-        """Drop least recently used entries until at most `max_bytes` are held."""
-        while self.nbytes > max(0, max_bytes) and self._lru:
-            self._remove(next(iter(self._lru)))
+        """Drop least recently used entries until at most `max_bytes` are held (pinned
+        ones stay)."""
+        for key in self._unpinned():
+            if self.nbytes <= max(0, max_bytes):
+                break
+            self._remove(key)
             self.evictions += 1
 
     def expire(self) -> None:
         if self.ttl <= 0:
             return
         limit = self._clock() - self.ttl
-        while self._lru:
-            key, entry = next(iter(self._lru.items()))
-            if entry.used_at > limit:
+        for key in self._unpinned():
+            if self._lru[key].used_at > limit:
                 break
             self._remove(key)
             self.expirations += 1
 
     def clear(self) -> None:
-        while self._lru:
-            self._remove(next(iter(self._lru)))
+        for key in self._unpinned():
+            self._remove(key)
 
     def _remove(self, key: tuple) -> None:
         entry = self._lru.pop(key)
         self.nbytes -= entry.nbytes
+        if entry.pinned:
+            self._pinned.remove(key[1])
         try:
             self._trie.pop(key[0], list(key[1]))
         except KeyError:  # already gone with a prefix sweep
@@ -232,4 +262,5 @@ class PrefixCache:
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses, "tokens_reused": self.tokens_reused,
                 "bytes": self.nbytes, "entries": len(self._lru), "evictions": self.evictions,
-                "expirations": self.expirations}
+                "expirations": self.expirations,
+                "pinned_tokens": sum(len(p) for p in self._pinned)}

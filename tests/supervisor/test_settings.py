@@ -42,7 +42,8 @@ def test_the_worker_takes_the_settings_it_always_took():
     assert {s.name for s in WORKER_SETTINGS} == {
         "state_dir", "max_context_tokens", "prefill_step", "heartbeat_interval",
         "stream_interval", "log_prompts", "kv_budget", "max_batch_size",
-        "prefill_batch_size", "prompt_cache_bytes", "prompt_cache_ttl", "kv_disk_bytes", "max_kv_size",
+        "prefill_batch_size", "prompt_cache_bytes", "prompt_cache_ttl", "kv_disk_bytes", "warm_prompt",
+        "max_kv_size",
         "kv_bits", "gguf_dtype", "quantize"}
 
 
