@@ -33,7 +33,7 @@ serve: $(STAMP)
 	$(BIN)/mlxd --model $(MODEL) --port $(PORT)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	LD_PRELOAD="$$($(BIN)/python -m supervisor.workers.blas --ld-preload)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.serve_vs_engine --preset tiny

@@ -7,10 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from supervisor.workers import blas
 from tests.realmodel import real_mlx_lm, real_model_dir, real_server, smollm2_gguf  # noqa: F401
 
 # Test processes must never try the network for models.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Workers multiply with the BLAS this process does (supervisor/workers/blas.py), so an
+# output computed here in-process equals the one a worker streams: `make test` starts
+# pytest with OpenBLAS preloaded where there is one; a bare `pytest` keeps the bundled one.
+if "openblas" not in os.environ.get("LD_PRELOAD", ""):
+    os.environ.setdefault(blas.ENV, "bundled")
 
 REPO = Path(__file__).resolve().parent.parent
 

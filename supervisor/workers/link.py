@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from protocol import ProtocolError, decode_up, encode
 from protocol.sockets import Endpoints, pull, push
+from supervisor.workers import blas
 
 log = logging.getLogger("mlxd.link")
 
@@ -105,7 +106,7 @@ class ProcessLink(WorkerLink):
                 "--epoch", str(self.epoch), "--parent-pid", str(os.getpid()), *self._extra]
         self._proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, **blas.preload(os.environ)},
             # Own session: a terminal's Ctrl-C reaches only the supervisor, which then
             # stops its workers in order. The worker still dies with us (PDEATHSIG/kqueue).
             start_new_session=True)
