@@ -200,3 +200,32 @@ def test_the_batch_prefills_in_chunks_of_the_sizers_size(engine):
     assert quick.chunks.size == 512 and quick.gen.prefill_step_size == 512
     assert grown.count(None) < fixed.count(None)  # fewer prefill steps
     assert [o[0] for o in grown if o] == [o[0] for o in fixed if o]
+
+
+def test_one_sequence_decodes_unmasked_and_gives_mlx_lms_own_output(engine, monkeypatch):
+    # worker/batch.py: a batch of one is masked as a plain cache is (no mask to decode,
+    # "causal" to prefill: the faster kernels); a padded batch keeps its mask array.
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import BatchKVCache
+
+    seen = []
+    patched = BatchKVCache.make_mask
+
+    def spy(self, N, return_array=False, **kw):
+        mask = patched(self, N, return_array=return_array, **kw)
+        seen.append((self.left_padding.shape[0], N, mask if mask is None or
+                     isinstance(mask, str) else "array"))
+        return mask
+
+    monkeypatch.setattr(BatchKVCache, "make_mask", spy)
+    g = gen("a")
+    ids = engine.prepare(g).ids
+    solo = tokens(alone(engine, g))
+    assert {(1, 1, None)} == {s for s in seen if s[1] == 1}  # every decode step unmasked
+    assert (1, len(ids) - 1, "causal") in seen  # the prompt (but its last token)
+    raw = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=len(solo))]
+    assert solo == raw
+    seen.clear()
+    run_all(make_batch(engine), {n: engine.prepare(gen(n)) for n in ("a", "d")})
+    assert (2, 1, "array") in seen  # two sequences of different lengths: padded, masked
