@@ -223,3 +223,32 @@ def test_openai_client_completions_models_and_errors(client, model_id):
         client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "x"}],
                                        max_tokens=10_000)
     assert e.value.code == "context_length_exceeded"
+
+
+def test_openai_client_images_for_a_text_model(client, http, model_id):
+    # supervisor/api/parse/media.py through the real server: an image earlier in the
+    # conversation is a placeholder (the turn is answered); one in the turn being
+    # answered is a 400 naming it, on chat completions and on Responses alike.
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    history = [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]},
+               {"role": "assistant", "content": "A cat."}]
+    r = client.chat.completions.create(model=model_id, max_tokens=3, temperature=0,
+                                       messages=[*history, {"role": "user", "content": "And?"}])
+    assert r.choices[0].finish_reason in ("length", "stop") and r.usage.prompt_tokens > 0
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model_id, max_tokens=3, messages=history[:1])
+    assert e.value.body["param"] == "messages[0].content[0].type"
+    assert "cannot read images" in e.value.body["message"]
+    first = {"role": "user", "content": [
+        {"type": "input_image", "image_url": image["image_url"]["url"]},
+        {"type": "input_text", "text": "What is it?"}]}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model_id, input=[first], max_output_tokens=3)
+    assert e.value.body["param"] == "input[0].content[0].type"
+    r = client.responses.create(model=model_id, max_output_tokens=3, temperature=0, input=[
+        first, {"role": "assistant", "content": "A cat."}, {"role": "user", "content": "And?"}])
+    assert r.status in ("completed", "incomplete")
+    listing = http.get(f"/v1/responses/{r.id}/input_items").json()
+    validate(listing, "ResponseItemList")  # the stored image part is the spec's shape
+    parts = [p for i in listing["data"] for p in i.get("content") or []]
+    assert [p.get("detail") for p in parts if p["type"] == "input_image"] == ["auto"]

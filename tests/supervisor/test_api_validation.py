@@ -297,7 +297,7 @@ def test_chat_error_wording():
     assert "needs at least one tool" in err.message
     err = _expect_400(parse_chat_request, patched(CHAT, {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}), "messages[0].content[0].type")
-    assert "not supported by this server yet" in err.message
+    assert "cannot read images" in err.message
     err = _expect_400(parse_chat_request, patched(CHAT, {"temperature": 3}), "temperature")
     assert err.code == "decimal_above_max_value"
 

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from protocol import Task
-from supervisor.api.messages.request import IMAGE_PLACEHOLDER, parse_messages_request
+from supervisor.api.messages.request import parse_messages_request
+from supervisor.api.parse.media import IMAGE_PLACEHOLDER
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 

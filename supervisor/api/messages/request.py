@@ -44,12 +44,12 @@ from protocol.messages import Generate, Task
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_stop
+from supervisor.api.parse.media import last_user_index, media_part
 from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_number, opt_object, parse_model)
 from supervisor.http.errors import APIError
 
 MAX_STOP_SEQUENCES = 64
-IMAGE_PLACEHOLDER = "[image]"
 ROLES = ("user", "assistant", "system")
 EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high", "xhigh": "high"}
 
@@ -133,8 +133,7 @@ def _messages(value) -> list[dict]:
     if not value:
         raise invalid_value("messages", "expected at least one message.", "empty_array")
     check_length("messages", value, MAX_MESSAGES)
-    last_user = max((i for i, m in enumerate(value)
-                     if isinstance(m, dict) and m.get("role") == "user"), default=-1)
+    last_user = last_user_index(value)
     out: list[dict] = []
     for i, msg in enumerate(value):
         where = f"messages[{i}]"
@@ -295,11 +294,7 @@ def _media(at: str, block: dict, refused: bool) -> str:
         if not isinstance(data, str):
             raise invalid_type(f"{at}.source.data", "a string", data)
         return data
-    if refused:
-        raise APIError.bad_request(
-            f"{at}: this model cannot read {block['type']}s; mlxd serves text models only "
-            "so far. Send text, or leave the image out.", f"{at}.type", "unsupported_value")
-    return IMAGE_PLACEHOLDER
+    return media_part(at, block["type"], refused)
 
 
 # ---- tools, stops, thinking -----------------------------------------------------------

@@ -18,6 +18,7 @@ from protocol.messages import Generate
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import limits
 from supervisor.api.parse import tools as tooling
+from supervisor.api.parse.media import last_user_index, media_part
 from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
     opt_object, opt_str, parse_common, unsupported,
@@ -109,10 +110,11 @@ def _parse_messages(body: dict) -> tuple:
         raise invalid_value("messages", "empty array. Expected an array with minimum "
                             "length 1, but got an empty array instead.", "empty_array")
     limits.check_length("messages", value, limits.MAX_MESSAGES)
-    return tuple(_parse_message(i, m) for i, m in enumerate(value))
+    last_user = last_user_index(value)
+    return tuple(_parse_message(i, m, i == last_user) for i, m in enumerate(value))
 
 
-def _parse_message(i: int, msg) -> dict:
+def _parse_message(i: int, msg, last_user: bool = False) -> dict:
     where = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise invalid_type(where, "an object", msg)
@@ -128,7 +130,7 @@ def _parse_message(i: int, msg) -> dict:
         raise invalid_value(f"{where}.role", f"'{role}'. Supported values are: "
                             + ", ".join(f"'{r}'" for r in ROLES) + ".")
 
-    content = _parse_content(where, role, msg)
+    content = _parse_content(where, role, msg, last_user)
     if msg.get("name") is not None and not isinstance(msg["name"], str):
         raise invalid_type(f"{where}.name", "a string", msg["name"])
     if role == "tool":
@@ -145,7 +147,11 @@ def _parse_message(i: int, msg) -> dict:
     return {**msg, "role": "system" if role == "developer" else role, "content": content}
 
 
-def _parse_content(where: str, role: str, msg: dict) -> Optional[str]:
+# A user's media parts and the field each one's payload is in (OpenAI's shapes).
+MEDIA_PARTS = {"image_url": "image_url", "input_audio": "input_audio", "file": "file"}
+
+
+def _parse_content(where: str, role: str, msg: dict, last_user: bool = False) -> Optional[str]:
     param = f"{where}.content"
     content = msg.get("content")
     if content is None:
@@ -171,6 +177,9 @@ def _parse_content(where: str, role: str, msg: dict) -> Optional[str]:
             raise missing(f"{part_param}.type")
         if not isinstance(kind, str):
             raise invalid_type(f"{part_param}.type", "a string", kind)
+        if kind in MEDIA_PARTS and role == "user":
+            texts.append(_media_part(part_param, kind, part, last_user))
+            continue
         # An assistant turn the model refused is still what it said, for the template.
         key = "text" if kind == "text" else "refusal" if (
             kind == "refusal" and role == "assistant") else None
@@ -184,6 +193,22 @@ def _parse_content(where: str, role: str, msg: dict) -> Optional[str]:
             raise invalid_type(f"{part_param}.{key}", "a string", text)
         texts.append(text)
     return "\n".join(texts)
+
+
+def _media_part(at: str, kind: str, part: dict, last_user: bool) -> str:
+    """An image, audio or file part of a user message: its shape checked, then its
+    placeholder in the history, or a 400 in the turn being answered (parse/media.py)."""
+    payload = part.get(MEDIA_PARTS[kind])
+    if payload is None:
+        raise missing(f"{at}.{MEDIA_PARTS[kind]}")
+    if kind == "image_url":
+        url = payload.get("url") if isinstance(payload, dict) else payload
+        if not isinstance(url, str):
+            where = f"{at}.image_url" + (".url" if isinstance(payload, dict) else "")
+            raise invalid_type(where, "a string", url)
+    elif not isinstance(payload, dict):
+        raise invalid_type(f"{at}.{MEDIA_PARTS[kind]}", "an object", payload)
+    return media_part(at, kind, last_user)
 
 
 # ---- features not served -----------------------------------------------------------

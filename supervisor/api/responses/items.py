@@ -11,10 +11,16 @@ from __future__ import annotations
 import uuid
 
 from supervisor.api.parse.limits import MAX_MESSAGES, check_length
+from supervisor.api.parse.media import last_user_index, media_part, placeholder
 from supervisor.api.parse.params import invalid_type, invalid_value, unsupported
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")  # "text" is a common alias
+# A user's media parts and the fields their payload may come in (OpenAI's shapes).
+MEDIA_PARTS = {"input_image": ("image_url", "file_id"),
+               "input_file": ("file_data", "file_id", "file_url"),
+               "input_audio": ("input_audio",)}
+IMAGE_DETAILS = ("low", "high", "auto", "original")
 
 
 def new_id(prefix: str) -> str:
@@ -28,7 +34,13 @@ def normalize_input(value) -> list[dict]:
     if not isinstance(value, list):
         raise invalid_type("input", "a string or an array", value)
     check_length("input", value, MAX_MESSAGES)
-    return [_item(i, item) for i, item in enumerate(value)]
+    items = [_item(i, item) for i, item in enumerate(value)]
+    last = last_user_index(items)
+    if last >= 0:  # media in the turn being answered: this model cannot see it
+        for j, part in enumerate(items[last]["content"]):
+            if part["type"] in MEDIA_PARTS:
+                media_part(f"input[{last}].content[{j}]", part["type"], True)
+    return items
 
 
 def _message(role: str, content: list, item_id: str | None = None, status: str = "completed") -> dict:
@@ -80,15 +92,16 @@ def _parse_message(where: str, item: dict) -> dict:
     content = item.get("content")
     part_type = "output_text" if role == "assistant" else "input_text"
     if isinstance(content, str):
-        parts = [_part(f"{where}.content", {"type": part_type, "text": content}, part_type)]
+        parts = [_part(f"{where}.content", {"type": part_type, "text": content}, role)]
     elif isinstance(content, list):
-        parts = [_part(f"{where}.content[{j}]", p, part_type) for j, p in enumerate(content)]
+        parts = [_part(f"{where}.content[{j}]", p, role) for j, p in enumerate(content)]
     else:
         raise invalid_type(f"{where}.content", "a string or an array", content)
     return _message(role, parts, item.get("id"), item.get("status") or "completed")
 
 
-def _part(where: str, part, part_type: str) -> dict:
+def _part(where: str, part, role: str) -> dict:
+    part_type = "output_text" if role == "assistant" else "input_text"
     if not isinstance(part, dict):
         raise invalid_type(where, "an object", part)
     kind = part.get("type")
@@ -99,11 +112,35 @@ def _part(where: str, part, part_type: str) -> dict:
         if part_type == "output_text":
             out["annotations"], out["logprobs"] = [], []
         return out
-    if kind in ("input_image", "input_file", "input_audio"):
-        raise unsupported(f"{where}.type", f"'{kind}' content is not supported by this server "
-                          "yet: the served model takes text only.")
+    if not isinstance(kind, str):
+        raise invalid_type(f"{where}.type", "a string", kind)
+    if kind in MEDIA_PARTS and role == "user":
+        return _media(where, kind, part)
+    if kind in MEDIA_PARTS:
+        raise unsupported(f"{where}.type", f"'{kind}' content is only accepted in user "
+                          "messages.")
     raise invalid_value(f"{where}.type", f"Invalid value: {kind!r}. Supported content part "
                         "types are: input_text, output_text.")
+
+
+def _media(where: str, kind: str, part: dict) -> dict:
+    """An input_image, input_file or input_audio part, its shape checked and kept as sent
+    (a later turn replays it: as its placeholder for a text model)."""
+    sources = MEDIA_PARTS[kind]
+    if not any(part.get(k) is not None for k in sources):
+        raise invalid_value(where, f"'{kind}' needs one of: " + ", ".join(sources) + ".")
+    for key in sources:
+        value = part.get(key)
+        if value is not None and not isinstance(value, dict if key == "input_audio" else str):
+            raise invalid_type(f"{where}.{key}", "an object" if key == "input_audio"
+                               else "a string", value)
+    kept = {k: part[k] for k in ("type", *sources, "detail", "filename") if k in part}
+    if kind == "input_image":  # the spec's InputImageContent always has a detail
+        detail = kept.setdefault("detail", "auto")
+        if detail not in IMAGE_DETAILS:
+            raise invalid_value(f"{where}.detail", f"Invalid value: {detail!r}. Supported "
+                                "values are: " + ", ".join(f"'{d}'" for d in IMAGE_DETAILS) + ".")
+    return kept
 
 
 def _join_text(where: str, parts: list) -> str:
@@ -116,7 +153,11 @@ def _join_text(where: str, parts: list) -> str:
 
 
 def text_of(item: dict) -> str:
-    return "".join(p.get("text", "") for p in item.get("content", []))
+    """A message item's text; a media part stands as its placeholder (parse/media.py)."""
+    parts = item.get("content", [])
+    return "".join(placeholder(p["type"]) + ("\n" if i < len(parts) - 1 else "")
+                   if p.get("type") in MEDIA_PARTS else p.get("text", "")
+                   for i, p in enumerate(parts))
 
 
 def to_chat_messages(items: list[dict], instructions: str | None) -> list[dict]:
