@@ -37,7 +37,8 @@ from typing import Any, Literal, Optional
 
 import msgspec
 
-PROTOCOL_VERSION = 4  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: KV snapshots
+PROTOCOL_VERSION = 5  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: KV snapshots;
+#                       5: Generate.images, ModelKind.VISION
 #                       (Generate.snapshot/resume, CacheCommand, CacheReply)
 
 
@@ -74,12 +75,14 @@ class ModelKind(WireEnum):
     TEXT = "text"        # generate, tokenize, detokenize
     EMBED = "embed"      # embed, tokenize, detokenize
     RERANK = "rerank"    # score, tokenize, detokenize
+    VISION = "vision"    # generate (images in the messages too), tokenize, detokenize
 
 
 TASKS_OF = {
     ModelKind.TEXT: frozenset({Task.GENERATE, Task.TOKENIZE, Task.DETOKENIZE}),
     ModelKind.EMBED: frozenset({Task.EMBED, Task.TOKENIZE, Task.DETOKENIZE}),
     ModelKind.RERANK: frozenset({Task.SCORE, Task.TOKENIZE, Task.DETOKENIZE}),
+    ModelKind.VISION: frozenset({Task.GENERATE, Task.TOKENIZE, Task.DETOKENIZE}),
 }
 
 
@@ -241,6 +244,10 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     # start from the state kept under `resume` when its tokens begin this prompt.
     snapshot: Optional[str] = None
     resume: Optional[str] = None
+    # VISION: the images of `messages`, as sent (file bytes: PNG, JPEG, ...), in the order
+    # of the {"type": "image"} parts of the messages' content lists; the worker decodes
+    # them (an undecodable one is the client's 400).
+    images: tuple[bytes, ...] = ()
 
 
 class Cancel(Message, frozen=True, kw_only=True, tag="cancel"):

@@ -145,6 +145,8 @@ def model_kind(path: Path, config: dict) -> ModelKind:
       Qwen3-Reranker is an ordinary causal LM otherwise) → RERANK;
     - a sentence-transformers pipeline (modules.json), an encoder-only family, or
       "embed" in its name (Qwen3-Embedding) → EMBED;
+    - a vision tower beside the language model (`vision_config`, as Qwen2-VL, Gemma 3,
+      LLaVA, ... have: mlx-vlm's families) → VISION;
     - anything else → TEXT."""
     name = repo_name(path).lower()
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
@@ -153,6 +155,8 @@ def model_kind(path: Path, config: dict) -> ModelKind:
     if ((Path(path) / "modules.json").is_file() or config.get("model_type") in ENCODER_TYPES
             or "embed" in name):
         return ModelKind.EMBED
+    if isinstance(config.get("vision_config"), dict):
+        return ModelKind.VISION
     return ModelKind.TEXT
 
 

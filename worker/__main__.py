@@ -108,6 +108,14 @@ def main(argv=None) -> int:
         if loaded.engine is not None:  # an embedding or reranker model (worker/pooling/)
             engine = loaded.engine
             engine.probe()  # before Ready: the first request pays no compile
+        elif loaded.kind is ModelKind.VISION:  # one request at a time (worker/vision/)
+            from worker.vision.engine import VisionEngine
+            from worker.vision.serial import SerialBatch
+
+            engine = VisionEngine(loaded.model, loaded.tokenizer, loaded.context_length,
+                                  args.prefill_step, loaded.vocab_size)
+            batch = SerialBatch(engine)
+            batch.warm()  # before Ready: the first request pays no compile
         else:
             engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                                 args.prefill_step, loaded.vocab_size)

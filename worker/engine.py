@@ -51,6 +51,7 @@ class Prepared:
     splitter: Optional[OutputSplitter] = None    # reasoning / tool-call parsing, if any
     banned: tuple = ()                           # token ids never to sample
     snapshot: object = None                      # its `resume` state read from disk, if any
+    media: Optional[dict] = None                 # a vision model's processed images (numpy)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -33,7 +33,7 @@ class LoadError(Exception):
 @dataclass
 class LoadedModel:
     model: object
-    tokenizer: object        # mlx-lm TokenizerWrapper
+    tokenizer: object        # mlx-lm TokenizerWrapper (a vision model: its mlx-vlm processor)
     path: Path
     context_length: int
     vocab_size: int | None
@@ -164,6 +164,10 @@ def load(model: str, state_dir: Path, max_context_tokens: int | None = None,
 
             engine = CrossEncoder.load(path, config, ctx)
             mlx_model, tokenizer = engine.encoder, engine.tokenizer
+        elif kind is ModelKind.VISION:  # worker/vision/: the engine is made by the caller
+            import mlx_vlm
+
+            mlx_model, tokenizer = mlx_vlm.load(str(path))
         else:
             mlx_model, tokenizer = mlx_lm.load(str(path))
             if kind is ModelKind.RERANK:

@@ -38,12 +38,18 @@ class RequestError(Exception):
         self.prompt_tokens = prompt_tokens
 
 
-def _plain_content(content) -> str:
-    """OpenAI content may be a list of parts; only text parts are supported here."""
+def _plain_content(content, images: bool = False):
+    """OpenAI content may be a list of parts; only text parts are supported here, and
+    {"type": "image"} parts for a vision model (`images`): then a list with its images
+    is kept as parts, as vision templates read it."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    if images and isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") == "image" for p in content):
+        return [{"type": "image"} if isinstance(p, dict) and p.get("type") == "image"
+                else {"type": "text", "text": _plain_content([p])} for p in content]
     if isinstance(content, list):
         parts = []
         for p in content:
@@ -73,13 +79,13 @@ def _template_call(call) -> dict:
     return call
 
 
-def normalize_messages(messages) -> list[dict]:
+def normalize_messages(messages, images: bool = False) -> list[dict]:
     out = []
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(INVALID_REQUEST, "each message needs a string 'role'", "messages")
         m = dict(m)  # never mutate the request
-        m["content"] = _plain_content(m.get("content"))
+        m["content"] = _plain_content(m.get("content"), images)
         if isinstance(m.get("tool_calls"), list):
             m["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
         out.append(m)
@@ -110,13 +116,14 @@ def template_kwargs(tokenizer, gen) -> dict:
     return kwargs
 
 
-def chat_text(tokenizer, gen) -> tuple[str, bool]:
+def chat_text(tokenizer, gen, images: bool = False) -> tuple[str, bool]:
     """The rendered chat prompt, and whether encoding it adds the tokenizer's special
     tokens. Rendering and encoding are apart so that the caller can judge the text's
-    length before paying for its tokenization (worker/token_bound.py)."""
+    length before paying for its tokenization (worker/token_bound.py). `images`: a vision
+    model's, whose template renders image parts (worker/vision/engine.py)."""
     if not isinstance(gen.messages, list) or not gen.messages:
         raise RequestError(INVALID_REQUEST, "messages must be a non-empty list", "messages")
-    messages = normalize_messages(gen.messages)
+    messages = normalize_messages(gen.messages, images)
     if not tokenizer.has_chat_template:
         return render_plain_chat(messages), True
     try:

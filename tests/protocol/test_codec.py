@@ -18,26 +18,26 @@ from protocol.messages import (DOWN, UP, CacheCommand, CacheReply, CacheStats, S
                                SnapshotStats)
 from protocol.sockets import Endpoints, make_runtime_dir, remove_runtime_dir
 
-# A msgpack map: fixmap header, then ("type", kind), ("v", 4), then the fields in declaration
+# A msgpack map: fixmap header, then ("type", kind), ("v", 5), then the fields in declaration
 # order (nested structs as maps of their own). Pinned byte for byte: a change here breaks
 # mixed-version peers, so it comes with a PROTOCOL_VERSION bump.
 GOLDEN = [
-    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x04\xa3rid\xa2r1"),
-    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x04"),
+    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x05\xa3rid\xa2r1"),
+    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x05"),
     (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
-     b"\x8c\xa4type\xa5delta\xa1v\x04\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\x8c\xa4type\xa5delta\xa1v\x05\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"
      b"\xa9reasoning\xa0\xaatool_calls\x90\xa8logprobs\xc4\x00\xa7top_ids\xc4\x00"
      b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90"),
     (Done(epoch=2, rid="r1", finish_reason=FinishReason.LENGTH, prompt_tokens=3,
           completion_tokens=4),
-     b"\x8a\xa4type\xa4done\xa1v\x04\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+     b"\x8a\xa4type\xa4done\xa1v\x05\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"
      b"\xb0reasoning_tokens\x00\xadstop_sequence\xc0"),
     (Generate(rid="r1", prompt="hi",
               sampling=SamplingParams(max_tokens=2, logit_bias=((7, -1.5),)),
               output=OutputSpec(stop=("x",))),
-     b"\xde\x00\x11\xa4type\xa8generate\xa1v\x04\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\xde\x00\x12\xa4type\xa8generate\xa1v\x05\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
      b"\xa8sampling\x8b\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
@@ -48,18 +48,18 @@ GOLDEN = [
      b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"
      b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2\xa9cache_key\xc0"
      b"\xa4task\xa8generate\xa6inputs\xc0\xa9input_ids\xc0\xaadimensions\xc0"
-     b"\xa8snapshot\xc0\xa6resume\xc0"),
+     b"\xa8snapshot\xc0\xa6resume\xc0\xa6images\x90"),
 ]
 
 # Messages as an older peer of this version (before reasoning, tool calls and logprobs)
 # sent them: the fields added since decode to their defaults.
 OLD_WIRE = [
-    (b"\x86\xa4type\xa5delta\xa1v\x04\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+    (b"\x86\xa4type\xa5delta\xa1v\x05\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00", GOLDEN[2][0]),
-    (b"\x88\xa4type\xa4done\xa1v\x04\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+    (b"\x88\xa4type\xa4done\xa1v\x05\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
     # A Generate from before cache_key (the prompt cache's namespace) and the tasks.
-    (GOLDEN[4][1].replace(b"\xde\x00\x11", b"\x8a", 1).split(b"\xa9cache_key")[0], GOLDEN[4][0]),
+    (GOLDEN[4][1].replace(b"\xde\x00\x12", b"\x8a", 1).split(b"\xa9cache_key")[0], GOLDEN[4][0]),
 ]
 
 # Version 1's bytes (the dataclass codec's) for the same Cancel and Done: refused.
@@ -85,16 +85,18 @@ def test_an_older_peers_messages_still_decode(wire, msg):
 
 @pytest.mark.parametrize("wire", VERSION_1, ids=["Cancel", "Done"])
 def test_version_1_frames_are_refused(wire):
-    with pytest.raises(ProtocolError, match="version 1, expected 4"):
+    with pytest.raises(ProtocolError, match="version 1, expected 5"):
         (decode_down if b"cancel" in wire else decode_up)(wire)
 
 
-def test_version_3_generate_is_refused():
+@pytest.mark.parametrize("old", [3, 4])
+def test_an_older_versions_generate_is_refused(old):
     # A version-3 worker would ignore `resume` and `snapshot` and never answer a
-    # CacheCommand: a peer of another version is refused, not half understood.
-    v3 = GOLDEN[4][1].replace(b"\xa1v\x04", b"\xa1v\x03", 1)
-    with pytest.raises(ProtocolError, match="version 3, expected 4"):
-        decode_down(v3)
+    # CacheCommand, a version-4 one would drop `images`: a peer of another version is
+    # refused, not half understood.
+    wire = GOLDEN[4][1].replace(b"\xa1v\x05", bytes([0xa1, ord("v"), old]), 1)
+    with pytest.raises(ProtocolError, match=f"version {old}, expected 5"):
+        decode_down(wire)
 
 
 def test_tool_calls_and_logprobs_travel_packed():

@@ -1,0 +1,89 @@
+"""The engine of a vision-language model: a TextEngine over its language model and its
+tokenizer, whose prompts may carry images.
+
+Everything per sequence is the text engine's (samplers, logits processors, grammars,
+stop strings, logprobs, tool and reasoning parsing): mlx-vlm's generation step takes the
+same samplers and processors as mlx-lm's. What differs is the prompt: the messages keep
+their {"type": "image"} parts for the template, and the model's own processor (its
+image processor and tokenizer, as mlx-vlm loads them) turns the rendered text and the
+decoded images into token ids, with one image token per patch the image is cut into,
+and the pixel arrays. That runs on the preparation thread, in numpy, like the rest of
+`prepare`: the MLX thread only turns the arrays into MLX ones when the request starts.
+"""
+
+from __future__ import annotations
+
+import io
+
+from protocol.messages import INVALID_REQUEST
+from worker import prompt as chat_prompt
+from worker.engine import Prepared, RequestError, TextEngine
+
+# Keys of the processor's output that are not keyword arguments of the model's step.
+_NOT_KWARGS = ("input_ids", "pixel_values", "attention_mask")
+
+
+def decode_images(data: tuple[bytes, ...]) -> list:
+    """The request's images as RGB PIL images; a 400 naming the one that does not
+    decode (or that would decode to more pixels than PIL's decompression-bomb limit)."""
+    from PIL import Image
+
+    out = []
+    for i, raw in enumerate(data):
+        try:
+            img = Image.open(io.BytesIO(raw))
+            img.load()
+            out.append(img.convert("RGB"))
+        except Exception as e:  # PIL raises many types for bad input: all the client's
+            raise RequestError(INVALID_REQUEST, f"image {i + 1} of the request could not "
+                               f"be decoded as an image ({type(e).__name__})",
+                               "messages") from None
+    return out
+
+
+class VisionEngine(TextEngine):
+    def __init__(self, vlm, processor, context_length: int, prefill_step: int = 512,
+                 vocab_size: int | None = None):
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+        tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
+        if getattr(tokenizer, "chat_template", None) is None:
+            tokenizer.chat_template = getattr(processor, "chat_template", None)
+        super().__init__(vlm.language_model, TokenizerWrapper(tokenizer), context_length,
+                         prefill_step, vocab_size)
+        self.vlm = vlm
+        self.processor = processor
+        self._media: dict[str, dict] = {}  # rid → processed images, prompt_ids → prepare
+
+    def prepare(self, gen):
+        try:
+            prep = super().prepare(gen)
+            if isinstance(prep, Prepared):
+                prep.media = self._media.get(gen.rid)
+            return prep
+        finally:
+            self._media.pop(gen.rid, None)
+
+    def prompt_ids(self, gen, bound: bool = True) -> tuple[list[int], str]:
+        if not gen.images:
+            return super().prompt_ids(gen, bound)
+        from mlx_vlm.utils import prepare_inputs
+
+        images = decode_images(gen.images)
+        text, _ = chat_prompt.chat_text(self.tokenizer, gen, images=True)
+        placed = sum(isinstance(m.get("content"), list) and sum(
+            isinstance(p, dict) and p.get("type") == "image" for p in m["content"])
+            for m in gen.messages if isinstance(m, dict))
+        if placed != len(images):
+            raise RequestError(INVALID_REQUEST, f"the messages place {placed} images and "
+                               f"{len(images)} were sent", "messages")
+        try:
+            inputs = prepare_inputs(self.processor, images=images, prompts=[text],
+                                    image_token_index=getattr(self.vlm.config,
+                                                              "image_token_index", None),
+                                    add_special_tokens=False, return_tensors="np")
+        except Exception as e:  # the processor refused these images (size, mode, count)
+            raise RequestError(INVALID_REQUEST, "the model's processor refused the images: "
+                               f"{type(e).__name__}", "messages") from None
+        self._media[gen.rid] = {k: v for k, v in inputs.items() if k != "input_ids"}
+        return [int(t) for t in inputs["input_ids"][0]], "messages"
