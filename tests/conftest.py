@@ -35,6 +35,15 @@ def tiny_model(models_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vision_model(models_dir) -> Path:
+    """A float32 Qwen2-VL-type model in mlx-vlm's format, with its processor
+    (worker/demo_vision.py)."""
+    from worker.demo_vision import build_vision_model
+
+    return build_vision_model(models_dir / "tiny-vision").path
+
+
+@pytest.fixture(scope="session")
 def hybrid_model(models_dir) -> Path:
     """A float32 qwen3_next-type model: GatedDeltaNet (recurrent) layers between attention
     layers, hidden 64, 4 layers: its cache cannot be trimmed."""

@@ -63,6 +63,26 @@ def _plain_content(content, images: bool = False):
                        "messages")
 
 
+IMAGE_PLACEHOLDER = "[image]"
+
+
+def _images_as_text(parts: list, where: str, answering: bool) -> list:
+    """A text model's view of content parts: each image a placeholder, or a 400 when it
+    is in the turn being answered."""
+    out = []
+    for j, p in enumerate(parts):
+        if not (isinstance(p, dict) and p.get("type") == "image"):
+            out.append(p)
+            continue
+        if answering:
+            raise RequestError(INVALID_REQUEST, f"{where}: this model cannot read images; it "
+                               "is a text model. Send text, or ask a vision model.",
+                               f"{where}.content")
+        out.append({"type": "text",
+                    "text": IMAGE_PLACEHOLDER + ("\n" if j < len(parts) - 1 else "")})
+    return out
+
+
 def _template_call(call) -> dict:
     """An assistant's past tool call as templates read it: arguments as a mapping."""
     if not isinstance(call, dict):
@@ -80,12 +100,20 @@ def _template_call(call) -> dict:
 
 
 def normalize_messages(messages, images: bool = False) -> list[dict]:
+    """Messages as templates read them. A text model (not `images`) given image parts
+    treats them as the API surfaces treat media no model here reads
+    (supervisor/api/parse/media.py): in the last user turn a 400, earlier a placeholder."""
     out = []
-    for m in messages:
+    last_user = max((i for i, m in enumerate(messages)
+                     if isinstance(m, dict) and m.get("role") == "user"), default=-1)
+    for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise RequestError(INVALID_REQUEST, "each message needs a string 'role'", "messages")
         m = dict(m)  # never mutate the request
-        m["content"] = _plain_content(m.get("content"), images)
+        content = m.get("content")
+        if not images and isinstance(content, list):
+            content = _images_as_text(content, f"messages[{i}]", i == last_user)
+        m["content"] = _plain_content(content, images)
         if isinstance(m.get("tool_calls"), list):
             m["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
         out.append(m)

@@ -226,9 +226,9 @@ def test_openai_client_completions_models_and_errors(client, model_id):
 
 
 def test_openai_client_images_for_a_text_model(client, http, model_id):
-    # supervisor/api/parse/media.py through the real server: an image earlier in the
-    # conversation is a placeholder (the turn is answered); one in the turn being
-    # answered is a 400 naming it, on chat completions and on Responses alike.
+    # A text model's rule for images (worker/prompt.py for chat, whose images travel;
+    # supervisor/api/parse/media.py for Responses): an image earlier in the conversation
+    # is a placeholder (the turn is answered); one in the turn being answered is a 400.
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     history = [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]},
                {"role": "assistant", "content": "A cat."}]
@@ -237,7 +237,7 @@ def test_openai_client_images_for_a_text_model(client, http, model_id):
     assert r.choices[0].finish_reason in ("length", "stop") and r.usage.prompt_tokens > 0
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=model_id, max_tokens=3, messages=history[:1])
-    assert e.value.body["param"] == "messages[0].content[0].type"
+    assert e.value.body["param"] == "messages[0].content"
     assert "cannot read images" in e.value.body["message"]
     first = {"role": "user", "content": [
         {"type": "input_image", "image_url": image["image_url"]["url"]},

@@ -162,8 +162,8 @@ CHAT_BAD = [
     ({"messages": [{"role": "user", "content": [{"type": 1}]}]}, "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
-     "messages[0].content[1].type"),
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,A"}}]}]},
+     "messages[0].content[1].image_url.url"),
     ({"messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]},
      "messages[0].content[0].type"),
@@ -296,8 +296,9 @@ def test_chat_error_wording():
                       "tool_choice")
     assert "needs at least one tool" in err.message
     err = _expect_400(parse_chat_request, patched(CHAT, {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}), "messages[0].content[0].type")
-    assert "cannot read images" in err.message
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}),
+        "messages[0].content[0].image_url.url")
+    assert "only base64 data: URLs" in err.message
     err = _expect_400(parse_chat_request, patched(CHAT, {"temperature": 3}), "temperature")
     assert err.code == "decimal_above_max_value"
 

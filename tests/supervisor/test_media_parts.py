@@ -1,7 +1,8 @@
-"""Media a text model cannot read (supervisor/api/parse/media.py), on every surface: in
-the turn being answered a 400 naming the part; earlier in the history a placeholder, so a
-conversation that began with a vision model can go on with a text one; shapes checked
-wherever the part is."""
+"""Media in requests (supervisor/api/parse/media.py). Chat images travel to the worker
+(their bytes in Generate.images, a part where they were), within their limits; media no
+model here reads, on every surface: in the turn being answered a 400 naming the part,
+earlier in the history a placeholder, so a conversation that began with a vision model
+can go on with a text one; shapes checked wherever the part is."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from supervisor.api.parse.chat import parse_chat_request
 from supervisor.api.responses.items import normalize_input, to_chat_messages
+from supervisor.config import Config
 from supervisor.http.errors import APIError
 
 PNG = "data:image/png;base64,iVBORw0KGgo="
@@ -28,8 +30,8 @@ def text(t):
     return {"type": "text", "text": t}
 
 
-@pytest.mark.parametrize("part, noun", [(IMAGE, "images"), (AUDIO, "audio"),
-                                        ({"type": "image_url", "image_url": PNG}, "images")])
+@pytest.mark.parametrize("part, noun", [(AUDIO, "audio"),
+                                        ({"type": "file", "file": {"file_id": "f"}}, "files")])
 def test_chat_media_in_the_last_user_turn_is_a_400_naming_it(part, noun):
     with pytest.raises(APIError) as e:
         chat(user(text("earlier")), {"role": "assistant", "content": "ok"},
@@ -39,12 +41,45 @@ def test_chat_media_in_the_last_user_turn_is_a_400_naming_it(part, noun):
 
 
 def test_chat_media_earlier_in_the_history_becomes_a_placeholder():
-    r = chat(user(IMAGE, text("what is it?")), {"role": "assistant", "content": "A cat."},
-             user(AUDIO), {"role": "assistant", "content": "Purring."},
+    r = chat(user(AUDIO, text("what is it?")), {"role": "assistant", "content": "A cat."},
              user(text("and now?")))
-    assert r.messages[0]["content"] == "[image]\nwhat is it?"
-    assert r.messages[2]["content"] == "[audio]"
+    assert r.messages[0]["content"] == "[audio]\nwhat is it?"
     assert r.messages[-1]["content"] == "and now?"
+
+
+def test_chat_images_travel_as_parts_and_bytes_in_order():
+    second = {"type": "image_url", "image_url": "data:image/jpeg;base64,/9j/4AAQ"}
+    r = chat(user(text("a"), IMAGE, text("b"), text("c")), {"role": "assistant", "content": "x"},
+             user(second, text("d")))
+    assert r.messages[0]["content"] == [{"type": "text", "text": "a"}, {"type": "image"},
+                                        {"type": "text", "text": "b\nc"}]
+    assert r.messages[2]["content"] == [{"type": "image"}, {"type": "text", "text": "d"}]
+    assert r.images == (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff\xe0\x00\x10")
+    gen = r.to_generate(Config())
+    assert gen.images == r.images and gen.messages[0]["content"][1] == {"type": "image"}
+
+
+@pytest.mark.parametrize("url, status, code", [
+    ("https://example.com/cat.png", 400, "invalid_image_url"),
+    ("file:///etc/passwd", 400, "invalid_image_url"),
+    ("data:image/png;base64,###", 400, "invalid_image_url"),
+    ("data:image/png;base64,", 400, "invalid_image_url"),
+    ("data:image/png;base64," + "A" * (28 << 20), 413, "image_too_large"),
+])
+def test_chat_image_urls_are_data_urls_within_the_limit(url, status, code):
+    with pytest.raises(APIError) as e:
+        chat(user(text("?"), {"type": "image_url", "image_url": {"url": url}}))
+    assert (e.value.status, e.value.code) == (status, code)
+    assert e.value.param == "messages[0].content[1].image_url.url"
+
+
+def test_chat_images_per_request_are_bounded():
+    from supervisor.api.parse.media import MAX_IMAGES
+
+    with pytest.raises(APIError) as e:
+        chat(user(*[IMAGE] * (MAX_IMAGES + 1)))
+    assert e.value.status == 400 and e.value.code == "too_many_images"
+    assert len(chat(user(*[IMAGE] * MAX_IMAGES)).images) == MAX_IMAGES
 
 
 @pytest.mark.parametrize("part, param", [

@@ -7,15 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 from PIL import Image
-
-
-@pytest.fixture(scope="session")
-def vision_model(models_dir):
-    from worker.demo_vision import build_vision_model
-
-    return build_vision_model(models_dir / "tiny-vision").path
 
 
 def image(w, h, seed=0):

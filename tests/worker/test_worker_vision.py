@@ -17,13 +17,10 @@ from worker.engine import RequestError
 
 
 @pytest.fixture(scope="session")
-def vision_loaded(models_dir):
+def vision_loaded(vision_model):
     from mlx_vlm import load
 
-    from worker.demo_vision import build_vision_model
-
-    path = build_vision_model(models_dir / "tiny-vision").path
-    model, processor = load(str(path))
+    model, processor = load(str(vision_model))
     return model, processor
 
 
@@ -113,12 +110,10 @@ def test_bad_images_are_the_clients_400(vengine, images, message):
     assert e.value.param == "messages"
 
 
-def test_a_worker_process_serves_a_vision_model_one_request_at_a_time(spawn, models_dir):
+def test_a_worker_process_serves_a_vision_model_one_request_at_a_time(spawn, vision_model):
     from protocol.messages import Delta, Done, ModelKind, Ready
-    from worker.demo_vision import build_vision_model
 
-    path = build_vision_model(models_dir / "tiny-vision").path
-    w = spawn(path)
+    w = spawn(vision_model)
     ready = w.wait_for("ready", timeout=120)[0]
     assert isinstance(ready, Ready) and ready.model_kind is ModelKind.VISION and ready.slots == 1
     w.send(ask(max_tokens=5))
@@ -134,3 +129,18 @@ def test_a_worker_process_serves_a_vision_model_one_request_at_a_time(spawn, mod
     assert tokens == {"v": 5, "bad": 0, "text": 3}
     assert [e.finish_reason.value for e in events["v"] if isinstance(e, Done)] == ["length"]
     assert any("could not be decoded" in getattr(e, "message", "") for e in events["bad"])
+
+
+def test_a_text_model_reads_an_earlier_image_as_a_placeholder_and_refuses_one_now(engine):
+    # worker/prompt.py: the worker alone knows its kind for sure (a request can come
+    # before its model loaded), so a text model applies the media rule itself.
+    history = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hm?"}]},
+               {"role": "assistant", "content": "A cat."}]
+    prep = engine.prepare(generate(rid="t", messages=[*history, {"role": "user",
+                                                                  "content": "And?"}],
+                                   images=(png(),), max_tokens=2))
+    text = engine.tokenizer.decode(prep.ids)
+    assert "[image]\nHm?" in text and prep.media is None
+    with pytest.raises(RequestError, match="cannot read images") as e:
+        engine.prepare(generate(rid="t", messages=history[:1], images=(png(),), max_tokens=2))
+    assert e.value.param == "messages[0].content"

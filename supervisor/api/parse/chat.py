@@ -18,7 +18,7 @@ from protocol.messages import Generate
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import limits
 from supervisor.api.parse import tools as tooling
-from supervisor.api.parse.media import last_user_index, media_part
+from supervisor.api.parse.media import image_part, last_user_index, media_part
 from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
     opt_object, opt_str, parse_common, unsupported,
@@ -30,6 +30,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 @dataclass(frozen=True, kw_only=True)
 class ChatRequest(CommonParams):
     messages: tuple = ()                   # normalized message dicts
+    images: tuple = ()                     # the image parts' bytes, in order (parse/media.py)
     parallel_tool_calls: Optional[bool] = None
     template_kwargs: Optional[dict] = None  # body's chat_template_kwargs (not OpenAI)
     tools: tuple = ()                      # nested chat form (tools.normalize_tools)
@@ -45,6 +46,7 @@ class ChatRequest(CommonParams):
         return Generate(
             rid="",
             messages=[dict(m) for m in self.messages],
+            images=self.images,
             sampling=self.sampling(config),
             output=build.output(self.tools, self.tool_choice, self.response_format,
                                 parallel_tool_calls=self.parallel_tool_calls,
@@ -61,7 +63,7 @@ class ChatRequest(CommonParams):
 def parse_chat_request(body: dict) -> ChatRequest:
     """Validate a chat completions body; raises APIError(400) naming the bad param."""
     common = parse_common(body)
-    messages = _parse_messages(body)
+    messages, images = _parse_messages(body)
     # max_completion_tokens replaced max_tokens; honour either, the new one first.
     mct = opt_int(body, "max_completion_tokens", minimum=1)
     mt = opt_int(body, "max_tokens", minimum=1)
@@ -75,6 +77,7 @@ def parse_chat_request(body: dict) -> ChatRequest:
         **common,
         max_tokens=mct if mct is not None else mt,
         messages=messages,
+        images=images,
         parallel_tool_calls=opt_bool(body, "parallel_tool_calls"),
         template_kwargs=opt_object(body, "chat_template_kwargs"),
         tools=tools,
@@ -111,10 +114,12 @@ def _parse_messages(body: dict) -> tuple:
                             "length 1, but got an empty array instead.", "empty_array")
     limits.check_length("messages", value, limits.MAX_MESSAGES)
     last_user = last_user_index(value)
-    return tuple(_parse_message(i, m, i == last_user) for i, m in enumerate(value))
+    images: list[bytes] = []
+    messages = tuple(_parse_message(i, m, i == last_user, images) for i, m in enumerate(value))
+    return messages, tuple(images)
 
 
-def _parse_message(i: int, msg, last_user: bool = False) -> dict:
+def _parse_message(i: int, msg, last_user: bool = False, images: list | None = None) -> dict:
     where = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise invalid_type(where, "an object", msg)
@@ -130,7 +135,7 @@ def _parse_message(i: int, msg, last_user: bool = False) -> dict:
         raise invalid_value(f"{where}.role", f"'{role}'. Supported values are: "
                             + ", ".join(f"'{r}'" for r in ROLES) + ".")
 
-    content = _parse_content(where, role, msg, last_user)
+    content = _parse_content(where, role, msg, last_user, images)
     if msg.get("name") is not None and not isinstance(msg["name"], str):
         raise invalid_type(f"{where}.name", "a string", msg["name"])
     if role == "tool":
@@ -151,7 +156,10 @@ def _parse_message(i: int, msg, last_user: bool = False) -> dict:
 MEDIA_PARTS = {"image_url": "image_url", "input_audio": "input_audio", "file": "file"}
 
 
-def _parse_content(where: str, role: str, msg: dict, last_user: bool = False) -> Optional[str]:
+def _parse_content(where: str, role: str, msg: dict, last_user: bool = False,
+                   images: list | None = None):
+    """The message's text, or its parts when it holds an image: [{"type": "text",
+    "text"}, {"type": "image"}, ...] (the image's bytes appended to `images`)."""
     param = f"{where}.content"
     content = msg.get("content")
     if content is None:
@@ -167,7 +175,7 @@ def _parse_content(where: str, role: str, msg: dict, last_user: bool = False) ->
     if not content:
         raise invalid_value(param, "empty array. Expected an array with minimum length 1, "
                             "but got an empty array instead.", "empty_array")
-    texts = []
+    texts, parts = [], []
     for j, part in enumerate(content):
         part_param = f"{param}[{j}]"
         if not isinstance(part, dict):
@@ -178,7 +186,14 @@ def _parse_content(where: str, role: str, msg: dict, last_user: bool = False) ->
         if not isinstance(kind, str):
             raise invalid_type(f"{part_param}.type", "a string", kind)
         if kind in MEDIA_PARTS and role == "user":
-            texts.append(_media_part(part_param, kind, part, last_user))
+            media = _media_part(part_param, kind, part, last_user, images)
+            if isinstance(media, dict):  # an image: the text so far, then the image
+                if texts:
+                    parts.append({"type": "text", "text": "\n".join(texts)})
+                    texts = []
+                parts.append(media)
+            else:
+                texts.append(media)
             continue
         # An assistant turn the model refused is still what it said, for the template.
         key = "text" if kind == "text" else "refusal" if (
@@ -192,12 +207,17 @@ def _parse_content(where: str, role: str, msg: dict, last_user: bool = False) ->
                 raise missing(f"{part_param}.{key}")
             raise invalid_type(f"{part_param}.{key}", "a string", text)
         texts.append(text)
-    return "\n".join(texts)
+    if not parts:
+        return "\n".join(texts)
+    if texts:
+        parts.append({"type": "text", "text": "\n".join(texts)})
+    return parts
 
 
-def _media_part(at: str, kind: str, part: dict, last_user: bool) -> str:
-    """An image, audio or file part of a user message: its shape checked, then its
-    placeholder in the history, or a 400 in the turn being answered (parse/media.py)."""
+def _media_part(at: str, kind: str, part: dict, last_user: bool, images: list | None):
+    """An image, audio or file part of a user message, its shape checked: an image's
+    part for the worker (parse/media.py `image_part`); audio and files are placeheld in
+    the history, a 400 in the turn being answered (no model here hears them)."""
     payload = part.get(MEDIA_PARTS[kind])
     if payload is None:
         raise missing(f"{at}.{MEDIA_PARTS[kind]}")
@@ -206,7 +226,8 @@ def _media_part(at: str, kind: str, part: dict, last_user: bool) -> str:
         if not isinstance(url, str):
             where = f"{at}.image_url" + (".url" if isinstance(payload, dict) else "")
             raise invalid_type(where, "a string", url)
-    elif not isinstance(payload, dict):
+        return image_part(at, url, images if images is not None else [])
+    if not isinstance(payload, dict):
         raise invalid_type(f"{at}.{MEDIA_PARTS[kind]}", "an object", payload)
     return media_part(at, kind, last_user)
 

@@ -1,8 +1,17 @@
-"""Images (and other media) a client sends to a model that reads text only.
+"""Images (and other media) a client sends.
 
-Every surface (chat completions' `image_url` and `input_audio` parts, Responses'
-`input_image`, `input_file` and `input_audio`, Messages' `image` and `document` blocks)
-follows one rule, so a client can switch models in the middle of a conversation:
+Chat completions' images (`image_url` parts) travel to the worker: a `data:` URL's bytes
+in `Generate.images`, an {"type": "image"} part where the image was (`image_part`). A
+vision model sees them (worker/vision/); a text model's worker applies the rule below to
+them, as it alone knows its kind for certain (a request may arrive before the model has
+loaded). Remote URLs are not fetched. Limits: MAX_IMAGES per request (400) and
+MAX_IMAGE_BYTES per image (413); pixels are the worker's (PIL's decompression-bomb
+limit, then the model's processor resizes).
+
+Media no model here reads, and every surface's media but chat's images so far
+(chat `input_audio` and `file` parts, Responses' `input_image`, `input_file` and
+`input_audio`, Messages' `image` and `document` blocks), follows one rule, so a client can
+switch models in the middle of a conversation:
 - media in the conversation's LAST user turn is what the client asks about now: a 400
   naming the part, saying the model cannot see it (answering as if it had seen it would be
   worse);
@@ -13,9 +22,16 @@ Each part is still checked for its shape, wherever it is.
 
 from __future__ import annotations
 
-from supervisor.http.errors import APIError
+import base64
+import binascii
+import re
+
+from supervisor.http.errors import INVALID_REQUEST, APIError
 
 IMAGE_PLACEHOLDER = "[image]"
+MAX_IMAGES = 16
+MAX_IMAGE_BYTES = 20 << 20
+_DATA_URL = re.compile(r"data:(image/[\w.+-]+)?(;[\w.+-]+=[\w.+-]+)*;base64,", re.I)
 _PLACEHOLDERS = {"audio": "[audio]", "file": "[file]", "document": "[document]"}
 
 NOUNS = {"image_url": "image", "input_image": "image", "image": "image",
@@ -44,3 +60,34 @@ def last_user_index(messages: list) -> int:
     return max((i for i, m in enumerate(messages) if isinstance(m, dict)
                 and m.get("role") == "user" and m.get("type", "message") == "message"),
                default=-1)
+
+
+def image_part(at: str, url: str, images: list) -> dict:
+    """A chat image part as the worker gets it: {"type": "image"}, its bytes appended to
+    `images` (the request's, in order). 400 for a URL that is not a base64 `data:` URL
+    and for more than MAX_IMAGES; 413 for an image over MAX_IMAGE_BYTES."""
+    param = f"{at}.image_url.url"
+    match = _DATA_URL.match(url)
+    if match is None:
+        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+        why = ("remote images are not fetched by this server" if scheme in ("http", "https")
+               else "only base64 data: URLs are accepted")
+        raise APIError.bad_request(f"{param}: {why}; send the image inline as "
+                                   "data:image/png;base64,... (or jpeg, webp, gif).", param,
+                                   "invalid_image_url")
+    if len(images) >= MAX_IMAGES:
+        raise APIError.bad_request(f"{at}: at most {MAX_IMAGES} images per request.", at,
+                                   "too_many_images")
+    body = url[match.end():]
+    if len(body) * 3 // 4 > MAX_IMAGE_BYTES + 3:
+        raise APIError(413, f"{param}: an image may hold at most {MAX_IMAGE_BYTES} bytes.",
+                       INVALID_REQUEST, param, "image_too_large")
+    try:
+        data = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError.bad_request(f"{param}: the data: URL is not valid base64.", param,
+                                   "invalid_image_url") from None
+    if not data:
+        raise APIError.bad_request(f"{param}: the image is empty.", param, "invalid_image_url")
+    images.append(data)
+    return {"type": "image"}

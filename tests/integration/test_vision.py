@@ -1,0 +1,76 @@
+"""A vision model served end to end (worker/vision/, supervisor/api/parse/media.py): the
+real supervisor and worker over HTTP with the official openai client, on the tiny
+random-weight Qwen2-VL. Random weights: asserts on structure, not on words."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from tests.serverproc import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def vserver(vision_model):
+    with ServerProcess([str(vision_model)]) as srv:
+        srv.wait_healthy(timeout=120)
+        yield srv
+
+
+@pytest.fixture
+def vclient(vserver):
+    return openai.OpenAI(base_url=f"{vserver.url}/v1", api_key="x", max_retries=0)
+
+
+def data_url(w=40, h=40, seed=0, fmt="PNG") -> str:
+    rng = np.random.default_rng(seed)
+    buf = io.BytesIO()
+    Image.fromarray((rng.random((h, w, 3)) * 255).astype("uint8")).save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def ask(url, text="What is in the picture?"):
+    return [{"role": "user", "content": [{"type": "text", "text": text},
+                                         {"type": "image_url", "image_url": {"url": url}}]}]
+
+
+def test_the_model_is_listed_as_a_vision_model(vclient, vision_model):
+    assert vclient.models.retrieve(str(vision_model)).model_extra["kind"] == "vision"
+
+
+def test_image_chat_streams_tokens_and_equals_the_non_streamed_answer(vclient, vision_model):
+    model = str(vision_model)
+    r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=8,
+                                        temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    # the image's tokens count as prompt tokens: more than the text alone
+    text_only = vclient.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "What is in the picture?"}],
+        max_tokens=1, temperature=0)
+    assert r.usage.prompt_tokens > text_only.usage.prompt_tokens
+    chunks = list(vclient.chat.completions.create(model=model, messages=ask(data_url()),
+                                                  max_tokens=8, temperature=0, stream=True))
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) > 1 and "".join(texts) == r.choices[0].message.content
+    other = vclient.chat.completions.create(model=model, messages=ask(data_url(seed=3, fmt="JPEG")),
+                                            max_tokens=8, temperature=0)
+    assert other.choices[0].message.content != r.choices[0].message.content
+
+
+def test_bad_images_are_400s_and_the_model_serves_on(vclient, vision_model):
+    model = str(vision_model)
+    bad = "data:image/png;base64," + base64.b64encode(b"not an image at all").decode()
+    with pytest.raises(openai.BadRequestError) as e:
+        vclient.chat.completions.create(model=model, messages=ask(bad), max_tokens=2)
+    assert "could not be decoded" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        vclient.chat.completions.create(model=model, messages=ask("https://example.com/a.png"),
+                                        max_tokens=2)
+    assert e.value.body["code"] == "invalid_image_url"
+    r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=2)
+    assert r.usage.completion_tokens == 2
