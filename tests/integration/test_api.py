@@ -226,9 +226,9 @@ def test_openai_client_completions_models_and_errors(client, model_id):
 
 
 def test_openai_client_images_for_a_text_model(client, http, model_id):
-    # A text model's rule for images (worker/prompt.py for chat, whose images travel;
-    # supervisor/api/parse/media.py for Responses): an image earlier in the conversation
-    # is a placeholder (the turn is answered); one in the turn being answered is a 400.
+    # A text model's rule for images (worker/prompt.py: the images travel, the worker
+    # alone knows its kind for sure): an image earlier in the conversation is a
+    # placeholder (the turn is answered); one in the turn being answered is a 400.
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     history = [{"role": "user", "content": [image, {"type": "text", "text": "What is it?"}]},
                {"role": "assistant", "content": "A cat."}]
@@ -244,7 +244,8 @@ def test_openai_client_images_for_a_text_model(client, http, model_id):
         {"type": "input_text", "text": "What is it?"}]}
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=model_id, input=[first], max_output_tokens=3)
-    assert e.value.body["param"] == "input[0].content[0].type"
+    # (the text worker names the message as it sees it: the chain's first message)
+    assert "cannot read images" in e.value.body["message"]
     r = client.responses.create(model=model_id, max_output_tokens=3, temperature=0, input=[
         first, {"role": "assistant", "content": "A cat."}, {"role": "user", "content": "And?"}])
     assert r.status in ("completed", "incomplete")

@@ -147,7 +147,7 @@ def test_input_items_listing(http, model_id):
     ({"input": 5}, "input"),
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0].type"),
+     "input[0].content[0].image_url"),  # not a data: URL
     ({"temperature": "hot"}, "temperature"),
     ({"text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"tool_choice": "sometimes"}, "tool_choice"),

@@ -74,3 +74,18 @@ def test_bad_images_are_400s_and_the_model_serves_on(vclient, vision_model):
     assert e.value.body["code"] == "invalid_image_url"
     r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=2)
     assert r.usage.completion_tokens == 2
+
+
+def test_responses_input_image_and_a_chain_that_goes_on_from_it(vclient, vision_model):
+    model = str(vision_model)
+    first = vclient.responses.create(model=model, max_output_tokens=6, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is in the picture?"},
+                                     {"type": "input_image", "image_url": data_url()}]}])
+    chat = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=6,
+                                           temperature=0)
+    assert first.output_text == chat.choices[0].message.content  # the same prompt, image
+    # The next turn replays the stored image from the chain (previous_response_id).
+    nxt = vclient.responses.create(model=model, max_output_tokens=3, temperature=0,
+                                   previous_response_id=first.id, input="And the colours?")
+    assert nxt.status == "completed" or nxt.status == "incomplete"
+    assert nxt.usage.input_tokens > first.usage.input_tokens

@@ -99,13 +99,30 @@ def test_media_in_an_assistant_turn_is_refused():
     assert e.value.status == 400 and e.value.param == "messages[0].content[0].type"
 
 
-def test_responses_input_image_in_the_last_user_turn_is_a_400():
+def test_responses_input_images_travel_and_files_in_the_last_turn_are_a_400():
+    items = normalize_input([{"role": "user", "content": [
+        {"type": "input_text", "text": "what is it?"}, {"type": "input_image", "image_url": PNG}]}])
+    images = []
+    messages = to_chat_messages(items, None, images)
+    assert messages[0]["content"] == [{"type": "text", "text": "what is it?"}, {"type": "image"}]
+    assert images == [b"\x89PNG\r\n\x1a\n"]
     with pytest.raises(APIError) as e:
         normalize_input([{"role": "user", "content": [
             {"type": "input_text", "text": "what is it?"},
-            {"type": "input_image", "image_url": PNG}]}])
+            {"type": "input_file", "file_id": "file-1"}]}])
     assert e.value.status == 400 and e.value.param == "input[0].content[1].type"
-    assert "cannot read images" in e.value.message
+    assert "cannot read files" in e.value.message
+
+
+@pytest.mark.parametrize("part, param", [
+    ({"type": "input_image", "image_url": "https://example.com/a.png"},
+     "input[0].content[0].image_url"),
+    ({"type": "input_image", "file_id": "file-1"}, "input[0].content[0].file_id"),
+])
+def test_responses_images_are_data_urls(part, param):
+    with pytest.raises(APIError) as e:
+        normalize_input([{"role": "user", "content": [part]}])
+    assert e.value.status == 400 and e.value.param == param
 
 
 def test_responses_media_earlier_is_kept_and_placeheld_in_the_prompt():

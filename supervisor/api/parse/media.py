@@ -62,11 +62,12 @@ def last_user_index(messages: list) -> int:
                default=-1)
 
 
-def image_part(at: str, url: str, images: list) -> dict:
-    """A chat image part as the worker gets it: {"type": "image"}, its bytes appended to
+def image_part(at: str, url: str, images: list, param: str | None = None) -> dict:
+    """An image part as the worker gets it: {"type": "image"}, its bytes appended to
     `images` (the request's, in order). 400 for a URL that is not a base64 `data:` URL
-    and for more than MAX_IMAGES; 413 for an image over MAX_IMAGE_BYTES."""
-    param = f"{at}.image_url.url"
+    and for more than MAX_IMAGES; 413 for an image over MAX_IMAGE_BYTES. `param`: where
+    the URL is (default: a chat part's `image_url.url`)."""
+    param = param or f"{at}.image_url.url"
     match = _DATA_URL.match(url)
     if match is None:
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""

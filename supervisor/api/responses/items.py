@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 
 from supervisor.api.parse.limits import MAX_MESSAGES, check_length
-from supervisor.api.parse.media import last_user_index, media_part, placeholder
+from supervisor.api.parse.media import image_part, last_user_index, media_part, placeholder
 from supervisor.api.parse.params import invalid_type, invalid_value, unsupported
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
@@ -36,9 +36,9 @@ def normalize_input(value) -> list[dict]:
     check_length("input", value, MAX_MESSAGES)
     items = [_item(i, item) for i, item in enumerate(value)]
     last = last_user_index(items)
-    if last >= 0:  # media in the turn being answered: this model cannot see it
+    if last >= 0:  # audio and files in the turn being answered: no model here reads them
         for j, part in enumerate(items[last]["content"]):
-            if part["type"] in MEDIA_PARTS:
+            if part["type"] in MEDIA_PARTS and part["type"] != "input_image":
                 media_part(f"input[{last}].content[{j}]", part["type"], True)
     return items
 
@@ -134,6 +134,11 @@ def _media(where: str, kind: str, part: dict) -> dict:
         if value is not None and not isinstance(value, dict if key == "input_audio" else str):
             raise invalid_type(f"{where}.{key}", "an object" if key == "input_audio"
                                else "a string", value)
+    if kind == "input_image":  # travels to the worker: a data: URL (parse/media.py)
+        if part.get("image_url") is None:
+            raise unsupported(f"{where}.file_id", "File ids are not supported by this "
+                              "server: send the image as image_url, a base64 data: URL.")
+        image_part(where, part["image_url"], [], param=f"{where}.image_url")
     kept = {k: part[k] for k in ("type", *sources, "detail", "filename") if k in part}
     if kind == "input_image":  # the spec's InputImageContent always has a detail
         detail = kept.setdefault("detail", "auto")
@@ -160,8 +165,11 @@ def text_of(item: dict) -> str:
                    for i, p in enumerate(parts))
 
 
-def to_chat_messages(items: list[dict], instructions: str | None) -> list[dict]:
-    """Conversation items → chat messages for the model's template.
+def to_chat_messages(items: list[dict], instructions: str | None,
+                     images: list | None = None) -> list[dict]:
+    """Conversation items → chat messages for the model's template. With `images` (a
+    list), a user message's input_image parts become {"type": "image"} parts, their
+    bytes appended to it in order (the worker's Generate.images); without, placeholders.
 
     developer maps to system; every system part, `instructions` first, merges into one
     leading system message (many templates accept only one, at the start). Consecutive
@@ -195,6 +203,9 @@ def to_chat_messages(items: list[dict], instructions: str | None) -> list[dict]:
                     msg["reasoning_content"] = "".join(reasoning)
                     reasoning.clear()
                 out.append(msg)
+            elif images is not None and any(p.get("type") == "input_image"
+                                            for p in item.get("content", [])):
+                out.append({"role": "user", "content": _parts_with_images(item, images)})
             else:
                 out.append({"role": "user", "content": text_of(item)})
         elif kind == "function_call":
@@ -212,6 +223,19 @@ def to_chat_messages(items: list[dict], instructions: str | None) -> list[dict]:
     if system:
         out.insert(0, {"role": "system", "content": "\n\n".join(s for s in system if s)})
     return out
+
+
+def _parts_with_images(item: dict, images: list) -> list[dict]:
+    parts = []
+    for j, p in enumerate(item.get("content", [])):
+        if p.get("type") == "input_image":
+            parts.append(image_part(f"{item.get('id', 'input')}.content[{j}]", p["image_url"],
+                                    images, param=f"{item.get('id', 'input')}.content[{j}]"))
+        elif p.get("type") in MEDIA_PARTS:
+            parts.append({"type": "text", "text": placeholder(p["type"])})
+        else:
+            parts.append({"type": "text", "text": p.get("text", "")})
+    return parts
 
 
 def output_to_items(output: list[dict]) -> list[dict]:

@@ -71,9 +71,12 @@ class ResponsesRequest:
         kept under the response's id when the response is stored (else under its
         prompt_cache_key), and it resumes from its previous response's (else the key's)."""
         key = build.key_snapshot(self.prompt_cache_key)
+        images: list[bytes] = []
+        messages = to_chat_messages(items, self.instructions, images)
         return Generate(
             rid="",
-            messages=to_chat_messages(items, self.instructions),
+            messages=messages,
+            images=tuple(images),
             sampling=build.sampling(config, max_tokens=self.max_output_tokens,
                                     temperature=self.temperature, top_p=self.top_p),
             output=build.output(self.tools, self.tool_choice, self.text_format,
