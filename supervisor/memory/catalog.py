@@ -37,7 +37,8 @@ DEMO = models.DEMO
 DEMO_RANDOM = models.DEMO_RANDOM
 DEMO_EMBED = models.DEMO_EMBED
 BUILT = {DEMO: models.demo_path, DEMO_RANDOM: models.demo_random_path,
-         DEMO_EMBED: models.demo_embed_path}  # made by the worker
+         DEMO_EMBED: models.demo_embed_path,
+         models.DEMO_VISION: models.demo_vision_path}  # made by the worker
 WEIGHT_SUFFIXES = (".safetensors",)
 # A name longer than this, or with a longer path component, names nothing (PATH_MAX is
 # 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.

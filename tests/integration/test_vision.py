@@ -89,3 +89,14 @@ def test_responses_input_image_and_a_chain_that_goes_on_from_it(vclient, vision_
                                    previous_response_id=first.id, input="And the colours?")
     assert nxt.status == "completed" or nxt.status == "incomplete"
     assert nxt.usage.input_tokens > first.usage.input_tokens
+
+
+def test_demo_vision_is_built_on_first_use_and_served_by_name():
+    with ServerProcess(["demo-vision"]) as srv:
+        srv.wait_healthy(timeout=120)
+        client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+        assert client.models.retrieve("demo-vision").model_extra["kind"] == "vision"
+        r = client.chat.completions.create(model="demo-vision", messages=ask(data_url()),
+                                           max_tokens=3)
+        assert r.usage.completion_tokens == 3
+        assert (srv.state_dir / "models" / "demo-vision" / "preprocessor_config.json").is_file()
