@@ -11,6 +11,10 @@ preprocessor_config.json) over a byte-level BPE tokenizer trained in-process
 processor expands to one token per merged patch. Images are resized to between 56×56
 and 112×112 pixels: 4 to 16 image tokens. `mlx_vlm.load` reads the directory like any
 model from the hub.
+
+`small` (the benchmark's, bench/multimodal.py) is larger where the engine should
+dominate: hidden 512, 8 language layers, a 4-layer vision tower of width 256, images of
+up to 448×448 pixels (256 image tokens).
 """
 
 from __future__ import annotations
@@ -31,12 +35,18 @@ QWEN2_VL = ChatTemplate("qwen2-vl", (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"), VISION_TOKENS)
 
-MIN_PIXELS, MAX_PIXELS = 56 * 56, 112 * 112
+MIN_PIXELS = 56 * 56
+SIZES = {
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, mrope=[2, 3, 3],
+                 depth=2, embed=32, vision_heads=2, max_pixels=112 * 112),
+    "small": dict(hidden=512, layers=8, heads=8, kv_heads=2, mlp=1536, mrope=[8, 12, 12],
+                  depth=4, embed=256, vision_heads=4, max_pixels=448 * 448),
+}
 
 
-def build_vision_model(path: str | Path, *, seed: int = 0,
+def build_vision_model(path: str | Path, size: str = "tiny", *, seed: int = 0,
                        context_length: int = 4096) -> BuiltModel:
-    """Build the tiny vision model at `path` (atomically; reused if already there)."""
+    """Build the vision model of `size` at `path` (atomically; reused if already there)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.models import qwen2_vl
@@ -48,21 +58,24 @@ def build_vision_model(path: str | Path, *, seed: int = 0,
     tokenizer = _train_tokenizer(1024, QWEN2_VL)
     vocab_size = len(tokenizer)  # every id the model can sample decodes
     token = tokenizer.convert_tokens_to_ids
-    hidden = 64
+    s = SIZES[size]
+    hidden = s["hidden"]
     config = {
         "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
-        "hidden_size": hidden, "num_hidden_layers": 2, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-        "vocab_size": vocab_size, "max_position_embeddings": context_length,
-        "rope_theta": 10000.0, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "hidden_size": hidden, "num_hidden_layers": s["layers"], "intermediate_size": s["mlp"],
+        "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"],
+        "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+        "max_position_embeddings": context_length, "rope_theta": 10000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": s["mrope"]},
         "tie_word_embeddings": False, "torch_dtype": "float32",
         "eos_token_id": token("<|im_end|>"), "bos_token_id": token("<|endoftext|>"),
         "pad_token_id": token("<|endoftext|>"), "image_token_id": token("<|image_pad|>"),
         "video_token_id": token("<|video_pad|>"),
         "vision_start_token_id": token("<|vision_start|>"),
         "vision_end_token_id": token("<|vision_end|>"),
-        "vision_config": {"model_type": "qwen2_vl", "depth": 2, "embed_dim": 32,
-                          "hidden_size": hidden, "num_heads": 2, "patch_size": 14,
+        "vision_config": {"model_type": "qwen2_vl", "depth": s["depth"],
+                          "embed_dim": s["embed"], "hidden_size": hidden,
+                          "num_heads": s["vision_heads"], "patch_size": 14,
                           "spatial_merge_size": 2, "temporal_patch_size": 2,
                           "in_channels": 3, "mlp_ratio": 2},
     }
@@ -90,7 +103,7 @@ def build_vision_model(path: str | Path, *, seed: int = 0,
         (folder / "preprocessor_config.json").write_text(json.dumps({
             "image_processor_type": "Qwen2VLImageProcessor",
             "processor_class": "Qwen2VLProcessor",
-            "min_pixels": MIN_PIXELS, "max_pixels": MAX_PIXELS, "patch_size": 14,
+            "min_pixels": MIN_PIXELS, "max_pixels": s["max_pixels"], "patch_size": 14,
             "temporal_patch_size": 2, "merge_size": 2,
             "image_mean": [0.48145466, 0.4578275, 0.40821073],
             "image_std": [0.26862954, 0.26130258, 0.27577711],
@@ -99,7 +112,7 @@ def build_vision_model(path: str | Path, *, seed: int = 0,
         (folder / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_VL.text}))
 
     save_model_dir(path, weights, config, tokenizer,
-                   {"preset": "tiny-vision", "family": QWEN2_VL.name, "seed": seed,
+                   {"preset": f"{size}-vision", "family": QWEN2_VL.name, "seed": seed,
                     "context_length": context_length, "vocab_size": vocab_size},
                    extra=processor_files)
     return BuiltModel(path, context_length, vocab_size)

@@ -17,7 +17,9 @@ from tests.serverproc import ServerProcess
 
 @pytest.fixture(scope="module")
 def vserver(vision_model):
-    with ServerProcess([str(vision_model)]) as srv:
+    # --stream-interval 0: every token its own chunk (real streaming, not one emulated
+    # chunk, whatever the machine's speed)
+    with ServerProcess([str(vision_model)], "--stream-interval", "0") as srv:
         srv.wait_healthy(timeout=120)
         yield srv
 
