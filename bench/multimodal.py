@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
-import http.client
 import io
-import json
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ from pathlib import Path
 from bench.make_model import MODELS_DIR
 from bench.report import goal, print_table
 from bench.serverproc import ServerProcess
+from bench.throughput import stream_chat
 from supervisor.workers import blas
 
 QUESTION = "What is in the picture?"
@@ -58,25 +57,11 @@ def raw_ttft(model, processor, png: bytes) -> float:
 
 
 def server_ttft(port: int, model: str, png: bytes) -> float:
+    """One token asked for: it has come when the choice finishes."""
     url = "data:image/png;base64," + base64.b64encode(png).decode()
-    body = {"model": model, "max_tokens": 1, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": [
-                {"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": url}}]}]}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200, resp.read()[:500]
-    # One token asked for: it has come when the choice finishes (its text may be empty,
-    # a token that ends inside a character; the first chunk carries only the role).
-    for line in resp:
-        if line.startswith(b"data: {"):
-            choices = json.loads(line[6:]).get("choices") or [{}]
-            if choices[0].get("finish_reason") is not None:
-                conn.close()
-                return time.perf_counter() - t0
-    raise RuntimeError("no token")
+    return stream_chat(port, {"model": model, "max_tokens": 1, "temperature": 0, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": QUESTION},
+                                     {"type": "image_url", "image_url": {"url": url}}]}]})["finish"]
 
 
 def main() -> None:

@@ -48,7 +48,9 @@ def question(i: int) -> list[dict]:
 
 
 def stream_chat(port: int, body: dict) -> dict:
-    """One streamed chat completion: TTFT, the gaps between content chunks, tokens."""
+    """One streamed chat completion: TTFT, the gaps between content chunks, tokens, and
+    the time until the choice finished (`finish`: with max_tokens 1, the time to the first
+    token even when that token's text is empty)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
     t0 = time.perf_counter()
@@ -56,20 +58,22 @@ def stream_chat(port: int, body: dict) -> dict:
                  {"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200, resp.read()[:500]
-    times, usage, text = [], None, []
+    times, usage, text, finish = [], None, [], float("nan")
     for line in resp:
         if not line.startswith(b"data: {"):
             continue
         obj = json.loads(line[6:])
         usage = obj.get("usage") or usage
         choices = obj.get("choices") or []
+        if choices and choices[0].get("finish_reason") is not None:
+            finish = time.perf_counter() - t0
         if choices and (choices[0].get("delta") or {}).get("content"):
             times.append(time.perf_counter())
             text.append(choices[0]["delta"]["content"])
     conn.close()
     tokens = (usage or {}).get("completion_tokens") or len(times)
     return {"ttft": times[0] - t0 if times else float("nan"), "times": times,
-            "tokens": tokens, "usage": usage or {}, "text": "".join(text)}
+            "tokens": tokens, "usage": usage or {}, "text": "".join(text), "finish": finish}
 
 
 def concurrent_rate(port: int, model: str, n: int, tokens: int, seed: bool = False,
