@@ -102,3 +102,20 @@ def test_demo_vision_is_built_on_first_use_and_served_by_name():
                                            max_tokens=3)
         assert r.usage.completion_tokens == 3
         assert (srv.state_dir / "models" / "demo-vision" / "preprocessor_config.json").is_file()
+
+
+def test_the_messages_api_takes_image_blocks(vserver, vision_model, server, model_id):
+    import anthropic
+
+    png = base64.b64decode(data_url().split(",", 1)[1])
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png).decode()}}
+    ask_ = [{"role": "user", "content": [{"type": "text", "text": "What is in the picture?"},
+                                         block]}]
+    vision = anthropic.Anthropic(base_url=vserver.url, api_key="x", max_retries=0)
+    m = vision.messages.create(model=str(vision_model), max_tokens=4, messages=ask_)
+    assert m.usage.output_tokens == 4 and m.stop_reason == "max_tokens"
+    text = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:  # a text model, in Anthropic's envelope
+        text.messages.create(model=model_id, max_tokens=4, messages=ask_)
+    assert e.value.body["type"] == "error" and "cannot read images" in e.value.body["error"]["message"]

@@ -10,7 +10,6 @@ import pytest
 
 from protocol import Task
 from supervisor.api.messages.request import parse_messages_request
-from supervisor.api.parse.media import IMAGE_PLACEHOLDER
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 
@@ -123,19 +122,29 @@ def test_thinking_maps_onto_the_reasoning_switch(thinking, effort):
     assert generate(**extra).output.reasoning_effort == effort
 
 
-def test_images_in_the_last_turn_are_refused_and_earlier_ones_placeheld():
+def test_images_travel_to_the_worker_as_parts_and_bytes():
+    # A vision worker sees them; a text worker applies the media rule itself
+    # (worker/prompt.py, tested in tests/worker/test_worker_vision.py).
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": "iVBORw0KGgo="}}
-    with pytest.raises(APIError) as e:
-        generate(messages=[{"role": "user", "content": [image, {"type": "text", "text": "?"}]}])
-    assert e.value.status == 400 and "cannot read images" in e.value.message
     gen = generate(messages=[
         {"role": "user", "content": [image, {"type": "text", "text": "what is it?"}]},
         {"role": "assistant", "content": "a cat"},
         {"role": "user", "content": [{"type": "document", "source": {
             "type": "text", "media_type": "text/plain", "data": "doc text"}}]}])
-    assert gen.messages[0]["content"] == f"{IMAGE_PLACEHOLDER}\nwhat is it?"
+    assert gen.messages[0]["content"] == [{"type": "image"},
+                                          {"type": "text", "text": "what is it?"}]
+    assert gen.images == (b"\x89PNG\r\n\x1a\n",)
     assert gen.messages[2]["content"] == "doc text"
+    for source, param in (({"type": "url", "url": "https://example.com/a.png"},
+                           "messages[0].content[0].source.type"),
+                          ({"type": "base64", "media_type": "text/plain", "data": "aGk="},
+                           "messages[0].content[0].source.media_type"),
+                          ({"type": "base64", "media_type": "image/png", "data": "%%%"},
+                           "messages[0].content[0].source.data")):
+        with pytest.raises(APIError) as e:
+            generate(messages=[{"role": "user", "content": [{"type": "image", "source": source}]}])
+        assert e.value.status == 400 and e.value.param == param
 
 
 def test_count_tokens_needs_no_max_tokens_and_tokenizes_the_same_prompt():

@@ -44,7 +44,7 @@ from protocol.messages import Generate, Task
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_stop
-from supervisor.api.parse.media import last_user_index, media_part
+from supervisor.api.parse.media import image_part, last_user_index, media_part
 from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_number, opt_object, parse_model)
 from supervisor.http.errors import APIError
@@ -59,6 +59,7 @@ class MessagesRequest:
     model: str
     messages: tuple                      # chat-form message dicts
     max_tokens: Optional[int]
+    images: tuple = ()                   # image blocks' bytes, in order (parse/media.py)
     stream: bool = False
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -74,6 +75,7 @@ class MessagesRequest:
         gen = Generate(
             rid="",
             messages=[dict(m) for m in self.messages],
+            images=self.images,
             sampling=build.sampling(config, max_tokens=self.max_tokens,
                                     temperature=self.temperature, top_p=self.top_p,
                                     top_k=self.top_k, max_tokens_ceiling=True),
@@ -91,7 +93,8 @@ def parse_messages_request(body: dict, *, count_only: bool = False) -> MessagesR
     max_tokens = opt_int(body, "max_tokens", minimum=1)
     if max_tokens is None and not count_only:
         raise missing("max_tokens")
-    messages = _with_system(_system(body.get("system")), _messages(body.get("messages")))
+    images: list[bytes] = []
+    messages = _with_system(_system(body.get("system")), _messages(body.get("messages"), images))
     tools, skipped = _tools(body.get("tools"))
     choice, parallel = _tool_choice(body.get("tool_choice"), tools)
     opt_object(body, "metadata")
@@ -99,6 +102,7 @@ def parse_messages_request(body: dict, *, count_only: bool = False) -> MessagesR
         model=model,
         messages=tuple(messages),
         max_tokens=max_tokens,
+        images=tuple(images),
         stream=bool(opt_bool(body, "stream")),
         temperature=opt_number(body, "temperature", 0, 1),
         top_p=opt_number(body, "top_p", 0, 1),
@@ -125,7 +129,7 @@ def _system(value) -> list[dict]:
     return [{"role": "system", "content": "\n".join(texts)}] if texts else []
 
 
-def _messages(value) -> list[dict]:
+def _messages(value, images: list) -> list[dict]:
     if value is None:
         raise missing("messages")
     if not isinstance(value, list):
@@ -151,7 +155,7 @@ def _messages(value) -> list[dict]:
                              for j, b in enumerate(blocks))
             out.append({"role": "system", "content": text})
         elif role == "user":
-            out.extend(_user(where, blocks, images_refused=i == last_user))
+            out.extend(_user(where, blocks, i == last_user, images))
         else:
             out.append(_assistant(where, blocks))
     return out
@@ -192,15 +196,23 @@ def _blocks(where: str, content) -> list[dict]:
     return content
 
 
-def _user(where: str, blocks: list[dict], images_refused: bool) -> list[dict]:
-    results, texts = [], []
+def _user(where: str, blocks: list[dict], images_refused: bool, images: list) -> list[dict]:
+    """A user turn: its tool results (tool messages), then its text and images (a
+    user message; with images, as parts: the worker's, supervisor/api/parse/media.py).
+    Images inside tool results stay placeholders."""
+    results, texts, parts = [], [], []
     for j, block in enumerate(blocks):
         at, kind = f"{where}.content[{j}]", block["type"]
         if kind == "text":
             texts.append(_text_block(at, block))
         elif kind == "tool_result":
             results.append(_tool_result(at, block, images_refused))
-        elif kind in ("image", "document"):
+        elif kind == "image":
+            if texts:
+                parts.append({"type": "text", "text": "\n".join(texts)})
+                texts = []
+            parts.append(_image(at, block, images))
+        elif kind == "document":
             texts.append(_media(at, block, images_refused))
         elif kind in ("search_result", "container_upload"):
             raise invalid_value(f"{at}.type", f"{kind!r} blocks are not supported by this "
@@ -208,9 +220,32 @@ def _user(where: str, blocks: list[dict], images_refused: bool) -> list[dict]:
         else:
             raise invalid_value(f"{at}.type", f"{kind!r} is not a user content block.")
     out = results
-    if texts:
+    if parts:
+        if texts:
+            parts.append({"type": "text", "text": "\n".join(texts)})
+        out = out + [{"role": "user", "content": parts}]
+    elif texts:
         out = out + [{"role": "user", "content": "\n".join(texts)}]
     return out
+
+
+def _image(at: str, block: dict, images: list) -> dict:
+    """An image block: base64 data travels to the worker; a URL source is refused."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise invalid_type(f"{at}.source", "an object", source)
+    if source.get("type") != "base64":
+        raise APIError.bad_request(f"{at}.source: only base64 image sources are accepted "
+                                   "(this server fetches no URLs and keeps no files).",
+                                   f"{at}.source.type", "invalid_image_url")
+    media_type, data = source.get("media_type"), source.get("data")
+    if not isinstance(media_type, str) or not media_type.startswith("image/"):
+        raise invalid_value(f"{at}.source.media_type", f"{media_type!r}: an image type is "
+                            "needed (image/png, image/jpeg, image/gif, image/webp).")
+    if not isinstance(data, str):
+        raise invalid_type(f"{at}.source.data", "a string", data)
+    return image_part(at, f"data:{media_type};base64,{data}", images,
+                      param=f"{at}.source.data")
 
 
 def _assistant(where: str, blocks: list[dict]) -> dict:

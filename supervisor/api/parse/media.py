@@ -1,17 +1,18 @@
 """Images (and other media) a client sends.
 
-Chat completions' images (`image_url` parts) travel to the worker: a `data:` URL's bytes
-in `Generate.images`, an {"type": "image"} part where the image was (`image_part`). A
+Images travel to the worker (chat `image_url` parts, Responses `input_image` parts,
+Messages `image` blocks): their base64 bytes in `Generate.images`, an {"type": "image"}
+part where each image was (`image_part`). A
 vision model sees them (worker/vision/); a text model's worker applies the rule below to
 them, as it alone knows its kind for certain (a request may arrive before the model has
 loaded). Remote URLs are not fetched. Limits: MAX_IMAGES per request (400) and
 MAX_IMAGE_BYTES per image (413); pixels are the worker's (PIL's decompression-bomb
 limit, then the model's processor resizes).
 
-Media no model here reads, and every surface's media but chat's images so far
-(chat `input_audio` and `file` parts, Responses' `input_image`, `input_file` and
-`input_audio`, Messages' `image` and `document` blocks), follows one rule, so a client can
-switch models in the middle of a conversation:
+Media no model here reads (chat `input_audio` and `file` parts, Responses' `input_file`
+and `input_audio`, Messages' `document` blocks and the images inside `tool_result`s), and
+images given to a text model (the worker's side of the rule, worker/prompt.py), follow one
+rule, so a client can switch models in the middle of a conversation:
 - media in the conversation's LAST user turn is what the client asks about now: a 400
   naming the part, saying the model cannot see it (answering as if it had seen it would be
   worse);
