@@ -90,6 +90,16 @@ def test_stop_strings_logprobs_and_budget_apply_as_in_the_text_batch(vengine):
     assert all(o[3].logprob <= 0 and len(o[3].top) == 2 for o in with_lp)
 
 
+def test_a_json_schema_shapes_an_image_answer(vengine):
+    import json
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    out = run(vengine, ask(max_tokens=120, response_format="json_schema", json_schema=schema))
+    assert out[-1][2] == "stop"  # the grammar completed
+    assert isinstance(json.loads("".join(o[1] for o in out))["ok"], bool)
+
+
 def test_a_text_only_request_to_a_vision_model_is_served(vengine):
     out = run(vengine, generate(rid="t", messages=[{"role": "user", "content": "Hi"}],
                                 max_tokens=4, temperature=0.0))
