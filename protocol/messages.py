@@ -250,6 +250,11 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     images: tuple[bytes, ...] = ()
 
 
+# How an image a model cannot see stands in a conversation's history, on both sides: the
+# API surfaces' (supervisor/api/parse/media.py) and a text worker's (worker/prompt.py).
+IMAGE_PLACEHOLDER = "[image]"
+
+
 class Cancel(Message, frozen=True, kw_only=True, tag="cancel"):
     """Drop `rid` at the next decode step or prefill chunk. Idempotent; a Done with
     finish_reason "cancelled" answers it (unless the request had already finished)."""

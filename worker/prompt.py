@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from protocol.messages import INVALID_REQUEST
+from protocol.messages import IMAGE_PLACEHOLDER, INVALID_REQUEST
 
 # Rendering for models without a chat template (what mlx-lm's server does).
 _FALLBACK_ROLES = {
@@ -61,9 +61,6 @@ def _plain_content(content, images: bool = False):
         return "".join(parts)
     raise RequestError(INVALID_REQUEST, "message content must be a string or a list of parts",
                        "messages")
-
-
-IMAGE_PLACEHOLDER = "[image]"
 
 
 def _images_as_text(parts: list, where: str, answering: bool) -> list:

@@ -27,9 +27,9 @@ import base64
 import binascii
 import re
 
+from protocol.messages import IMAGE_PLACEHOLDER
 from supervisor.http.errors import INVALID_REQUEST, APIError
 
-IMAGE_PLACEHOLDER = "[image]"
 MAX_IMAGES = 16
 MAX_IMAGE_BYTES = 20 << 20
 _DATA_URL = re.compile(r"data:(image/[\w.+-]+)?(;[\w.+-]+=[\w.+-]+)*;base64,", re.I)
