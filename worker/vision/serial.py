@@ -5,9 +5,11 @@ mlx-vlm's generation step runs one sequence (its vision tower, its multimodal ro
 positions and their per-prompt state live on the model object), so a vision worker
 announces one slot; requests queue in the scheduler as they do for a full text batch.
 Each `step()` advances the running sequence by one token (the first one also prefills
-the prompt, in chunks of the engine's prefill step) and feeds it to the sequence's
-Decoding, so stop strings, logprobs, grammars, reasoning and tool calls behave as in the
-text batch; a cancel drops the sequence between tokens. No prompt cache: an image's
+the whole prompt, images included, in chunks of the engine's prefill step inside
+mlx-vlm's step) and feeds it to the sequence's Decoding, so stop strings, logprobs,
+grammars, reasoning and tool calls behave as in the text batch; a cancel drops the
+sequence between tokens, so one that comes during the prefill waits for its end (the
+text batch, prefilling a chunk per step, sees it sooner). No prompt cache: an image's
 tokens depend on the image, not on its token ids (a follow-up prefills its whole prompt).
 """
 
