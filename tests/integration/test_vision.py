@@ -55,10 +55,14 @@ def test_image_chat_streams_tokens_and_equals_the_non_streamed_answer(vclient, v
         model=model, messages=[{"role": "user", "content": "What is in the picture?"}],
         max_tokens=1, temperature=0)
     assert r.usage.prompt_tokens > text_only.usage.prompt_tokens
+    # Streamed: the same answer in several chunks (the worker sends one per token,
+    # tests/worker/test_worker_vision.py; 64 tokens outlast any coalescing on the way).
+    long = vclient.chat.completions.create(model=model, messages=ask(data_url()),
+                                           max_tokens=64, temperature=0)
     chunks = list(vclient.chat.completions.create(model=model, messages=ask(data_url()),
-                                                  max_tokens=8, temperature=0, stream=True))
+                                                  max_tokens=64, temperature=0, stream=True))
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
-    assert len(texts) > 1 and "".join(texts) == r.choices[0].message.content
+    assert len(texts) > 1 and "".join(texts) == long.choices[0].message.content
     other = vclient.chat.completions.create(model=model, messages=ask(data_url(seed=3, fmt="JPEG")),
                                             max_tokens=8, temperature=0)
     assert other.choices[0].message.content != r.choices[0].message.content

@@ -123,7 +123,7 @@ def test_bad_images_are_the_clients_400(vengine, images, message):
 def test_a_worker_process_serves_a_vision_model_one_request_at_a_time(spawn, vision_model):
     from protocol.messages import Delta, Done, ModelKind, Ready
 
-    w = spawn(vision_model)
+    w = spawn(vision_model, "--stream-interval", "0")  # every token its own Delta
     ready = w.wait_for("ready", timeout=120)[0]
     assert isinstance(ready, Ready) and ready.model_kind is ModelKind.VISION and ready.slots == 1
     w.send(ask(max_tokens=5))
@@ -137,6 +137,7 @@ def test_a_worker_process_serves_a_vision_model_one_request_at_a_time(spawn, vis
         events[msg.rid].append(msg)
     tokens = {rid: sum(e.n_tokens for e in ev if isinstance(e, Delta)) for rid, ev in events.items()}
     assert tokens == {"v": 5, "bad": 0, "text": 3}
+    assert sum(isinstance(e, Delta) for e in events["v"]) == 5  # streamed token by token
     assert [e.finish_reason.value for e in events["v"] if isinstance(e, Done)] == ["length"]
     assert any("could not be decoded" in getattr(e, "message", "") for e in events["bad"])
 
