@@ -254,6 +254,9 @@ SETTINGS: tuple[Setting, ...] = (
     S("models_dirs", PATHS, (), "a directory requests may load models from (load on request "
       "takes only models inside these, the Hugging Face cache and STATE_DIR/models, by real "
       "path); repeatable", flag="--models-dir"),
+    S("allowed_media_dirs", PATHS, (), "a directory whose image files requests may name "
+      "(file:// URLs or absolute paths, by real path; none: local files are refused); "
+      "repeatable", flag="--allowed-media-dir"),
     S("keep_alive", FLOAT, 300.0, "seconds idle before a model loaded on request is unloaded "
       "(0: never; --model ones stay)"),
     S("shutdown_timeout", FLOAT, 30.0, "SIGTERM/SIGINT: seconds to finish running requests "

@@ -16,10 +16,16 @@ from tests.serverproc import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def vserver(vision_model):
+def media_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("media")
+
+
+@pytest.fixture(scope="module")
+def vserver(vision_model, media_dir):
     # --stream-interval 0: every token its own chunk (real streaming, not one emulated
     # chunk, whatever the machine's speed)
-    with ServerProcess([str(vision_model)], "--stream-interval", "0") as srv:
+    with ServerProcess([str(vision_model)], "--stream-interval", "0",
+                       "--allowed-media-dir", str(media_dir)) as srv:
         srv.wait_healthy(timeout=120)
         yield srv
 
@@ -123,3 +129,19 @@ def test_the_messages_api_takes_image_blocks(vserver, vision_model, server, mode
     with pytest.raises(anthropic.BadRequestError) as e:  # a text model, in Anthropic's envelope
         text.messages.create(model=model_id, max_tokens=4, messages=ask_)
     assert e.value.body["type"] == "error" and "cannot read images" in e.value.body["error"]["message"]
+
+
+def test_local_images_from_the_allowed_media_dir(vclient, vision_model, media_dir, tmp_path):
+    model = str(vision_model)
+    png = base64.b64decode(data_url().split(",", 1)[1])
+    (media_dir / "cat.png").write_bytes(png)
+    (tmp_path / "other.png").write_bytes(png)
+    inline = vclient.chat.completions.create(model=model, messages=ask(data_url()),
+                                             max_tokens=5, temperature=0)
+    local = vclient.chat.completions.create(model=model, messages=ask(f"file://{media_dir}/cat.png"),
+                                            max_tokens=5, temperature=0)
+    assert local.choices[0].message.content == inline.choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as e:
+        vclient.chat.completions.create(model=model, messages=ask(str(tmp_path / "other.png")),
+                                        max_tokens=2)
+    assert e.value.body["param"] == "messages[0].content[1].image_url.url"

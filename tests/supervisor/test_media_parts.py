@@ -10,6 +10,7 @@ import pytest
 
 from supervisor.api.parse.chat import parse_chat_request
 from supervisor.api.responses.items import normalize_input, to_chat_messages
+from supervisor.api.parse.media import MAX_IMAGE_BYTES
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 
@@ -61,7 +62,8 @@ def test_chat_images_travel_as_parts_and_bytes_in_order():
 
 @pytest.mark.parametrize("url, status, code", [
     ("https://example.com/cat.png", 400, "invalid_image_url"),
-    ("file:///etc/passwd", 400, "invalid_image_url"),
+    ("ftp://example.com/cat.png", 400, "invalid_image_url"),
+    ("cat.png", 400, "invalid_image_url"),  # a relative path
     ("data:image/png;base64,###", 400, "invalid_image_url"),
     ("data:image/png;base64,", 400, "invalid_image_url"),
     ("data:image/png;base64," + "A" * (28 << 20), 413, "image_too_large"),
@@ -153,3 +155,36 @@ def test_responses_malformed_media_is_a_400(part, param):
         normalize_input([{"role": "user", "content": [part]},
                          {"role": "user", "content": "hi"}])
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_local_images_are_read_only_from_the_allowed_media_dirs(tmp_path):
+    from supervisor.api.parse.media import resolve
+
+    allowed, elsewhere = tmp_path / "media", tmp_path / "private"
+    allowed.mkdir()
+    elsewhere.mkdir()
+    (allowed / "cat.png").write_bytes(b"\x89PNG cat")
+    (elsewhere / "secret.png").write_bytes(b"secret")
+    (allowed / "escape.png").symlink_to(elsewhere / "secret.png")
+    big = allowed / "big.png"
+    with open(big, "wb") as f:
+        f.truncate(MAX_IMAGE_BYTES + 1)
+
+    def built(url, dirs):
+        r = chat(user(text("?"), {"type": "image_url", "image_url": {"url": url}}))
+        return r.to_generate(Config(allowed_media_dirs=tuple(dirs)))
+
+    for url in (f"file://{allowed}/cat.png", f"{allowed}/cat.png", f"{allowed}/../media/cat.png"):
+        assert built(url, [allowed]).images == (b"\x89PNG cat",)
+    for url, dirs, status, words in (
+            (f"{allowed}/cat.png", [], 400, "local files are off"),
+            (f"{elsewhere}/secret.png", [allowed], 400, "no image file there"),
+            (f"{allowed}/escape.png", [allowed], 400, "no image file there"),  # a symlink out
+            (f"{allowed}/missing.png", [allowed], 400, "no image file there"),
+            (f"{allowed}", [allowed], 400, "no image file there"),
+            (f"{big}", [allowed], 413, "at most")):
+        with pytest.raises(APIError) as e:
+            built(url, dirs)
+        assert e.value.status == status and words in e.value.message, url
+        assert e.value.param == "messages[0].content[1].image_url.url"
+    assert resolve((b"inline",), []) == (b"inline",)

@@ -44,7 +44,7 @@ from protocol.messages import Generate, Task
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_stop
-from supervisor.api.parse.media import image_part, last_user_index, media_part
+from supervisor.api.parse.media import image_part, last_user_index, media_part, resolve
 from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_number, opt_object, parse_model)
 from supervisor.http.errors import APIError
@@ -75,7 +75,7 @@ class MessagesRequest:
         gen = Generate(
             rid="",
             messages=[dict(m) for m in self.messages],
-            images=self.images,
+            images=resolve(self.images, config.allowed_media_dirs),
             sampling=build.sampling(config, max_tokens=self.max_tokens,
                                     temperature=self.temperature, top_p=self.top_p,
                                     top_k=self.top_k, max_tokens_ceiling=True),

@@ -18,7 +18,7 @@ from protocol.messages import Generate
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import limits
 from supervisor.api.parse import tools as tooling
-from supervisor.api.parse.media import image_part, last_user_index, media_part
+from supervisor.api.parse.media import image_part, last_user_index, media_part, resolve
 from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
     opt_object, opt_str, parse_common, unsupported,
@@ -46,7 +46,7 @@ class ChatRequest(CommonParams):
         return Generate(
             rid="",
             messages=[dict(m) for m in self.messages],
-            images=self.images,
+            images=resolve(self.images, config.allowed_media_dirs),
             sampling=self.sampling(config),
             output=build.output(self.tools, self.tool_choice, self.response_format,
                                 parallel_tool_calls=self.parallel_tool_calls,

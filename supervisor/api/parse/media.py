@@ -26,6 +26,8 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from dataclasses import dataclass
+from pathlib import Path
 
 from protocol.messages import IMAGE_PLACEHOLDER
 from supervisor.http.errors import INVALID_REQUEST, APIError
@@ -63,23 +65,36 @@ def last_user_index(messages: list) -> int:
                default=-1)
 
 
+@dataclass(frozen=True)
+class LocalImage:
+    """An image a request names by path: read when the request is built for the worker
+    (`resolve`), with the server's --allowed-media-dir."""
+    path: str
+    param: str
+
+
 def image_part(at: str, url: str, images: list, param: str | None = None) -> dict:
-    """An image part as the worker gets it: {"type": "image"}, its bytes appended to
-    `images` (the request's, in order). 400 for a URL that is not a base64 `data:` URL
+    """An image part as the worker gets it: {"type": "image"}, its bytes (or, for a local
+    file, its LocalImage) appended to `images` (the request's, in order). 400 for a
+    remote URL, for anything but a base64 `data:` URL, a file:// URL or an absolute path,
     and for more than MAX_IMAGES; 413 for an image over MAX_IMAGE_BYTES. `param`: where
     the URL is (default: a chat part's `image_url.url`)."""
     param = param or f"{at}.image_url.url"
-    match = _DATA_URL.match(url)
-    if match is None:
-        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-        why = ("remote images are not fetched by this server" if scheme in ("http", "https")
-               else "only base64 data: URLs are accepted")
-        raise APIError.bad_request(f"{param}: {why}; send the image inline as "
-                                   "data:image/png;base64,... (or jpeg, webp, gif).", param,
-                                   "invalid_image_url")
     if len(images) >= MAX_IMAGES:
         raise APIError.bad_request(f"{at}: at most {MAX_IMAGES} images per request.", at,
                                    "too_many_images")
+    match = _DATA_URL.match(url)
+    if match is None:
+        path = url[len("file://"):] if url.lower().startswith("file://") else url
+        if path.startswith("/"):
+            images.append(LocalImage(path, param))
+            return {"type": "image"}
+        scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+        why = ("remote images are not fetched by this server" if scheme in ("http", "https")
+               else "only base64 data: URLs and local files are accepted")
+        raise APIError.bad_request(f"{param}: {why}; send the image inline as "
+                                   "data:image/png;base64,... (or jpeg, webp, gif).", param,
+                                   "invalid_image_url")
     body = url[match.end():]
     if len(body) * 3 // 4 > MAX_IMAGE_BYTES + 3:
         raise APIError(413, f"{param}: an image may hold at most {MAX_IMAGE_BYTES} bytes.",
@@ -93,3 +108,39 @@ def image_part(at: str, url: str, images: list, param: str | None = None) -> dic
         raise APIError.bad_request(f"{param}: the image is empty.", param, "invalid_image_url")
     images.append(data)
     return {"type": "image"}
+
+
+def resolve(images, allowed_dirs) -> tuple[bytes, ...]:
+    """The request's images as bytes: local files read, each by its real path, only from
+    inside `allowed_dirs` (--allowed-media-dir): a 400 for any other path, one that is not
+    a readable file, or one over MAX_IMAGE_BYTES (413). The same answer whether a path is
+    outside the directories or absent, so a request cannot probe the file system."""
+    out = []
+    roots = [Path(d).resolve() for d in allowed_dirs]
+    for image in images:
+        if not isinstance(image, LocalImage):
+            out.append(image)
+            continue
+        if not roots:
+            raise APIError.bad_request(f"{image.param}: local files are off on this server "
+                                       "(start mlxd with --allowed-media-dir DIR to allow the "
+                                       "images in DIR).", image.param, "invalid_image_url")
+        path = Path(image.path).resolve()
+        inside = any(path.is_relative_to(r) for r in roots)
+        try:
+            size = path.stat().st_size if inside and path.is_file() else -1
+        except OSError:
+            size = -1
+        if size < 0:
+            raise APIError.bad_request(f"{image.param}: no image file there inside the "
+                                       "allowed media directories.", image.param,
+                                       "invalid_image_url")
+        if size > MAX_IMAGE_BYTES:
+            raise APIError(413, f"{image.param}: an image may hold at most {MAX_IMAGE_BYTES} "
+                           "bytes.", INVALID_REQUEST, image.param, "image_too_large")
+        try:
+            out.append(path.read_bytes())
+        except OSError:
+            raise APIError.bad_request(f"{image.param}: the file could not be read.",
+                                       image.param, "invalid_image_url") from None
+    return tuple(out)

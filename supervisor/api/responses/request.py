@@ -16,6 +16,7 @@ from typing import Optional
 from protocol.messages import Generate
 from supervisor.api.parse import generate as build
 from supervisor.api.parse.chat import parse_reasoning_effort
+from supervisor.api.parse.media import resolve
 from supervisor.api.parse.params import (cache_key, invalid_type, invalid_value, missing,
                                          opt_bool, opt_int, opt_list, opt_number, opt_object,
                                          opt_str, parse_metadata, parse_model)
@@ -76,7 +77,7 @@ class ResponsesRequest:
         return Generate(
             rid="",
             messages=messages,
-            images=tuple(images),
+            images=resolve(images, config.allowed_media_dirs),
             sampling=build.sampling(config, max_tokens=self.max_output_tokens,
                                     temperature=self.temperature, top_p=self.top_p),
             output=build.output(self.tools, self.tool_choice, self.text_format,
