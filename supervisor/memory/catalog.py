@@ -58,7 +58,7 @@ class LocalModel:
     context_length: int | None
     source: str                # hf-cache | local | gguf | demo | demo-random
     modified: int = 0          # unix time the files were last written (/v1/models `created`)
-    kind: str = "text"         # text | embed | rerank (protocol.models.model_kind)
+    kind: str = "text"         # text | vision | embed | rerank (protocol.models.model_kind)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -124,7 +124,7 @@ class ModelRunner:
 
     @property
     def kind(self) -> str | None:
-        """text | embed | rerank, once a worker was ready (None before)."""
+        """text | vision | embed | rerank, once a worker was ready (None before)."""
         kind = self.dispatch.model_kind
         return kind.value if kind is not None else None
 

@@ -134,7 +134,8 @@ def _media(where: str, kind: str, part: dict) -> dict:
         if value is not None and not isinstance(value, dict if key == "input_audio" else str):
             raise invalid_type(f"{where}.{key}", "an object" if key == "input_audio"
                                else "a string", value)
-    if kind == "input_image":  # travels to the worker: a data: URL (parse/media.py)
+    if kind == "input_image":  # travels to the worker: a data: URL or a local file
+        #                        (parse/media.py), checked here, read when built
         if part.get("image_url") is None:
             raise unsupported(f"{where}.file_id", "File ids are not supported by this "
                               "server: send the image as image_url, a base64 data: URL.")
