@@ -244,7 +244,7 @@ def test_openai_client_images_for_a_text_model(client, http, model_id):
         {"type": "input_text", "text": "What is it?"}]}
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=model_id, input=[first], max_output_tokens=3)
-    # (the text worker names the message as it sees it: the chain's first message)
+    assert e.value.body["param"] == "input"  # (the worker's "messages[0]...", renamed)
     assert "cannot read images" in e.value.body["message"]
     r = client.responses.create(model=model_id, max_output_tokens=3, temperature=0, input=[
         first, {"role": "assistant", "content": "A cat."}, {"role": "user", "content": "And?"}])

@@ -157,6 +157,12 @@ def test_bad_requests_are_400(http, model_id, body, param):
     assert_envelope(create(http, model_id, **body), 400, param=param)
 
 
+def test_a_prompt_the_worker_refuses_names_this_apis_input(http, model_id):
+    # The worker names the chat messages it was given; this API's field is `input`.
+    r = create(http, model_id, input="word " * 6000)
+    assert_envelope(r, 400, code="context_length_exceeded", param="input")
+
+
 def test_reasoning_items_and_builtin_tools_are_not_errors(http, model_id):
     r = create(http, model_id, tools=[{"type": "web_search"}], input=[
         {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "hmm"}]},

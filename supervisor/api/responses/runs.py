@@ -52,8 +52,16 @@ class Run:
 
     async def wait_started(self):
         """Until the worker took the prompt: errors before that are plain HTTP errors
-        (400 context too long, 503 busy), not a failed response."""
-        return await self.gen.started()
+        (400 context too long, 503 busy), not a failed response. The worker names the
+        chat messages it was given (`messages[2].content`); this API's field is `input`
+        (the messages also hold the instructions and the stored chain, so an index would
+        mislead)."""
+        try:
+            return await self.gen.started()
+        except WorkerError as e:
+            if e.param and e.param.startswith("messages"):
+                e.param = "input"
+            raise
 
     async def save(self, status: str | None = None) -> None:
         if self.store is not None:
