@@ -44,7 +44,8 @@ from protocol.messages import Generate, Task
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_stop
-from supervisor.api.parse.media import image_part, last_user_index, media_part, resolve
+from supervisor.api.parse.media import base64_image, last_user_index, media_part, resolve
+from supervisor.api.parse.media import content as media_content
 from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_number, opt_object, parse_model)
 from supervisor.http.errors import APIError
@@ -200,33 +201,25 @@ def _user(where: str, blocks: list[dict], images_refused: bool, images: list) ->
     """A user turn: its tool results (tool messages), then its text and images (a
     user message; with images, as parts: the worker's, supervisor/api/parse/media.py).
     Images inside tool results stay placeholders."""
-    results, texts, parts = [], [], []
+    results, pieces = [], []  # pieces: texts and image parts, in order
     for j, block in enumerate(blocks):
         at, kind = f"{where}.content[{j}]", block["type"]
         if kind == "text":
-            texts.append(_text_block(at, block))
+            pieces.append(_text_block(at, block))
         elif kind == "tool_result":
             results.append(_tool_result(at, block, images_refused))
         elif kind == "image":
-            if texts:
-                parts.append({"type": "text", "text": "\n".join(texts)})
-                texts = []
-            parts.append(_image(at, block, images))
+            pieces.append(_image(at, block, images))
         elif kind == "document":
-            texts.append(_media(at, block, images_refused))
+            pieces.append(_media(at, block, images_refused))
         elif kind in ("search_result", "container_upload"):
             raise invalid_value(f"{at}.type", f"{kind!r} blocks are not supported by this "
                                 "server.", "unsupported_value")
         else:
             raise invalid_value(f"{at}.type", f"{kind!r} is not a user content block.")
-    out = results
-    if parts:
-        if texts:
-            parts.append({"type": "text", "text": "\n".join(texts)})
-        out = out + [{"role": "user", "content": parts}]
-    elif texts:
-        out = out + [{"role": "user", "content": "\n".join(texts)}]
-    return out
+    if pieces:
+        return results + [{"role": "user", "content": media_content(pieces)}]
+    return results
 
 
 def _image(at: str, block: dict, images: list) -> dict:
@@ -244,8 +237,7 @@ def _image(at: str, block: dict, images: list) -> dict:
                             "needed (image/png, image/jpeg, image/gif, image/webp).")
     if not isinstance(data, str):
         raise invalid_type(f"{at}.source.data", "a string", data)
-    return image_part(at, f"data:{media_type};base64,{data}", images,
-                      param=f"{at}.source.data")
+    return base64_image(at, data, images, f"{at}.source.data")
 
 
 def _assistant(where: str, blocks: list[dict]) -> dict:

@@ -18,6 +18,7 @@ from protocol.messages import Generate
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import limits
 from supervisor.api.parse import tools as tooling
+from supervisor.api.parse.media import content as media_content
 from supervisor.api.parse.media import image_part, last_user_index, media_part, resolve
 from supervisor.api.parse.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
@@ -175,7 +176,7 @@ def _parse_content(where: str, role: str, msg: dict, last_user: bool = False,
     if not content:
         raise invalid_value(param, "empty array. Expected an array with minimum length 1, "
                             "but got an empty array instead.", "empty_array")
-    texts, parts = [], []
+    pieces = []  # texts and image parts, in order (media.content joins them)
     for j, part in enumerate(content):
         part_param = f"{param}[{j}]"
         if not isinstance(part, dict):
@@ -186,14 +187,7 @@ def _parse_content(where: str, role: str, msg: dict, last_user: bool = False,
         if not isinstance(kind, str):
             raise invalid_type(f"{part_param}.type", "a string", kind)
         if kind in MEDIA_PARTS and role == "user":
-            media = _media_part(part_param, kind, part, last_user, images)
-            if isinstance(media, dict):  # an image: the text so far, then the image
-                if texts:
-                    parts.append({"type": "text", "text": "\n".join(texts)})
-                    texts = []
-                parts.append(media)
-            else:
-                texts.append(media)
+            pieces.append(_media_part(part_param, kind, part, last_user, images))
             continue
         # An assistant turn the model refused is still what it said, for the template.
         key = "text" if kind == "text" else "refusal" if (
@@ -206,12 +200,8 @@ def _parse_content(where: str, role: str, msg: dict, last_user: bool = False,
             if text is None:
                 raise missing(f"{part_param}.{key}")
             raise invalid_type(f"{part_param}.{key}", "a string", text)
-        texts.append(text)
-    if not parts:
-        return "\n".join(texts)
-    if texts:
-        parts.append({"type": "text", "text": "\n".join(texts)})
-    return parts
+        pieces.append(text)
+    return media_content(pieces)
 
 
 def _media_part(at: str, kind: str, part: dict, last_user: bool, images: list | None):

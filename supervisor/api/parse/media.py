@@ -52,8 +52,9 @@ def media_part(at: str, kind: str, in_last_user_turn: bool) -> str:
     if in_last_user_turn:
         noun = NOUNS.get(kind, "image")
         raise APIError.bad_request(
-            f"{at}: this model cannot read {noun}s; mlxd serves text models only so far. "
-            f"Send text, or leave the {noun} out.", f"{at}.type", "unsupported_value")
+            f"{at}: the model cannot read {noun}s given here (mlxd passes none of this "
+            f"kind to a model yet). Send text, or leave the {noun} out.", f"{at}.type",
+            "unsupported_value")
     return placeholder(kind)
 
 
@@ -80,13 +81,11 @@ def image_part(at: str, url: str, images: list, param: str | None = None) -> dic
     and for more than MAX_IMAGES; 413 for an image over MAX_IMAGE_BYTES. `param`: where
     the URL is (default: a chat part's `image_url.url`)."""
     param = param or f"{at}.image_url.url"
-    if len(images) >= MAX_IMAGES:
-        raise APIError.bad_request(f"{at}: at most {MAX_IMAGES} images per request.", at,
-                                   "too_many_images")
     match = _DATA_URL.match(url)
     if match is None:
         path = url[len("file://"):] if url.lower().startswith("file://") else url
         if path.startswith("/"):
+            _check_room(at, images)
             images.append(LocalImage(path, param))
             return {"type": "image"}
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
@@ -95,19 +94,52 @@ def image_part(at: str, url: str, images: list, param: str | None = None) -> dic
         raise APIError.bad_request(f"{param}: {why}; send the image inline as "
                                    "data:image/png;base64,... (or jpeg, webp, gif).", param,
                                    "invalid_image_url")
-    body = url[match.end():]
+    return base64_image(at, url[match.end():], images, param)
+
+
+def base64_image(at: str, body: str, images: list, param: str) -> dict:
+    """An image given as base64 text (a data: URL's, or Anthropic's base64 source): its
+    bytes appended to `images`; its part for the worker. 400 for text that is not base64,
+    an empty image or more than MAX_IMAGES; 413 over MAX_IMAGE_BYTES."""
+    _check_room(at, images)
     if len(body) * 3 // 4 > MAX_IMAGE_BYTES + 3:
         raise APIError(413, f"{param}: an image may hold at most {MAX_IMAGE_BYTES} bytes.",
                        INVALID_REQUEST, param, "image_too_large")
     try:
         data = base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError):
-        raise APIError.bad_request(f"{param}: the data: URL is not valid base64.", param,
+        raise APIError.bad_request(f"{param}: the image is not valid base64.", param,
                                    "invalid_image_url") from None
     if not data:
         raise APIError.bad_request(f"{param}: the image is empty.", param, "invalid_image_url")
     images.append(data)
     return {"type": "image"}
+
+
+def _check_room(at: str, images: list) -> None:
+    if len(images) >= MAX_IMAGES:
+        raise APIError.bad_request(f"{at}: at most {MAX_IMAGES} images per request.", at,
+                                   "too_many_images")
+
+
+def content(pieces: list):
+    """A user message's content from its pieces in order, each a text or an image part:
+    the texts joined by newlines when there is no image, else parts (the texts between
+    two images joined into one text part), as vision templates read them."""
+    if not any(isinstance(p, dict) for p in pieces):
+        return "\n".join(pieces)
+    parts, texts = [], []
+    for p in pieces:
+        if isinstance(p, str):
+            texts.append(p)
+            continue
+        if texts:
+            parts.append({"type": "text", "text": "\n".join(texts)})
+            texts = []
+        parts.append(p)
+    if texts:
+        parts.append({"type": "text", "text": "\n".join(texts)})
+    return parts
 
 
 def resolve(images, allowed_dirs) -> tuple[bytes, ...]:
