@@ -37,9 +37,11 @@ from typing import Any, Literal, Optional
 
 import msgspec
 
-PROTOCOL_VERSION = 5  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: KV snapshots;
-#                       5: Generate.images, ModelKind.VISION
-#                       (Generate.snapshot/resume, CacheCommand, CacheReply)
+PROTOCOL_VERSION = 6  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: KV snapshots
+#                       (Generate.snapshot/resume, CacheCommand, CacheReply);
+#                       5: Generate.images, ModelKind.VISION; 6: speech (Task.TRANSCRIBE
+#                       and SPEAK, Generate.audio and .speech, Transcript, Audio,
+#                       Ready.voices/sample_rate, progress in Status and Heartbeat)
 
 
 class WireEnum(str, Enum):
@@ -68,6 +70,9 @@ class Task(WireEnum):
     EMBED = "embed"            # one vector per item of `inputs`: Started, Pooled, Done
     SCORE = "score"            # rerank: each of `inputs` (documents) against `prompt` (the
     #                            query), one relevance score each: Started, Pooled (dim 1), Done
+    TRANSCRIBE = "transcribe"  # `audio` (a file) to text: Started, Delta (the text of each
+    #                            stretch decoded, as it is)..., Transcript, Done
+    SPEAK = "speak"            # `prompt` (the text) to speech: Started, Audio..., Done
 
 
 class ModelKind(WireEnum):
@@ -76,6 +81,8 @@ class ModelKind(WireEnum):
     EMBED = "embed"      # embed, tokenize, detokenize
     RERANK = "rerank"    # score, tokenize, detokenize
     VISION = "vision"    # generate (images in the messages too), tokenize, detokenize
+    STT = "stt"          # transcribe (speech to text, and translation into English)
+    TTS = "tts"          # speak (text to speech)
 
 
 TASKS_OF = {
@@ -83,13 +90,19 @@ TASKS_OF = {
     ModelKind.EMBED: frozenset({Task.EMBED, Task.TOKENIZE, Task.DETOKENIZE}),
     ModelKind.RERANK: frozenset({Task.SCORE, Task.TOKENIZE, Task.DETOKENIZE}),
     ModelKind.VISION: frozenset({Task.GENERATE, Task.TOKENIZE, Task.DETOKENIZE}),
+    ModelKind.STT: frozenset({Task.TRANSCRIBE}),
+    ModelKind.TTS: frozenset({Task.SPEAK}),
 }
 
 
 _KIND_WORDS = {ModelKind.TEXT: "a text generation model", ModelKind.EMBED: "an embedding model",
-               ModelKind.RERANK: "a reranker model"}
+               ModelKind.RERANK: "a reranker model", ModelKind.VISION: "a vision model",
+               ModelKind.STT: "a speech recognition model",
+               ModelKind.TTS: "a text-to-speech model"}
 _TASK_WORDS = {Task.GENERATE: "generate text", Task.EMBED: "compute embeddings",
-               Task.SCORE: "rerank documents"}
+               Task.SCORE: "rerank documents", Task.TOKENIZE: "tokenize text",
+               Task.DETOKENIZE: "detokenize token ids", Task.TRANSCRIBE: "transcribe audio",
+               Task.SPEAK: "synthesise speech"}
 
 
 def task_refusal(model: str | None, task: Task, kind: ModelKind) -> str:
@@ -218,6 +231,18 @@ class OutputSpec(msgspec.Struct, frozen=True, kw_only=True):
     reasoning_effort: Optional[str] = None  # mapped onto the template's thinking switch
 
 
+class SpeechSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """TRANSCRIBE's and SPEAK's options (TRANSCRIBE also reads sampling.temperature, and
+    `prompt` as the text that conditions it: a vocabulary, the previous sentences)."""
+    language: Optional[str] = None    # TRANSCRIBE: the spoken language (ISO-639-1); None:
+    #                                   the model detects it
+    translate: bool = False           # TRANSCRIBE: into English (/v1/audio/translations)
+    segments: bool = False            # TRANSCRIBE: timed segments in the Transcript
+    words: bool = False               # TRANSCRIBE: timed words too
+    voice: Optional[str] = None       # SPEAK: one of Ready.voices; None: the model's first
+    speed: float = 1.0                # SPEAK: 0.25 .. 4
+
+
 class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     """Generate for one request. Exactly one of `messages` (chat) and `prompt` (text
     completion) is set; `prompt_ids` (packed) replaces `prompt` when the client sent
@@ -248,6 +273,10 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     # of the {"type": "image"} parts of the messages' content lists; the worker decodes
     # them (an undecodable one is the client's 400).
     images: tuple[bytes, ...] = ()
+    # TRANSCRIBE: the audio file as sent (WAV, FLAC, MP3, OGG, M4A, ...): the worker decodes
+    # it (one it cannot decode is the client's 400).
+    audio: Optional[bytes] = None
+    speech: SpeechSpec = SpeechSpec()
 
 
 # How an image a model cannot see stands in a conversation's history, on both sides: the
@@ -293,6 +322,9 @@ class Ready(Message, frozen=True, kw_only=True, tag="ready"):
     vocab_size: int = 0            # the logits' width: token ids (top_k, logit_bias) < this
     model_kind: ModelKind = ModelKind.TEXT  # which tasks it serves (TASKS_OF)
     dimensions: int = 0            # EMBED: the vector width
+    voices: list[str] = []         # TTS: the voices SPEAK takes (the first is the default)
+    sample_rate: int = 0           # TTS: of its Audio; STT: what it resamples input to
+    translates: bool = False       # STT: TRANSCRIBE may translate into English
 
 
 class Started(Message, frozen=True, kw_only=True, tag="started"):
@@ -379,6 +411,50 @@ class Pooled(Message, frozen=True, kw_only=True, tag="pooled"):
         return [values[i * self.dim:(i + 1) * self.dim] for i in range(self.rows)]
 
 
+class Segment(msgspec.Struct, frozen=True, array_like=True):
+    """A timed stretch of a Transcript (seconds from the audio's start)."""
+    start: float
+    end: float
+    text: str
+    temperature: float = 0.0      # what decoding it took (a fallback raises it)
+    avg_logprob: float = 0.0
+    compression_ratio: float = 0.0
+    no_speech_prob: float = 0.0
+    seek: int = 0                 # the window it was decoded in (mel frames)
+    tokens: list[int] = []
+
+
+class Word(msgspec.Struct, frozen=True, array_like=True):
+    word: str
+    start: float
+    end: float
+
+
+class Transcript(Message, frozen=True, kw_only=True, tag="transcript"):
+    """TRANSCRIBE's result, just before its Done: the whole text (the Deltas streamed it
+    stretch by stretch), the language, the audio's length, and timed segments and words
+    when SpeechSpec asked for them."""
+    epoch: int
+    rid: str
+    text: str
+    language: str = ""
+    duration: float = 0.0         # seconds of audio
+    segments: list[Segment] = []
+    words: list[Word] = []
+
+
+class Audio(Message, frozen=True, kw_only=True, tag="audio"):
+    """SPEAK's output as it is produced: mono PCM, float32 (pack_floats) in -1..1."""
+    epoch: int
+    rid: str
+    sample_rate: int
+    data: bytes = b""
+
+    @property
+    def samples(self) -> int:
+        return len(self.data) // 4
+
+
 class Done(Message, frozen=True, kw_only=True, tag="done"):
     """The one terminal message of every Generate."""
     epoch: int
@@ -412,6 +488,8 @@ class Status(Message, frozen=True, kw_only=True, tag="status"):
     active_bytes: int = 0
     peak_bytes: int = 0
     prompt_cache: Optional["CacheStats"] = None
+    progress: Optional[float] = None  # 0..1 of the running request, where known in advance
+    #                                   (a transcription: the audio decoded so far)
 
 
 class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -475,7 +553,9 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     peak_bytes: int = 0
     prompt_cache: Optional[CacheStats] = None  # None: the worker has no prompt cache
     load_progress: Optional[float] = None  # 0..1 while a model is converted (GGUF) at load
+    progress: Optional[float] = None       # as Status.progress
 
 
 DOWN = (Generate, Cancel, StatusRequest, CacheCommand, Shutdown)
-UP = (Ready, Started, Delta, Tokens, Pooled, Done, Error, Status, CacheReply, Heartbeat)
+UP = (Ready, Started, Delta, Tokens, Pooled, Transcript, Audio, Done, Error, Status, CacheReply,
+      Heartbeat)

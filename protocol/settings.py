@@ -225,6 +225,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("heartbeat_timeout", FLOAT, 15.0, "seconds without a heartbeat before a worker counts as hung"),
     S("hang_timeout", FLOAT, 120.0, "seconds busy without progress before a worker counts as hung"),
     S("max_body_bytes", SIZE, 16 << 20, "largest request body accepted (413 above), e.g. 16M"),
+    S("max_audio_bytes", SIZE, 25 << 20, "largest audio file a transcription or translation "
+      "accepts (413 above), e.g. 25M"),
     # Slow and idle clients (supervisor/http/serving.py).
     S("header_timeout", FLOAT, 15.0, "seconds a client has to send a request's headers; also "
       "how long an idle keep-alive connection is kept"),
@@ -257,6 +259,11 @@ SETTINGS: tuple[Setting, ...] = (
     S("allowed_media_dirs", PATHS, (), "a directory whose image files requests may name "
       "(file:// URLs or absolute paths, by real path; none: local files are refused); "
       "repeatable", flag="--allowed-media-dir"),
+    # Remote images (supervisor/api/parse/remote_media.py): public addresses only.
+    S("allow_remote_media", BOOL, False, "fetch the http(s) image URLs requests name (public "
+      "addresses only; at most 3 redirects; the size limit of inline images)"),
+    S("remote_media_timeout", FLOAT, 10.0, "seconds a remote image may take to fetch, "
+      "redirects and body included (400 after)"),
     S("keep_alive", FLOAT, 300.0, "seconds idle before a model loaded on request is unloaded "
       "(0: never; --model ones stay)"),
     S("shutdown_timeout", FLOAT, 30.0, "SIGTERM/SIGINT: seconds to finish running requests "

@@ -18,7 +18,9 @@ from protocol.sockets import make_runtime_dir, remove_runtime_dir
 from supervisor.api.chat import chat_completions
 from supervisor.api.completions import completions
 from supervisor.api import embeddings, tokenize
+from supervisor.api.audio import speech, transcriptions
 from supervisor.api.messages import routes as messages
+from supervisor.api.parse import remote_media
 from supervisor.api.health import health
 from supervisor.api.responses import routes as responses
 from supervisor.admin import routes as admin
@@ -44,6 +46,7 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     app[BODY_TIMEOUT] = config.body_timeout or None
     admin.setup(app, config)
     app[CONFIG] = config
+    remote_media.install(app, config)
     app.cleanup_ctx.append(_workers(factory_for, probe))
     app.on_shutdown.append(_drain_then_cancel)
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -54,6 +57,8 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     embeddings.setup(app)
     tokenize.setup(app)
     messages.setup(app)
+    transcriptions.setup(app)
+    speech.setup(app)
     return app
 
 

@@ -44,6 +44,23 @@ def vision_model(models_dir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def stt_model(models_dir) -> Path:
+    """A float32 Whisper in mlx-audio's format, with its processor (worker/demo_stt.py)."""
+    from worker.demo_stt import build_stt_model
+
+    return build_stt_model(models_dir / "tiny-stt").path
+
+
+@pytest.fixture(scope="session")
+def tts_model(models_dir) -> Path:
+    """A float32 Pocket TTS in mlx-audio's format, with three voices
+    (worker/demo_tts.py)."""
+    from worker.demo_tts import build_tts_model
+
+    return build_tts_model(models_dir / "tiny-tts").path
+
+
+@pytest.fixture(scope="session")
 def hybrid_model(models_dir) -> Path:
     """A float32 qwen3_next-type model: GatedDeltaNet (recurrent) layers between attention
     layers, hidden 64, 4 layers: its cache cannot be trimmed."""

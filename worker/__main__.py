@@ -105,7 +105,7 @@ def main(argv=None) -> int:
                              gguf_options=models.gguf_options(args), progress=progress)
         _set_wired_limit()
         batch = None
-        if loaded.engine is not None:  # an embedding or reranker model (worker/pooling/)
+        if loaded.engine is not None:  # embedding, reranker, speech (worker/pooling, speech)
             engine = loaded.engine
             engine.probe()  # before Ready: the first request pays no compile
         elif loaded.kind is ModelKind.VISION:  # one request at a time (worker/vision/)
@@ -153,9 +153,16 @@ def main(argv=None) -> int:
                     pid=os.getpid(), slots=slots, random_weights=loaded.random_weights,
                     active_bytes=memory[0], peak_bytes=memory[1],
                     vocab_size=engine.vocab_size or 0, model_kind=loaded.kind,
-                    dimensions=engine.dim if loaded.kind is ModelKind.EMBED else 0))
+                    dimensions=engine.dim if loaded.kind is ModelKind.EMBED else 0,
+                    voices=list(getattr(engine, "voices", ())),
+                    sample_rate=getattr(engine, "sample_rate", 0),
+                    translates=getattr(engine, "translates", False)))
     try:
-        if batch is None:
+        if loaded.kind in (ModelKind.STT, ModelKind.TTS):
+            from worker.speech.scheduler import SpeechScheduler
+
+            SpeechScheduler(engine, link, status).run()
+        elif batch is None:
             from worker.pooling.scheduler import PoolScheduler
 
             PoolScheduler(engine, link, status).run()

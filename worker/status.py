@@ -29,6 +29,7 @@ class WorkerStatus:
         self.steps = 0          # prefill chunks + decode steps since start
         self.view = View("loading")
         self.load_progress: float | None = None  # set while a GGUF converts (load thread)
+        self.progress: float | None = None       # the running request's, where known
 
     def publish(self, state: str, active=(), waiting=(), active_bytes: int | None = None,
                 peak_bytes: int | None = None, prompt_cache: CacheStats | None = None) -> None:
@@ -43,11 +44,13 @@ class WorkerStatus:
         v, steps = self.view, self.steps
         return Status(epoch=self.epoch, qid=qid, state=v.state, active=list(v.active),
                       waiting=list(v.waiting), steps=steps, active_bytes=v.active_bytes,
-                      peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache)
+                      peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache,
+                      progress=self.progress)
 
     def heartbeat(self) -> Heartbeat:
         v, steps = self.view, self.steps
         return Heartbeat(epoch=self.epoch, state=v.state, steps=steps, active=len(v.active),
                          waiting=len(v.waiting), active_bytes=v.active_bytes,
                          peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache,
-                         load_progress=self.load_progress if v.state == "loading" else None)
+                         load_progress=self.load_progress if v.state == "loading" else None,
+                         progress=self.progress)

@@ -27,6 +27,22 @@ from supervisor.workers.runner import ModelRunner
 
 NOT_LOADED = "not_loaded"
 
+# What each kind of model serves, as /v1/models says it (`capabilities`): the routes.
+CAPABILITIES = {
+    "text": ("chat.completions", "completions", "responses", "messages", "tokenize"),
+    "vision": ("chat.completions", "completions", "responses", "messages", "tokenize",
+               "vision"),
+    "embed": ("embeddings", "tokenize"),
+    "rerank": ("rerank", "tokenize"),
+    "stt": ("audio.transcriptions",),
+    "tts": ("audio.speech",),
+}
+
+
+def capabilities(kind: str | None, translates: bool = False) -> list[str]:
+    found = list(CAPABILITIES.get(kind or "", ()))
+    return found + ["audio.translations"] if translates else found
+
 
 class LocalModels:
     TTL_S = 10.0
@@ -64,16 +80,19 @@ LOCAL_MODELS = web.AppKey("local_models", LocalModels)
 
 def loaded_object(pool: Pool, runner: ModelRunner) -> dict:
     extra = {"dimensions": runner.dimensions} if runner.dimensions else {}
+    if runner.voices:
+        extra["voices"] = runner.voices
     return shapes.model_object(runner.id, pool.created.get(runner.id, 0), "mlxd",
                                state=runner.state, context_length=runner.context_length,
                                random_weights=runner.random_weights, kind=runner.kind,
+                               capabilities=capabilities(runner.kind, runner.translates),
                                **extra)
 
 
 def local_object(model: LocalModel) -> dict:
     return shapes.model_object(model.id, model.modified, "mlxd", state=NOT_LOADED,
                                context_length=model.context_length, size_bytes=model.size_bytes,
-                               kind=model.kind)
+                               kind=model.kind, capabilities=capabilities(model.kind))
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -39,10 +39,16 @@ class Generation:
         return msg
 
     async def parts(self, idle: float | None = None) -> AsyncIterator[Part | None]:
+        async for batch in self.batches(idle):
+            yield Part.of(batch, self.logprobs) if batch else None
+
+    async def batches(self, idle: float | None = None) -> AsyncIterator[list]:
+        """The worker's step messages as they come (Deltas; a synthesis' Audio), several
+        at once when the client lags; with `idle`, an empty list after quiet seconds."""
         if self._deadline is None:
             raise RuntimeError("parts() before started()")
         async for batch in self.handle.deltas(self._deadline, idle=idle):
-            yield Part.of(batch, self.logprobs) if batch else None
+            yield batch
 
     async def collect(self) -> Output:
         """The whole output, for a response that is not streamed."""

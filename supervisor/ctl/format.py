@@ -51,7 +51,9 @@ def format_status(body: dict) -> str:
         state = w["state"]
         if w.get("load_progress") is not None:
             state += f"({w['load_progress']:.0%})"  # converting a GGUF
-        rows.append((w["model"], state, w.get("pid"), human_seconds(w.get("uptime_s")),
+        elif w.get("progress") is not None:
+            state += f"({w['progress']:.0%})"  # a transcription's audio done so far
+        rows.append((w["model"], w.get("kind") or "-", state, w.get("pid"), human_seconds(w.get("uptime_s")),
                      human_bytes(w.get("rss_bytes")), human_bytes(w.get("active_bytes")),
                      human_bytes(w.get("peak_bytes")), w.get("queued", 0), w.get("in_flight", 0),
                      f"{w.get('tokens_per_s', 0.0):.1f}",
@@ -59,7 +61,7 @@ def format_status(body: dict) -> str:
                      human_bytes(cache.get("bytes")) if cache else "-", _snapshots(cache),
                      w.get("restarts", 0)))
     if rows:
-        lines.append(table(("MODEL", "STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK",
+        lines.append(table(("MODEL", "KIND", "STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK",
                             "QUEUED", "IN-FLIGHT", "TOK/S (1m)", "CACHE HITS", "CACHE MEM",
                             "RESUMED RAM/DISK", "RESTARTS"), rows))
     else:

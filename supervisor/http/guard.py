@@ -17,6 +17,10 @@ Why each, for a server that listens on a laptop while its owner browses the web:
   preflight only with a "simple" content type (text/plain, form encodings). Requiring a
   JSON type on the API's POSTs makes every cross-site POST a preflighted one, which this
   server never approves unless `--cors-origin` names the site.
+- **Uploads** (`/v1/audio/transcriptions`, `/translations`) take multipart/form-data, as
+  OpenAI's do: a "simple" type, so there the guard against other sites is the Origin
+  header every browser sends on a cross-site POST: one that is not this server's own
+  origin nor one `--cors-origin` allows is refused. Clients outside a browser send none.
 - **CORS**: off by default (no Access-Control-* headers: browsers keep pages from reading
   the answers); `--cors-origin ORIGIN` (repeatable, `*` for any) allows those origins,
   preflights included. Keys still apply.
@@ -44,6 +48,7 @@ ANTHROPIC_PREFIX = "/v1/messages"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 JSON_TYPES = ("application/json",)
+FORM_ROUTES = frozenset({"/v1/audio/transcriptions", "/v1/audio/translations"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 CORS_HEADERS = "Authorization, Content-Type, X-API-Key, Anthropic-Version, Anthropic-Beta, " \
                "OpenAI-Organization, OpenAI-Project, X-Request-ID, X-Stainless-*"
@@ -167,9 +172,19 @@ def check_startup(config) -> Guard:
 
 
 def _needs_json(request: web.BaseRequest) -> bool:
-    """A body-carrying method on the API or admin routes."""
-    return request.method in BODY_METHODS and (
+    """A body-carrying method on the API or admin routes (but the upload routes)."""
+    return request.method in BODY_METHODS and request.path not in FORM_ROUTES and (
         request.path.startswith(API_PREFIXES) or request.path.startswith("/admin/"))
+
+
+def _foreign_form(request: web.BaseRequest, guard: "Guard") -> bool:
+    """An upload sent by a page of another site: its Origin is neither this server's
+    own (scheme://Host) nor one --cors-origin allows."""
+    origin = request.headers.get("Origin")
+    if request.path not in FORM_ROUTES or not origin or guard.cors_origin(origin):
+        return False
+    own = f"{request.scheme}://{request.headers.get('Host', '')}"
+    return origin.lower() != own.lower()
 
 
 def _json_type(header: str | None, has_body: bool) -> bool:
@@ -201,6 +216,10 @@ async def guard_middleware(request: web.Request, handler) -> web.StreamResponse:
             "Missing or invalid API key: send it as `Authorization: Bearer KEY`"
             + (" or `x-api-key: KEY`" if request.path.startswith(ANTHROPIC_PREFIX) else "")
             + ".")
+    if _foreign_form(request, guard):
+        raise APIError.forbidden("Uploads from the pages of other sites are refused: this "
+                                 "Origin is not allowed (start mlxd with --cors-origin "
+                                 "ORIGIN to allow it).")
     if _needs_json(request) and not _json_type(request.headers.get("Content-Type"),
                                                request.body_exists):
         raise APIError(415, "This route takes a JSON body: send `Content-Type: "

@@ -38,7 +38,8 @@ DEMO_RANDOM = models.DEMO_RANDOM
 DEMO_EMBED = models.DEMO_EMBED
 BUILT = {DEMO: models.demo_path, DEMO_RANDOM: models.demo_random_path,
          DEMO_EMBED: models.demo_embed_path,
-         models.DEMO_VISION: models.demo_vision_path}  # made by the worker
+         models.DEMO_VISION: models.demo_vision_path, models.DEMO_STT: models.demo_stt_path,
+         models.DEMO_TTS: models.demo_tts_path}  # made by the worker
 WEIGHT_SUFFIXES = (".safetensors",)
 # A name longer than this, or with a longer path component, names nothing (PATH_MAX is
 # 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.
@@ -58,7 +59,7 @@ class LocalModel:
     context_length: int | None
     source: str                # hf-cache | local | gguf | demo | demo-random
     modified: int = 0          # unix time the files were last written (/v1/models `created`)
-    kind: str = "text"         # text | vision | embed | rerank (protocol.models.model_kind)
+    kind: str = "text"         # text | vision | embed | rerank | stt | tts (model_kind)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -28,8 +28,8 @@ from typing import Callable
 
 import msgspec
 
-from protocol import (Cancel, Delta, Done, Error, FinishReason, Generate, ModelKind, Pooled,
-                      Started, Tokens)
+from protocol import (Audio, Cancel, Delta, Done, Error, FinishReason, Generate, ModelKind,
+                      Pooled, Started, Tokens, Transcript)
 from supervisor.config import Config
 from supervisor.workers.errors import Overloaded, WorkerError, WorkerFailed, from_worker
 from supervisor.workers.handle import QUEUED, STARTED, RequestHandle
@@ -134,14 +134,14 @@ class Dispatcher:
         if h is not None:
             h.on_started(msg)
 
-    def on_delta(self, msg: Delta) -> None:
+    def on_delta(self, msg: Delta | Audio) -> None:
         h = self.inflight.get(msg.rid)
         if h is not None and not h.on_delta(msg):
             h.set_failure(Overloaded(
                 "The client read the stream too slowly; the request was cancelled.", 1))
             self.send_cancel(h)
 
-    def on_result(self, msg: Tokens | Pooled) -> None:
+    def on_result(self, msg: Tokens | Pooled | Transcript) -> None:
         h = self.inflight.get(msg.rid)
         if h is not None:
             h.on_result(msg)

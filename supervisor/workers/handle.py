@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import AsyncIterator, Callable
 
-from protocol import Delta, Done, FinishReason, Generate, Pooled, Started, Tokens
+from protocol import Audio, Delta, Done, FinishReason, Generate, Pooled, Started, Tokens, Transcript
 from supervisor.workers.errors import (Internal, Overloaded, RequestTimeout, WorkerError,
                                        WorkerFailed)
 
@@ -81,7 +81,8 @@ class RequestHandle:
         self.last_token_at: float | None = None   # with first_token_at: inter-token latency
         self.started_msg: Started | None = None
         self.done: Done | None = None
-        self.result: Tokens | Pooled | None = None  # what a non-generating task computed
+        self.result: Tokens | Pooled | Transcript | None = None  # what a task other than
+        #                                                            generation computed
         self.failure: WorkerError | None = None
         self.cancel_requested = False
         self.cancel_sent_at: float | None = None
@@ -111,8 +112,9 @@ class RequestHandle:
         self.started_msg = msg
         self._events.put(msg)
 
-    def on_delta(self, msg: Delta) -> bool:
-        """Queue a step's output; False if the client has fallen too far behind."""
+    def on_delta(self, msg: Delta | Audio) -> bool:
+        """Queue a step's output (text, or a synthesis' audio); False if the client has
+        fallen too far behind."""
         now = time.monotonic()
         if self.first_token_at is None:
             self.first_token_at = now
@@ -120,7 +122,7 @@ class RequestHandle:
         self._events.put(msg)
         return len(self._events) <= MAX_PENDING_EVENTS
 
-    def on_result(self, msg: Tokens | Pooled) -> None:
+    def on_result(self, msg: Tokens | Pooled | Transcript) -> None:
         """What a task other than generation computed; its Done follows."""
         self.result = msg
 
@@ -174,7 +176,8 @@ class RequestHandle:
             raise WorkerFailed("The request was cancelled before it started.")
         raise Internal()
 
-    async def deltas(self, deadline: float, idle: float | None = None) -> AsyncIterator[list[Delta]]:
+    async def deltas(self, deadline: float, idle: float | None = None
+                     ) -> AsyncIterator[list[Delta | Audio]]:
         """Yield the step outputs as they come, several at once when the client lags
         (coalescing). Ends after the Done (then `self.done` is set); raises WorkerError on
         a failure, and cancels then raises 504 once `deadline` (monotonic) passes.
@@ -191,7 +194,7 @@ class RequestHandle:
                     "The request exceeded the server's request timeout and was cancelled.")
             batch = []
             for item in self._events.drain():
-                if isinstance(item, Delta):
+                if isinstance(item, (Delta, Audio)):
                     batch.append(item)
                     continue
                 if batch:

@@ -32,6 +32,7 @@ class Liveness:
     peak_bytes: int = 0
     prompt_cache: CacheStats | None = None
     load_progress: float | None = None
+    progress: float | None = None       # the running request's (Heartbeat.progress)
 
     def on_heartbeat(self, msg: Heartbeat, now: float) -> None:
         self.heartbeat_at = now
@@ -41,6 +42,7 @@ class Liveness:
         self.active_bytes, self.peak_bytes = msg.active_bytes, msg.peak_bytes
         self.prompt_cache = msg.prompt_cache
         self.load_progress = msg.load_progress
+        self.progress = msg.progress
 
     def verdict(self, now: float, config: Config, *, busy: bool,
                 cancels_sent_at: Iterable[float | None],

@@ -28,8 +28,9 @@ from typing import Awaitable, Callable
 
 import msgspec
 
-from protocol import (CacheCommand, CacheReply, Delta, Done, Error, Generate, Heartbeat, Pooled,
-                      Ready, Shutdown, Started, Status, StatusRequest, Tokens)
+from protocol import (Audio, CacheCommand, CacheReply, Delta, Done, Error, Generate, Heartbeat,
+                      Pooled, Ready, Shutdown, Started, Status, StatusRequest, Tokens,
+                      Transcript)
 from supervisor.config import Config
 from supervisor.workers.dispatch import Dispatcher
 from supervisor.workers.errors import Internal, WorkerError, WorkerFailed
@@ -80,6 +81,8 @@ class ModelRunner:
         self.epoch = 0
         self.random_weights = False
         self.dimensions: int | None = None  # an embedding model's vector width
+        self.voices: list[str] = []         # a speech synthesis model's voices
+        self.translates = False             # a speech recognition model that translates
         self.ready_at: float | None = None
         self.restarts = 0
         self.restart_causes: collections.Counter = collections.Counter()  # ExitCause → n
@@ -124,7 +127,8 @@ class ModelRunner:
 
     @property
     def kind(self) -> str | None:
-        """text | vision | embed | rerank, once a worker was ready (None before)."""
+        """text | vision | embed | rerank | stt | tts, once a worker was ready (None
+        before)."""
         kind = self.dispatch.model_kind
         return kind.value if kind is not None else None
 
@@ -409,7 +413,10 @@ class ModelRunner:
             self.live.steps_changed_at = now
             self.tokens.add(msg.n_tokens, now)
             self.dispatch.on_delta(msg)
-        elif isinstance(msg, (Tokens, Pooled)):
+        elif isinstance(msg, Audio):  # speech as it is synthesised: streamed like Deltas
+            self.live.steps_changed_at = self._clock()
+            self.dispatch.on_delta(msg)
+        elif isinstance(msg, (Tokens, Pooled, Transcript)):
             self.dispatch.on_result(msg)
         elif isinstance(msg, Done):
             h = self.dispatch.on_done(msg)
@@ -428,6 +435,7 @@ class ModelRunner:
             d.vocab_size = msg.vocab_size or None
             d.model_kind = msg.model_kind
             self.dimensions = msg.dimensions or None
+            self.voices, self.translates = list(msg.voices), msg.translates
             self.random_weights = msg.random_weights
             self.ready_at = self._clock()
             self.live.active_bytes, self.live.peak_bytes = msg.active_bytes, msg.peak_bytes
@@ -522,9 +530,13 @@ class ModelRunner:
             "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
             "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
             "slots": self.dispatch.slots,
-            # What the model does (text | embed | rerank), once a worker was ready.
+            # What the model does (text | vision | embed | rerank | stt | tts), once a
+            # worker was ready.
             "kind": self.kind,
             "dimensions": self.dimensions,
+            "voices": self.voices or None,
+            # The running request's share done, where known (a transcription's audio).
+            "progress": lv.progress,
             # While a GGUF converts at load: the share done (None otherwise).
             "load_progress": (lv.load_progress
                               if self.state in (RunnerState.STARTING, RunnerState.RESTARTING)

@@ -9,35 +9,36 @@ import msgpack
 import msgspec
 import pytest
 
-from protocol import (PROTOCOL_VERSION, Cancel, Delta, Done, EncodeError, Error, ErrorCode,
-                      FinishReason, Generate, Heartbeat, ModelKind, OutputSpec, Pooled,
-                      ProtocolError, Ready, SamplingParams, Shutdown, Started, Status,
-                      StatusRequest, Task, Tokens, ToolCall, decode_down, decode_up, encode,
-                      pack_floats, pack_ids, unpack_floats, unpack_ids)
+from protocol import (PROTOCOL_VERSION, Audio, Cancel, Delta, Done, EncodeError, Error,
+                      ErrorCode, FinishReason, Generate, Heartbeat, ModelKind, OutputSpec,
+                      Pooled, ProtocolError, Ready, SamplingParams, Segment, Shutdown,
+                      SpeechSpec, Started, Status, StatusRequest, Task, Tokens, ToolCall,
+                      Transcript, Word, decode_down, decode_up, encode, pack_floats, pack_ids,
+                      unpack_floats, unpack_ids)
 from protocol.messages import (DOWN, UP, CacheCommand, CacheReply, CacheStats, SnapshotInfo,
                                SnapshotStats)
 from protocol.sockets import Endpoints, make_runtime_dir, remove_runtime_dir
 
-# A msgpack map: fixmap header, then ("type", kind), ("v", 5), then the fields in declaration
+# A msgpack map: fixmap header, then ("type", kind), ("v", 6), then the fields in declaration
 # order (nested structs as maps of their own). Pinned byte for byte: a change here breaks
 # mixed-version peers, so it comes with a PROTOCOL_VERSION bump.
 GOLDEN = [
-    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x05\xa3rid\xa2r1"),
-    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x05"),
+    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x06\xa3rid\xa2r1"),
+    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x06"),
     (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
-     b"\x8c\xa4type\xa5delta\xa1v\x05\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\x8c\xa4type\xa5delta\xa1v\x06\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"
      b"\xa9reasoning\xa0\xaatool_calls\x90\xa8logprobs\xc4\x00\xa7top_ids\xc4\x00"
      b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90"),
     (Done(epoch=2, rid="r1", finish_reason=FinishReason.LENGTH, prompt_tokens=3,
           completion_tokens=4),
-     b"\x8a\xa4type\xa4done\xa1v\x05\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+     b"\x8a\xa4type\xa4done\xa1v\x06\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"
      b"\xb0reasoning_tokens\x00\xadstop_sequence\xc0"),
     (Generate(rid="r1", prompt="hi",
               sampling=SamplingParams(max_tokens=2, logit_bias=((7, -1.5),)),
               output=OutputSpec(stop=("x",))),
-     b"\xde\x00\x12\xa4type\xa8generate\xa1v\x05\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\xde\x00\x14\xa4type\xa8generate\xa1v\x06\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
      b"\xa8sampling\x8b\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
@@ -48,18 +49,20 @@ GOLDEN = [
      b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"
      b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2\xa9cache_key\xc0"
      b"\xa4task\xa8generate\xa6inputs\xc0\xa9input_ids\xc0\xaadimensions\xc0"
-     b"\xa8snapshot\xc0\xa6resume\xc0\xa6images\x90"),
+     b"\xa8snapshot\xc0\xa6resume\xc0\xa6images\x90\xa5audio\xc0"
+     b"\xa6speech\x86\xa8language\xc0\xa9translate\xc2\xa8segments\xc2\xa5words\xc2"
+     b"\xa5voice\xc0\xa5speed\xcb?\xf0\x00\x00\x00\x00\x00\x00"),
 ]
 
 # Messages as an older peer of this version (before reasoning, tool calls and logprobs)
 # sent them: the fields added since decode to their defaults.
 OLD_WIRE = [
-    (b"\x86\xa4type\xa5delta\xa1v\x05\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+    (b"\x86\xa4type\xa5delta\xa1v\x06\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00", GOLDEN[2][0]),
-    (b"\x88\xa4type\xa4done\xa1v\x05\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+    (b"\x88\xa4type\xa4done\xa1v\x06\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
     # A Generate from before cache_key (the prompt cache's namespace) and the tasks.
-    (GOLDEN[4][1].replace(b"\xde\x00\x12", b"\x8a", 1).split(b"\xa9cache_key")[0], GOLDEN[4][0]),
+    (GOLDEN[4][1].replace(b"\xde\x00\x14", b"\x8a", 1).split(b"\xa9cache_key")[0], GOLDEN[4][0]),
 ]
 
 # Version 1's bytes (the dataclass codec's) for the same Cancel and Done: refused.
@@ -85,17 +88,17 @@ def test_an_older_peers_messages_still_decode(wire, msg):
 
 @pytest.mark.parametrize("wire", VERSION_1, ids=["Cancel", "Done"])
 def test_version_1_frames_are_refused(wire):
-    with pytest.raises(ProtocolError, match="version 1, expected 5"):
+    with pytest.raises(ProtocolError, match="version 1, expected 6"):
         (decode_down if b"cancel" in wire else decode_up)(wire)
 
 
-@pytest.mark.parametrize("old", [3, 4])
+@pytest.mark.parametrize("old", [3, 4, 5])
 def test_an_older_versions_generate_is_refused(old):
     # A version-3 worker would ignore `resume` and `snapshot` and never answer a
     # CacheCommand, a version-4 one would drop `images`: a peer of another version is
     # refused, not half understood.
-    wire = GOLDEN[4][1].replace(b"\xa1v\x05", bytes([0xa1, ord("v"), old]), 1)
-    with pytest.raises(ProtocolError, match=f"version {old}, expected 5"):
+    wire = GOLDEN[4][1].replace(b"\xa1v\x06", bytes([0xa1, ord("v"), old]), 1)
+    with pytest.raises(ProtocolError, match=f"version {old}, expected 6"):
         decode_down(wire)
 
 
@@ -162,7 +165,17 @@ def test_every_message_round_trips_with_version():
         Error(epoch=1, code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, message="too long", rid="a",
               param="messages"),
         Status(epoch=1, qid=7, state="busy", active=["a"], waiting=["b"], steps=3),
-        Heartbeat(epoch=1, state="ready", steps=4),
+        Heartbeat(epoch=1, state="ready", steps=4, progress=0.25),
+        Generate(rid="f", task=Task.TRANSCRIBE, audio=b"RIFF", prompt="vocabulary",
+                 speech=SpeechSpec(language="fr", translate=True, segments=True, words=True)),
+        Generate(rid="g", task=Task.SPEAK, prompt="Hello.", speech=SpeechSpec(voice="ash",
+                                                                              speed=1.5)),
+        Transcript(epoch=1, rid="f", text="bonjour", language="french", duration=2.5,
+                   segments=[Segment(0.0, 2.5, "bonjour", 0.2, -0.3, 1.1, 0.01, 0, [1, 2])],
+                   words=[Word("bonjour", 0.1, 0.9)]),
+        Audio(epoch=1, rid="g", sample_rate=24000, data=pack_floats([0.5, -0.25])),
+        Ready(epoch=1, model="t", context_length=0, pid=9, model_kind=ModelKind.TTS,
+              voices=["ash", "birch"], sample_rate=24000),
         Heartbeat(epoch=1, state="ready", prompt_cache=CacheStats(
             hits=1, snapshots=SnapshotStats(hits_disk=2, disk_read_seconds=0.5))),
     ]

@@ -6,6 +6,10 @@ to load. It "generates" `tokens` words per request, one every `step_s` seconds; 
 tasks it answers at once: TOKENIZE gives the prompt's (or the messages' joined contents')
 UTF-8 bytes as ids, EMBED and SCORE
 one row per input, [length of the input, its index] (SCORE: the length alone).
+TRANSCRIBE and SPEAK run step by step like a generation: TRANSCRIBE's steps are the
+words' Deltas, then a Transcript (one one-second segment per word; the audio's length in
+bytes ÷ 1000 as its duration); SPEAK's are Audio chunks of 0.1 s of a 440 Hz tone at
+16 kHz, and a voice not in `voices` is refused as the worker does.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from protocol import (TASKS_OF, Cancel, Delta, Done, Error, Generate, Heartbeat, ModelKind,
-                      Pooled, Ready, Shutdown, Started, Status, StatusRequest, Task, Tokens,
-                      decode_down, decode_up, encode, pack_floats, pack_ids)
+import math
+
+from protocol import (TASKS_OF, Audio, Cancel, Delta, Done, Error, Generate, Heartbeat,
+                      ModelKind, Pooled, Ready, Segment, Shutdown, Started, Status,
+                      StatusRequest, Task, Tokens, Transcript, decode_down, decode_up, encode,
+                      pack_floats, pack_ids)
 from supervisor.workers.link import LinkClosed, WorkerLink
 
 
@@ -34,6 +41,12 @@ class FakeBehaviour:
     die_after_ready_s: float | None = None  # crash this long after Ready, busy or not
     model_kind: ModelKind = ModelKind.TEXT
     active_bytes: int = 0                   # MLX memory its heartbeats report
+    voices: tuple[str, ...] = ("fable", "onyx")  # a TTS model's
+
+
+FAKE_RATE = 16000
+_TONE = pack_floats([0.25 * math.sin(2 * math.pi * 440 * i / FAKE_RATE)
+                     for i in range(FAKE_RATE // 10)])
 
 
 class FakeWorld:
@@ -126,7 +139,10 @@ class FakeLink(WorkerLink):
             return
         self._emit(Ready(epoch=self.epoch, model="fake", context_length=b.context_length,
                          pid=self.pid, slots=1, random_weights=True,
-                         vocab_size=b.vocab_size, model_kind=b.model_kind))
+                         vocab_size=b.vocab_size, model_kind=b.model_kind,
+                         voices=list(b.voices) if b.model_kind is ModelKind.TTS else [],
+                         sample_rate=FAKE_RATE,
+                         translates=b.model_kind is ModelKind.STT))
         if b.die_after_ready_s is not None:
             asyncio.get_running_loop().call_later(b.die_after_ready_s, self._die, 1)
         pending: list[Generate] = []
@@ -146,8 +162,15 @@ class FakeLink(WorkerLink):
 
     async def _run(self, g: Generate, pending: list) -> None:
         b = self.b
-        if g.task is not Task.GENERATE:
+        if g.task not in (Task.GENERATE, Task.TRANSCRIBE, Task.SPEAK) or \
+                g.task not in TASKS_OF[b.model_kind]:
             self._answer(g)
+            return
+        if g.task is Task.SPEAK and g.speech.voice not in (None, *b.voices):
+            self._emit(Error(epoch=self.epoch, code="invalid_request", rid=g.rid,
+                             message=f"Unknown voice; voices: {', '.join(b.voices)}",
+                             param="voice"))
+            self._emit(Done(epoch=self.epoch, rid=g.rid, finish_reason="error"))
             return
         prompt_tokens = len(g.prompt or "") + sum(len(m.get("content") or "") for m in g.messages or [])
         max_tokens = g.sampling.max_tokens
@@ -193,7 +216,19 @@ class FakeLink(WorkerLink):
                 await asyncio.Event().wait()
             self.steps += 1
             n += 1
-            self._emit(Delta(epoch=self.epoch, rid=g.rid, text=f"w{n} ", token_ids=pack_ids([n])))
+            if g.task is Task.SPEAK:
+                self._emit(Audio(epoch=self.epoch, rid=g.rid, sample_rate=FAKE_RATE, data=_TONE))
+            elif g.task is Task.TRANSCRIBE:
+                self._emit(Delta(epoch=self.epoch, rid=g.rid, text=f" w{n}"))
+            else:
+                self._emit(Delta(epoch=self.epoch, rid=g.rid, text=f"w{n} ",
+                                 token_ids=pack_ids([n])))
+        if g.task is Task.TRANSCRIBE:
+            self._emit(Transcript(
+                epoch=self.epoch, rid=g.rid, text=" ".join(f"w{i}" for i in range(1, n + 1)),
+                language="english", duration=len(g.audio or b"") / 1000,
+                segments=[Segment(i - 1.0, float(i), f" w{i}", seek=0, tokens=[i])
+                          for i in range(1, n + 1)] if g.speech.segments else []))
         self._emit(Done(epoch=self.epoch, rid=g.rid,
                         finish_reason="length" if limit == max_tokens else "stop",
                         prompt_tokens=prompt_tokens, completion_tokens=n))

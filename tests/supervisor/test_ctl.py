@@ -132,7 +132,7 @@ def test_human_formats():
     status = format_status({
         "status": "ok", "memory": {"available_bytes": 8 << 30, "total_bytes": 16 << 30,
                                    "pressure": "warn"},
-        "workers": [{"model": "m", "state": "ready", "pid": 42, "uptime_s": 5, "rss_bytes": 1 << 30,
+        "workers": [{"model": "m", "kind": "text", "state": "ready", "pid": 42, "uptime_s": 5, "rss_bytes": 1 << 30,
                      "active_bytes": 1 << 29, "peak_bytes": 1 << 30, "queued": 2, "in_flight": 1,
                      "tokens_per_s": 12.345, "restarts": 1,
                      "prompt_cache": {"hits": 3, "misses": 1, "bytes": 3 << 20,
@@ -140,14 +140,17 @@ def test_human_formats():
     lines = status.splitlines()
     assert lines[0] == "status: ok"
     assert lines[1] == "memory: 8.0 GiB available of 16.0 GiB, pressure warn"
-    assert lines[2].split() == ["MODEL", "STATE", "PID", "UPTIME", "RSS", "MLX", "ACTIVE", "MLX",
+    assert lines[2].split() == ["MODEL", "KIND", "STATE", "PID", "UPTIME", "RSS", "MLX", "ACTIVE", "MLX",
                                 "PEAK", "QUEUED", "IN-FLIGHT", "TOK/S", "(1m)", "CACHE", "HITS",
                                 "CACHE", "MEM", "RESUMED", "RAM/DISK", "RESTARTS"]
-    assert lines[3].split() == ["m", "ready", "42", "5s", "1.0", "GiB", "512.0", "MiB", "1.0", "GiB",
+    assert lines[3].split() == ["m", "text", "ready", "42", "5s", "1.0", "GiB", "512.0", "MiB", "1.0", "GiB",
                                 "2", "1", "12.3", "3/4", "3.0", "MiB", "4/2", "1"]
     converting = format_status({"status": "ok", "workers": [
         {"model": "m.gguf", "state": "starting", "load_progress": 0.42}]}).splitlines()
-    assert converting[-1].split()[:2] == ["m.gguf", "starting(42%)"]
+    assert converting[-1].split()[:3] == ["m.gguf", "-", "starting(42%)"]
+    busy = format_status({"status": "ok", "workers": [
+        {"model": "w", "kind": "stt", "state": "busy", "progress": 0.5}]}).splitlines()
+    assert busy[-1].split()[:3] == ["w", "stt", "busy(50%)"]
     assert "no local MLX models" in format_models({"models": []})
     table = format_models({"models": [{"id": "org/m", "size_bytes": 4 << 30, "context_length": 32768,
                                        "state": "not_loaded", "source": "hf-cache"}]})

@@ -60,8 +60,9 @@ def test_chat_images_travel_as_parts_and_bytes_in_order():
     assert gen.images == r.images and gen.messages[0]["content"][1] == {"type": "image"}
 
 
+# http(s) URLs parse; they are fetched or refused (--allow-remote-media) after the
+# request is built: tests/supervisor/test_remote_media.py.
 @pytest.mark.parametrize("url, status, code", [
-    ("https://example.com/cat.png", 400, "invalid_image_url"),
     ("ftp://example.com/cat.png", 400, "invalid_image_url"),
     ("cat.png", 400, "invalid_image_url"),  # a relative path
     ("data:image/png;base64,###", 400, "invalid_image_url"),
@@ -117,7 +118,7 @@ def test_responses_input_images_travel_and_files_in_the_last_turn_are_a_400():
 
 
 @pytest.mark.parametrize("part, param", [
-    ({"type": "input_image", "image_url": "https://example.com/a.png"},
+    ({"type": "input_image", "image_url": "ftp://example.com/a.png"},
      "input[0].content[0].image_url"),
     ({"type": "input_image", "file_id": "file-1"}, "input[0].content[0].file_id"),
 ])

@@ -5,9 +5,12 @@ Messages `image` blocks): their base64 bytes in `Generate.images`, an {"type": "
 part where each image was (`image_part`). A
 vision model sees them (worker/vision/); a text model's worker applies the rule below to
 them, as it alone knows its kind for certain (a request may arrive before the model has
-loaded). Remote URLs are not fetched. Limits: MAX_IMAGES per request (400) and
-MAX_IMAGE_BYTES per image (413); pixels are the worker's (PIL's decompression-bomb
-limit, then the model's processor resizes).
+loaded). An image comes inline (a base64 data: URL), as a local file (--allowed-media-dir;
+read when the request is built, `resolve`) or, with --allow-remote-media, by http(s) URL
+(fetched by the supervisor before the request goes to a worker: `fetch_remote`, through
+remote_media.py). Limits: MAX_IMAGES per request (400) and MAX_IMAGE_BYTES per image
+(413); pixels are the worker's (PIL's decompression-bomb limit, then the model's
+processor resizes).
 
 Media no model here reads (chat `input_audio` and `file` parts, Responses' `input_file`
 and `input_audio`, Messages' `document` blocks and the images inside `tool_result`s), and
@@ -23,13 +26,18 @@ Each part is still checked for its shape, wherever it is.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
+
+import msgspec
 
 from protocol.messages import IMAGE_PLACEHOLDER
+from supervisor.api.parse.remote_media import FETCHER
 from supervisor.http.errors import INVALID_REQUEST, APIError
 
 MAX_IMAGES = 16
@@ -74,12 +82,20 @@ class LocalImage:
     param: str
 
 
+@dataclass(frozen=True)
+class RemoteImage:
+    """An image a request names by http(s) URL: fetched (`fetch_remote`) after the
+    request is built, before it is sent; refused there unless --allow-remote-media."""
+    url: str
+    param: str
+
+
 def image_part(at: str, url: str, images: list, param: str | None = None) -> dict:
     """An image part as the worker gets it: {"type": "image"}, its bytes (or, for a local
-    file, its LocalImage) appended to `images` (the request's, in order). 400 for a
-    remote URL, for anything but a base64 `data:` URL, a file:// URL or an absolute path,
-    and for more than MAX_IMAGES; 413 for an image over MAX_IMAGE_BYTES. `param`: where
-    the URL is (default: a chat part's `image_url.url`)."""
+    file, its LocalImage; for an http(s) URL, its RemoteImage) appended to `images` (the
+    request's, in order). 400 for anything but a base64 `data:` URL, an http(s) URL, a
+    file:// URL or an absolute path, and for more than MAX_IMAGES; 413 for an image over
+    MAX_IMAGE_BYTES. `param`: where the URL is (default: a chat part's `image_url.url`)."""
     param = param or f"{at}.image_url.url"
     match = _DATA_URL.match(url)
     if match is None:
@@ -89,9 +105,12 @@ def image_part(at: str, url: str, images: list, param: str | None = None) -> dic
             images.append(LocalImage(path, param))
             return {"type": "image"}
         scheme = url.split(":", 1)[0].lower() if ":" in url else ""
-        why = ("remote images are not fetched by this server" if scheme in ("http", "https")
-               else "only base64 data: URLs and local files are accepted")
-        raise APIError.bad_request(f"{param}: {why}; send the image inline as "
+        if scheme in ("http", "https"):
+            _check_room(at, images)
+            images.append(RemoteImage(url, param))
+            return {"type": "image"}
+        raise APIError.bad_request(f"{param}: only base64 data: URLs, http(s) URLs and local "
+                                   "files are accepted; send the image inline as "
                                    "data:image/png;base64,... (or jpeg, webp, gif).", param,
                                    "invalid_image_url")
     return base64_image(at, url[match.end():], images, param)
@@ -142,11 +161,12 @@ def content(pieces: list):
     return parts
 
 
-def resolve(images, allowed_dirs) -> tuple[bytes, ...]:
+def resolve(images, allowed_dirs) -> tuple:
     """The request's images as bytes: local files read, each by its real path, only from
     inside `allowed_dirs` (--allowed-media-dir): a 400 for any other path, one that is not
     a readable file, or one over MAX_IMAGE_BYTES (413). The same answer whether a path is
-    outside the directories or absent, so a request cannot probe the file system."""
+    outside the directories or absent, so a request cannot probe the file system.
+    RemoteImages stay as they are, for `fetch_remote`."""
     out = []
     roots = [Path(d).resolve() for d in allowed_dirs]
     for image in images:
@@ -176,3 +196,29 @@ def resolve(images, allowed_dirs) -> tuple[bytes, ...]:
             raise APIError.bad_request(f"{image.param}: the file could not be read.",
                                        image.param, "invalid_image_url") from None
     return tuple(out)
+
+
+async def fetch_remote(gen, app: Mapping):
+    """`gen` (a Generate from a request's `to_generate`) with its RemoteImages fetched
+    (all at once; the first failure ends the others), by the app's remote_media.Fetcher:
+    the Generate to send. Without one (no --allow-remote-media), a 400 naming the flag.
+    A Generate with no remote image is returned as it is, at no cost."""
+    remote = [i for i in gen.images if isinstance(i, RemoteImage)]
+    if not remote:
+        return gen
+    fetcher = app.get(FETCHER)
+    if fetcher is None:
+        param = remote[0].param
+        raise APIError.bad_request(
+            f"{param}: remote images are not fetched by this server (start mlxd with "
+            "--allow-remote-media to allow http(s) image URLs); send the image inline as "
+            "data:image/png;base64,... (or jpeg, webp, gif).", param, "invalid_image_url")
+    tasks = {i: asyncio.ensure_future(fetcher.fetch(i.url, i.param, MAX_IMAGE_BYTES))
+             for i in remote}
+    try:
+        await asyncio.gather(*tasks.values())
+    finally:
+        for t in tasks.values():
+            t.cancel()
+    images = tuple(tasks[i].result() if isinstance(i, RemoteImage) else i for i in gen.images)
+    return msgspec.structs.replace(gen, images=images)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from supervisor.http import sse
+from supervisor.api.parse.media import fetch_remote
 from supervisor.api.parse.params import invalid_value, opt_int
 from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items
@@ -135,8 +136,8 @@ async def create(request: web.Request) -> web.StreamResponse:
     runner = await request.app[POOL].get(req.model)
     items = await _conversation(svc, req)
     builder = ResponseBuilder(req, runner.id)  # its id names the KV snapshot
-    handle = runner.submit(req.to_generate(items, config, builder.id),
-                           {"max_tokens": "max_output_tokens"})
+    message = await fetch_remote(req.to_generate(items, config, builder.id), request.app)
+    handle = runner.submit(message, {"max_tokens": "max_output_tokens"})
     gen = Generation(handle, queue_timeout=config.queue_timeout,
                      request_timeout=config.request_timeout)
     run = Run(builder, gen, svc.store if req.store else None, req.input_items)
