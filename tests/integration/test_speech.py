@@ -10,13 +10,13 @@ import io
 import os
 import signal
 import time
-import wave
 
 import httpx
 import numpy as np
 import openai
 import pytest
 
+from bench.multimodal import tone_wav
 from tests.schema import validate
 from tests.serverproc import ServerProcess
 from worker.speech.decode import decode_audio
@@ -37,16 +37,10 @@ def sclient(sserver):
 def tone(seconds: float, rate: int = 16000, fmt: str = "wav") -> bytes:
     """A real audio file: a wobbling tone, as WAV, or through PyAV as FLAC, MP3, Ogg Opus
     or M4A (AAC)."""
+    if fmt == "wav":
+        return tone_wav(seconds, rate)
     t = np.arange(int(seconds * rate)) / rate
     x = (0.3 * np.sin(2 * np.pi * 300 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t)))
-    if fmt == "wav":
-        buf = io.BytesIO()
-        with wave.open(buf, "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(rate)
-            w.writeframes((x * 32767).astype("<i2").tobytes())
-        return buf.getvalue()
     from supervisor.api.audio.encode import Encoder
 
     if fmt == "m4a":

@@ -4,29 +4,15 @@ client's 400, cancel between pieces, and a kind's wrong task refused."""
 
 from __future__ import annotations
 
-import io
-import wave
-
 import numpy as np
 
+from bench.multimodal import tone_wav as wav
 from protocol.messages import (Audio, Cancel, Delta, Done, Error, Generate, ModelKind, Ready,
                                SpeechSpec, Task, Transcript)
 
 
 def speak(rid: str, text: str, **spec) -> Generate:
     return Generate(rid=rid, task=Task.SPEAK, prompt=text, speech=SpeechSpec(**spec))
-
-
-def wav(seconds: float, rate: int = 16000, hz: float = 300.0) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    x = (0.3 * np.sin(2 * np.pi * hz * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t)))
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((x * 32767).astype("<i2").tobytes())
-    return buf.getvalue()
 
 
 def transcribe(rid: str, audio: bytes, **spec) -> Generate:
