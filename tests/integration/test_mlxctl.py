@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 
@@ -35,13 +36,20 @@ def test_status_text_and_json(server, model_id):
     assert lines[0] == "status: ok"
     assert any(l.startswith("memory: ") and "available of" in l for l in lines)
     header = next(l for l in lines if l.startswith("MODEL"))
-    for column in ("STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK", "QUEUED",
+    for column in ("KIND", "STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK", "QUEUED",
                    "IN-FLIGHT", "TOK/S (1m)", "CACHE HITS", "CACHE MEM"):
         assert column in header
     row = lines[lines.index(header) + 1].split()
-    assert row[0] == model_id and row[1] == "ready"
-    body = json.loads(ok(mlxctl(server, "status", "--json")).stdout)
-    (w,) = body["workers"]
+    assert row[:3] == [model_id, "text", "ready"]
+    # The prompt cache's figures come with the worker's heartbeats (about one a second):
+    # on a server just started, the first may still be on its way.
+    deadline = time.monotonic() + 10
+    while True:
+        body = json.loads(ok(mlxctl(server, "status", "--json")).stdout)
+        (w,) = body["workers"]
+        if w["prompt_cache"] is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert w["model"] == model_id and w["pid"] == server.worker_pids()[0]
     assert w["rss_bytes"] > 1 << 20 and w["active_bytes"] > 0 and w["peak_bytes"] >= w["active_bytes"]
     assert set(w["prompt_cache"]) >= {"hits", "misses", "tokens_reused", "bytes", "evictions"}
