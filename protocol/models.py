@@ -38,34 +38,14 @@ DEFAULT_CONTEXT = 4096   # when a config names no context length
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx")
 
 
-def demo_path(state_dir: Path) -> Path:
-    """Where `demo` is converted: inside the state directory's model root."""
-    return Path(state_dir) / "models" / DEMO
+# The names the worker builds (or, for `demo`, converts) into the state directory, once.
+BUILT_DEMOS = (DEMO, DEMO_RANDOM, DEMO_EMBED, DEMO_VISION, DEMO_STT, DEMO_TTS)
 
 
-def demo_random_path(state_dir: Path) -> Path:
-    """Where `demo-random` is built."""
-    return Path(state_dir) / "models" / DEMO_RANDOM
-
-
-def demo_embed_path(state_dir: Path) -> Path:
-    """Where `demo-embed` is built."""
-    return Path(state_dir) / "models" / DEMO_EMBED
-
-
-def demo_vision_path(state_dir: Path) -> Path:
-    """Where `demo-vision` is built."""
-    return Path(state_dir) / "models" / DEMO_VISION
-
-
-def demo_stt_path(state_dir: Path) -> Path:
-    """Where `demo-stt` is built."""
-    return Path(state_dir) / "models" / DEMO_STT
-
-
-def demo_tts_path(state_dir: Path) -> Path:
-    """Where `demo-tts` is built."""
-    return Path(state_dir) / "models" / DEMO_TTS
+def demo_dir(state_dir: Path, name: str) -> Path:
+    """Where the demo model `name` (one of BUILT_DEMOS) is built: inside the state
+    directory's model root."""
+    return Path(state_dir) / "models" / name
 
 
 def demo_gguf() -> Path | None:

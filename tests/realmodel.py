@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.models import DEMO_INSTALL, demo_gguf, demo_path
+from protocol.models import DEMO, DEMO_INSTALL, demo_dir, demo_gguf
 from tests.serverproc import ServerProcess
 
 
@@ -39,7 +39,7 @@ def real_server(smollm2_gguf, tmp_path_factory) -> ServerProcess:
 @pytest.fixture(scope="session")
 def real_model_dir(real_server) -> Path:
     """The directory the worker converted `demo` into."""
-    return demo_path(real_server.state_dir)
+    return demo_dir(real_server.state_dir, DEMO)
 
 
 @pytest.fixture(scope="session")

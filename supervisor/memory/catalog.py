@@ -34,12 +34,7 @@ from protocol import models
 log = logging.getLogger("mlxd.catalog")
 
 DEMO = models.DEMO
-DEMO_RANDOM = models.DEMO_RANDOM
-DEMO_EMBED = models.DEMO_EMBED
-BUILT = {DEMO: models.demo_path, DEMO_RANDOM: models.demo_random_path,
-         DEMO_EMBED: models.demo_embed_path,
-         models.DEMO_VISION: models.demo_vision_path, models.DEMO_STT: models.demo_stt_path,
-         models.DEMO_TTS: models.demo_tts_path}  # made by the worker
+BUILT = frozenset(models.BUILT_DEMOS)  # made by the worker
 WEIGHT_SUFFIXES = (".safetensors",)
 # A name longer than this, or with a longer path component, names nothing (PATH_MAX is
 # 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.
@@ -65,7 +60,6 @@ class LocalModel:
         return asdict(self)
 
 
-demo_path = models.demo_path  # where the worker builds `demo`
 
 
 def sane_name(name: object) -> bool:
@@ -126,7 +120,7 @@ def resolve(name: str, state_dir: Path) -> Path | None:
         return None
     try:
         if name in BUILT:
-            path = BUILT[name](state_dir)
+            path = models.demo_dir(state_dir, name)
             if path.is_dir():
                 return path
             return models.demo_gguf() if name == DEMO else None
@@ -171,7 +165,7 @@ def target(name: str, state_dir: Path) -> Target | None:
         return None
     try:
         if name in BUILT:
-            return Target(real(BUILT[name](state_dir)), name)
+            return Target(real(models.demo_dir(state_dir, name)), name)
         gguf = gguf_file(name)
         if gguf is not None:
             where = real(gguf)
@@ -338,10 +332,10 @@ def scan_hf_cache(cap: int | None = None, cache_dir: Path | None = None) -> list
 
 def scan(state_dir: Path, cap: int | None = None, cache_dir: Path | None = None) -> list[LocalModel]:
     """Every local MLX model mlxd can serve by name: the HF cache, plus `demo`,
-    `demo-random` and `demo-embed` once built."""
+    and the other demo models once built (protocol.models.BUILT_DEMOS)."""
     found = scan_hf_cache(cap, cache_dir)
-    for name, where in BUILT.items():
-        path = where(state_dir)
+    for name in models.BUILT_DEMOS:
+        path = models.demo_dir(state_dir, name)
         if path.is_dir():
             found.append(local_model(name, path, name, cap))
     return found

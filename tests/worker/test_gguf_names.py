@@ -89,7 +89,7 @@ def test_demo_without_its_package_says_how_to_install_it(tmp_path, monkeypatch):
 
 def test_demo_random_is_the_random_weight_model(tmp_path):
     path = models.resolve(shared.DEMO_RANDOM, tmp_path)
-    assert path == shared.demo_random_path(tmp_path) and is_random_weights(path)
+    assert path == shared.demo_dir(tmp_path, shared.DEMO_RANDOM) and is_random_weights(path)
 
 
 def test_a_gguf_that_cannot_convert_is_a_load_error(tmp_path):
@@ -128,8 +128,7 @@ def test_the_memory_gate_sees_a_ggufs_conversion_once_made(tmp_path, tiny_gguf):
 
 
 def test_demo_and_demo_random_are_built_names(tmp_path):
-    for name, where in ((shared.DEMO, shared.demo_path), (shared.DEMO_RANDOM,
-                                                         shared.demo_random_path)):
+    for name in (shared.DEMO, shared.DEMO_RANDOM):
         found = catalog.target(name, tmp_path)
-        assert found == catalog.Target(os.path.realpath(where(tmp_path)), name)
+        assert found == catalog.Target(os.path.realpath(shared.demo_dir(tmp_path, name)), name)
         assert catalog.request_target(name, tmp_path, catalog.model_roots(tmp_path)) == found

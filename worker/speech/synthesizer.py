@@ -14,7 +14,6 @@ itself lists. The first is the default; an unknown one is the client's 400, list
 from __future__ import annotations
 
 import inspect
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -24,8 +23,6 @@ import numpy as np
 from protocol.messages import INVALID_REQUEST, Generate, ModelKind
 from worker.prompt import RequestError
 from worker.tokens import check_task
-
-log = logging.getLogger("worker.speech")
 
 DEFAULT_RATE = 24000
 _VOICE_ATTRS = ("voices", "speakers", "available_voices")
