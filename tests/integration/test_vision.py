@@ -62,11 +62,12 @@ def test_image_chat_streams_tokens_and_equals_the_non_streamed_answer(vclient, v
         max_tokens=1, temperature=0)
     assert r.usage.prompt_tokens > text_only.usage.prompt_tokens
     # Streamed: the same answer in several chunks (the worker sends one per token,
-    # tests/worker/test_worker_vision.py; 64 tokens outlast any coalescing on the way).
+    # tests/worker/test_worker_vision.py; 256 tokens outlast any coalescing on the way:
+    # 64 did not once, on a loaded 2-core machine, where the handler first read after the last).
     long = vclient.chat.completions.create(model=model, messages=ask(data_url()),
-                                           max_tokens=64, temperature=0)
+                                           max_tokens=256, temperature=0)
     chunks = list(vclient.chat.completions.create(model=model, messages=ask(data_url()),
-                                                  max_tokens=64, temperature=0, stream=True))
+                                                  max_tokens=256, temperature=0, stream=True))
     texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(texts) > 1 and "".join(texts) == long.choices[0].message.content
     other = vclient.chat.completions.create(model=model, messages=ask(data_url(seed=3, fmt="JPEG")),
