@@ -211,6 +211,8 @@ SETTINGS: tuple[Setting, ...] = (
     S("cors_origins", STRS, (), "a web origin whose pages may call the API (e.g. "
       "http://localhost:3000; * for any); repeatable", flag="--cors-origin"),
     S("public_metrics", BOOL, False, "serve /metrics without an API key"),
+    S("web_ui", BOOL, True, "serve the dashboard (/ and /ui/) and the playground (/ui/chat); "
+      "their controls use the admin API (loopback and the admin token)"),
     # Everything mlxd writes goes under it (models it builds, the response store, logs),
     # so two servers with different state dirs never touch each other.
     S("state_dir", PATH, None, "where mlxd keeps its state (default: the platform's place)",

@@ -31,6 +31,7 @@ from supervisor.http.errors import BODY_TIMEOUT, install
 from supervisor.keys import CONFIG, POOL
 from supervisor.memory.probe import Probe
 from supervisor.workers.pool import Pool, process_link_factory
+from supervisor.ui import routes as pages
 
 log = logging.getLogger("mlxd")
 
@@ -59,6 +60,8 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     messages.setup(app)
     transcriptions.setup(app)
     speech.setup(app)
+    if config.web_ui:
+        pages.setup(app)
     return app
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from supervisor.admin import cache
+from supervisor.admin import cache, files, logs
 from supervisor.admin.token import ensure_token
 from supervisor.config import Config
 from supervisor.http.errors import APIError, read_json
@@ -219,6 +219,8 @@ def setup(app: web.Application, config: Config) -> None:
     r.add_post(PREFIX + "/unload", unload)
     r.add_post(PREFIX + "/kill", kill)
     cache.setup(r, PREFIX)
+    files.setup(r, PREFIX)
+    logs.setup(r, PREFIX)
 
 
 async def _create_token(app: web.Application) -> None:

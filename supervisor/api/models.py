@@ -61,6 +61,10 @@ class LocalModels:
                 self._at = time.monotonic()
             return self._models
 
+    def forget(self) -> None:
+        """The disk changed (a model was deleted): scan again on the next listing."""
+        self._at = -1e9
+
     async def one(self, name: str, *, anywhere: bool = False) -> LocalModel | None:
         """`name` if it is a model a request may load; `anywhere`: any local model (the
         admin's view)."""

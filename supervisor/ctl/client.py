@@ -7,7 +7,13 @@
     mlxctl kill [MODEL] [--no-restart] hard-cancel everything on a worker (all without MODEL)
     mlxctl cache ls | save NAME | drop NAME | clear [MODEL]
                                        KV snapshots of conversations (memory and disk)
-    mlxctl pull MODEL [--revision R]   download from Hugging Face into the local cache
+    mlxctl pull MODEL [--revision R] [--gguf FILE]
+                                       download from Hugging Face into the local cache:
+                                       a bar per file and overall, resumable
+    mlxctl rm MODEL                    delete a model from that cache (refused while loaded)
+    mlxctl run MODEL [PROMPT]          chat in the terminal (one answer with PROMPT or stdin)
+    mlxctl top                         a live view of workers, queues, batches, tokens/s
+    mlxctl ui                          open the dashboard in the browser, with the token
     mlxctl logs [-f] [-n LINES]        the server's log
     mlxctl service install [MLXD FLAGS] | uninstall | start | stop | status
     mlxctl serve [MLXD FLAGS]          run the server in the foreground (same as `mlxd`)
@@ -16,7 +22,8 @@ The server is found through --url or MLXD_URL (default http://127.0.0.1:8080); t
 token is read from the state directory (--state-dir, MLXD_STATE_DIR, or the platform's
 place, as for mlxd). Human tables by default, --json for scripts.
 Exit codes: 0 ok, 1 the server answered with an error or is not healthy, 2 usage error,
-3 the server is not running (or not reachable), 4 refused (admin token missing or wrong).
+3 the server is not running (or not reachable), 4 refused (admin token missing or wrong),
+130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -26,114 +33,29 @@ import json
 import os
 import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from supervisor.admin.token import read_token, token_path
 from supervisor.config import default_log_dir, resolve
+from supervisor.ctl import chat, pull, top, ui
+from supervisor.ctl.connection import (  # noqa: F401  (the names scripts and tests import)
+    DEFAULT_URL, EXIT_DOWN, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNHEALTHY, EXIT_USAGE, HEALTHY,
+    Client, Failed, Refused, ServerDown, emit)
 from supervisor.ctl.format import format_cache, format_models, format_status
-
-DEFAULT_URL = "http://127.0.0.1:8080"
-EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE, EXIT_DOWN, EXIT_REFUSED = 0, 1, 2, 3, 4
-HEALTHY = ("ok", "idle")
-# The files mlx-lm's loader uses (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS): a worker finds a
-# pulled model complete in the cache without ever downloading.
-PULL_PATTERNS = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken",
-                 "tiktoken.model", "*.txt", "*.jsonl", "*.jinja"]
-
-
-class ServerDown(Exception):
-    pass
-
-
-class Refused(Exception):
-    pass
-
-
-class Failed(Exception):
-    """The server answered with an error envelope."""
-
-    def __init__(self, status: int, body: dict):
-        err = body.get("error") if isinstance(body, dict) else None
-        msg = err.get("message") if isinstance(err, dict) else None
-        super().__init__(msg or f"HTTP {status}")
-        self.status, self.body = status, body
-
-
-def hf_download(model: str, revision: str | None) -> str:
-    from huggingface_hub import snapshot_download
-
-    return snapshot_download(model, revision=revision, allow_patterns=PULL_PATTERNS)
-
-
-def hf_download_file(model: str, filename: str, revision: str | None) -> str:
-    """One file of a repo (a GGUF repo holds one file per quantization: only one is wanted)."""
-    from huggingface_hub import hf_hub_download
-
-    return hf_hub_download(model, filename, revision=revision)
+from supervisor.ctl.pull import Hub
 
 
 @dataclass
 class Deps:
-    """What tests replace: the downloader and the service manager's command runner."""
-    download: Callable[[str, str | None], str] = hf_download
-    download_file: Callable[[str, str, str | None], str] = hf_download_file
+    """What tests replace: the hub a pull talks to, the service manager's command runner,
+    the browser `mlxctl ui` opens."""
+    hub: Hub = field(default_factory=Hub)
     service_runner: Callable | None = None
+    open_browser: Callable[[str], bool] | None = None
     home: Path | None = None
     platform: str = sys.platform
-
-
-@dataclass
-class Client:
-    url: str
-    state_dir: Path
-    timeout: float = 600.0
-    token: str | None = field(default=None, init=False)
-    state_dir_explicit: bool = False   # set by config, not the platform's default
-
-    def __post_init__(self):
-        self.token = read_token(self.state_dir)
-
-    def call(self, method: str, path: str, body: dict | None = None,
-             timeout: float | None = None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url.rstrip("/") + path, data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
-                return json.load(r)
-        except urllib.error.HTTPError as e:
-            try:
-                payload = json.load(e)
-            except ValueError:
-                payload = {}
-            if e.code in (401, 403):
-                raise Refused(self._refusal(e.code, payload)) from None
-            raise Failed(e.code, payload) from None
-        except (urllib.error.URLError, OSError) as e:
-            raise ServerDown(f"mlxd is not running at {self.url} ({getattr(e, 'reason', e)}); "
-                             "start it with `mlxctl serve --model MODEL` or "
-                             "`mlxctl service start`") from None
-
-    def _refusal(self, code: int, payload: dict) -> str:
-        msg = (payload.get("error") or {}).get("message", f"HTTP {code}")
-        if code == 403:
-            return f"the server refused: {msg}"
-        where = token_path(self.state_dir)
-        if self.token is None:
-            return (f"no admin token at {where}: is the server using another state "
-                    "directory? (pass --state-dir or set MLXD_STATE_DIR)")
-        return f"the server refused the admin token from {where}: {msg}"
-
-
-def emit(args, body: dict, text: str) -> None:
-    print(json.dumps(body, indent=2) if args.json else text)
 
 
 # ---- commands --------------------------------------------------------------------------
@@ -208,41 +130,6 @@ def cmd_cache(args, client: Client, deps: Deps) -> int:
     body = client.call("POST", f"/admin/cache/{args.action}", req, timeout=30)
     emit(args, body, "\n".join(f"{r['model']}: {r['message']}" for r in body["results"]))
     return EXIT_OK if all(r["ok"] for r in body["results"]) else EXIT_UNHEALTHY
-
-
-def cmd_pull(args, client: Client, deps: Deps) -> int:
-    what = f"{args.model}/{args.gguf}" if args.gguf else args.model
-    if args.gguf is not None and not args.gguf.lower().endswith(".gguf"):
-        print(f"mlxctl: --gguf names a .gguf file of the repo, not {args.gguf!r}",
-              file=sys.stderr)
-        return EXIT_USAGE
-    print(f"downloading {what} from Hugging Face ...", file=sys.stderr)
-    try:
-        if args.gguf:
-            path = deps.download_file(args.model, args.gguf, args.revision)
-        else:
-            path = deps.download(args.model, args.revision)
-    except Exception as e:  # network, auth, unknown repo: say it plainly
-        print(f"mlxctl: could not download {what}: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_UNHEALTHY
-    from supervisor.memory import catalog
-    if args.gguf:
-        # Converted by the worker on its first load (worker/gguf/), once per file.
-        body = {"model": what, "path": str(path), "mlx": False, "gguf": True,
-                "size_bytes": Path(path).stat().st_size}
-        emit(args, body, f"{what}: {path}\nload it with `mlxctl load {path}` or "
-                         f"`mlxd --model {path}` (converted to MLX on its first load)")
-        return EXIT_OK
-    mlx = catalog.is_mlx_model(Path(path), args.model)
-    body = {"model": args.model, "path": str(path), "mlx": mlx,
-            "size_bytes": catalog.weights_bytes(Path(path))}
-    text = f"{args.model}: {path}"
-    if not mlx:
-        text += ("\nwarning: this does not look like an MLX model; look for an MLX version "
-                 "(e.g. under mlx-community/), convert it with `mlx_lm.convert`, or, for a "
-                 "GGUF repo, pull one file: `mlxctl pull REPO --gguf FILE.gguf`")
-    emit(args, body, text)
-    return EXIT_OK
 
 
 def _log_file(args, client: Client) -> Path:
@@ -376,11 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("name", nargs="?", help="a snapshot's name (a response id, or key:KEY); "
                     "for clear, the model")
     sp.add_argument("--model", default=None, help="only this loaded model")
-    sp = add("pull", cmd_pull, "download a model from Hugging Face")
-    sp.add_argument("model")
-    sp.add_argument("--revision", default=None)
-    sp.add_argument("--gguf", default=None, metavar="FILE",
-                    help="download only this .gguf file of the repo (mlxd converts it on load)")
+    pull.add_parsers(add)
     sp = add("logs", cmd_logs, "print the server's log")
     sp.add_argument("-f", "--follow", action="store_true")
     sp.add_argument("-n", "--lines", type=int, default=50)
@@ -388,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("action", choices=["install", "uninstall", "start", "stop", "status"])
     sp.set_defaults(mlxd_flags=[])
     sub.add_parser("serve", help="run the server in the foreground (flags as mlxd)")
+    chat.add_parser(add)
+    top.add_parser(add)
+    ui.add_parser(add)
     return p
 
 
@@ -431,6 +317,9 @@ def main(argv: list[str] | None = None, deps: Deps | None = None) -> int:
     except Refused as e:
         print(f"mlxctl: {e}", file=sys.stderr)
         return EXIT_REFUSED
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Failed as e:
         if getattr(args, "json", False):
             print(json.dumps(e.body, indent=2))

@@ -121,6 +121,12 @@ class Pool:
         self._reaper: asyncio.Task | None = None
         self._shutting_down = False
 
+    @property
+    def admission(self) -> asyncio.Lock:
+        """Held by every load while it is admitted: whoever holds it knows no load of any
+        model starts meanwhile (deleting a model's files holds it)."""
+        return self._admission
+
     # ---- routing ---------------------------------------------------------------------
     def find(self, name: str) -> ModelRunner | None:
         """The runner by its id or alias: no disk, for names already routed."""

@@ -529,6 +529,9 @@ class ModelRunner:
             "pinned": self.pinned, "need_bytes": self.need_bytes,
             "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
             "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
+            # Every completion token since this runner began: the dashboard's live chart
+            # takes the rate between two polls from it (tokens_per_s is a minute's mean).
+            "tokens_total": self.tokens.total,
             "slots": self.dispatch.slots,
             # What the model does (text | vision | embed | rerank | stt | tts), once a
             # worker was ready.

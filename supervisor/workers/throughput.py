@@ -14,10 +14,12 @@ class TokenRate:
     def __init__(self, window_s: float = 60.0):
         self.window_s = window_s
         self._buckets: collections.deque[list] = collections.deque()  # [second, count]
+        self.total = 0   # every token counted, for rates a reader takes between two looks
 
     def add(self, count: int, now: float) -> None:
         if count <= 0:
             return
+        self.total += count
         second = int(now)
         if self._buckets and self._buckets[-1][0] == second:
             self._buckets[-1][1] += count

@@ -1,4 +1,4 @@
-"""mlxctl without a server: argument wiring, `pull` with an injected downloader (never
+"""mlxctl without a server: argument wiring, `pull` with an injected hub (never
 the network), `logs`, the human tables."""
 
 from __future__ import annotations
@@ -21,54 +21,81 @@ def run(capsys, *argv, deps=None) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def test_pull_wires_the_downloader_and_reports_mlx(tmp_path, capsys):
-    calls = []
+class FakeHub:
+    """The hub a pull talks to, in memory: `files` {repo: [(name, size)]}, `paths` where
+    each repo's downloads land (a model directory the test made)."""
 
-    def download(repo, revision):
-        calls.append((repo, revision))
-        return str(model(tmp_path, "snap"))
+    def __init__(self, files, paths, cached=()):
+        self.listing, self.paths, self.cached_names = files, paths, set(cached)
+        self.downloads = []
 
-    deps = ctl.Deps(download=download)
-    code, out, err = run(capsys, "--url", "http://127.0.0.1:1", "pull", "org/m", "--revision", "v2",
-                         "--json", deps=deps)
-    assert code == 0 and calls == [("org/m", "v2")]
-    body = json.loads(out)
-    assert body["mlx"] is True and body["path"].endswith("snap") and body["size_bytes"] > 0
-    code, out, _ = run(capsys, "pull", "org/pt", deps=ctl.Deps(
-        download=lambda r, v: str(model(tmp_path, "pt", fmt="pt"))))
+    def files(self, repo, revision):
+        if repo not in self.listing:
+            raise OSError("404 Client Error: Repository Not Found for url: …")
+        return "c" * 40, self.listing[repo]
+
+    def cached(self, repo, filename, commit):
+        return str(self.paths[repo] / filename) if filename in self.cached_names else None
+
+    def download(self, repo, filename, revision, bar):
+        self.downloads.append((repo, filename, revision))
+        size = dict(self.listing[repo])[filename]
+        with bar(total=size, initial=0) as b:
+            b.update(size)
+        return str(self.paths[repo] / filename)
+
+
+def test_pull_fetches_the_files_the_loader_reads_and_reports_mlx(tmp_path, capsys):
+    snap = model(tmp_path, "snap")
+    files = [("config.json", 10), ("model.safetensors", 100), ("README.md", 5),
+             ("pytorch_model.bin", 1000), ("tokenizer.json", 20)]
+    hub = FakeHub({"org/m": files}, {"org/m": snap}, cached=["tokenizer.json"])
+    code, out, err = run(capsys, "--url", "http://127.0.0.1:1", "pull", "org/m", "--revision",
+                         "v2", "--json", deps=ctl.Deps(hub=hub))
+    assert code == 0, err
+    # Only what mlx-lm loads, and not what the cache already holds.
+    assert hub.downloads == [("org/m", "config.json", "v2"), ("org/m", "model.safetensors", "v2")]
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["event"] == "start" and events[0]["total_bytes"] == 130
+    done = {e["file"]: e for e in events if e["event"] == "done"}
+    assert done["tokenizer.json"]["cached"] is True and done["model.safetensors"]["bytes"] == 100
+    body = events[-1]
+    assert body["event"] == "complete" and body["mlx"] is True
+    assert body["path"].endswith("snap") and body["size_bytes"] > 0
+    pt = model(tmp_path, "pt", fmt="pt")
+    code, out, _ = run(capsys, "pull", "org/pt", deps=ctl.Deps(hub=FakeHub(
+        {"org/pt": [("config.json", 1), ("model.safetensors", 1)]}, {"org/pt": pt})))
     assert code == 0 and "does not look like an MLX model" in out
 
 
 def test_pull_of_one_gguf_file(tmp_path, capsys):
-    calls = []
     gguf = tmp_path / "m-Q4_K_M.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))
-
-    def download_file(repo, filename, revision):
-        calls.append((repo, filename, revision))
-        return str(gguf)
-
-    deps = ctl.Deps(download=lambda r, v: pytest.fail("the whole repo was pulled"),
-                    download_file=download_file)
+    hub = FakeHub({"org/m-GGUF": [("m-Q4_K_M.gguf", 64), ("m-Q8_0.gguf", 99),
+                                  ("config.json", 3)]}, {"org/m-GGUF": tmp_path})
     code, out, _ = run(capsys, "pull", "org/m-GGUF", "--gguf", "m-Q4_K_M.gguf", "--json",
-                       deps=deps)
-    assert code == 0 and calls == [("org/m-GGUF", "m-Q4_K_M.gguf", None)]
-    body = json.loads(out)
+                       deps=ctl.Deps(hub=hub))
+    assert code == 0 and hub.downloads == [("org/m-GGUF", "m-Q4_K_M.gguf", None)]
+    body = json.loads(out.splitlines()[-1])
     assert body["gguf"] is True and body["path"] == str(gguf) and body["size_bytes"] == 64
-    code, out, err = run(capsys, "pull", "org/m-GGUF", "--gguf", "m.safetensors", deps=deps)
+    code, out, err = run(capsys, "pull", "org/m-GGUF", "--gguf", "m.safetensors",
+                         deps=ctl.Deps(hub=hub))
     assert code == 2 and "names a .gguf file" in err
+    code, out, err = run(capsys, "pull", "org/m-GGUF", "--gguf", "other.gguf",
+                         deps=ctl.Deps(hub=hub))
+    assert code == 1 and "no such file" in err
 
 
 def test_pull_failure_is_a_message_and_exit_1(capsys):
-    def offline(repo, revision):
-        raise OSError("no network")
-
-    code, out, err = run(capsys, "pull", "org/m", deps=ctl.Deps(download=offline))
-    assert code == 1 and "could not download org/m" in err and "no network" in err
+    code, out, err = run(capsys, "pull", "org/none", deps=ctl.Deps(hub=FakeHub({}, {})))
+    assert code == 1 and "could not download org/none" in err and "Repository Not Found" in err
+    assert "Traceback" not in err
 
 
 def test_pull_default_patterns_are_what_the_worker_loads():
-    assert "model*.safetensors" in ctl.PULL_PATTERNS and "*.json" in ctl.PULL_PATTERNS
+    from supervisor.ctl.pull import PULL_PATTERNS
+
+    assert "model*.safetensors" in PULL_PATTERNS and "*.json" in PULL_PATTERNS
 
 
 @pytest.mark.parametrize("argv,rest,passthrough", [

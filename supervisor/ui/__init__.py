@@ -1,0 +1,1 @@
+"""The browser pages: the dashboard (/ and /ui/) and the playground (/ui/chat)."""
