@@ -55,8 +55,15 @@ log = logging.getLogger("worker.scheduler")
 
 _IDLE_WAIT = 0.1         # s; idle get() timeout, so memory figures stay fresh
 _MEMORY_EVERY = 0.1      # s; how often the MLX thread refreshes the memory figures
+_CLEAR_AFTER_IDLE = 2.0  # s idle before MLX's buffer cache goes back to the system
 _pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, cheaper
 CANCELLED = FinishReason.CANCELLED
+
+
+def return_buffers() -> None:
+    """MLX's buffer cache back to the system. (mlx-lm also clears it after each prefill
+    chunk; this is the scheduler's own, between requests.)"""
+    mx.clear_cache()
 
 
 class WorkerBroken(Exception):
@@ -140,6 +147,7 @@ class Scheduler:
         self.preparer = Preparer(self._prepare, link.commands)
         self.stopping = False
         self._next_memory = 0.0
+        self._clear_at: float | None = None   # when the buffer cache goes back, if idle
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -161,6 +169,7 @@ class Scheduler:
                 try:
                     self._handle(commands.get(timeout=_IDLE_WAIT))
                 except queue.Empty:
+                    self._release_when_idle()
                     self._publish(memory=True)
                     continue
             while not commands.empty():
@@ -448,8 +457,17 @@ class Scheduler:
             log.info("rid=%s done: %s, %d prompt + %d completion tokens in %.2fs", seq.rid,
                      reason, seq.prompt_tokens, seq.completion_tokens, dt)
         if not self.active:
-            mx.clear_cache()  # between requests: return the buffer cache
+            # The buffer cache goes back to the system once the worker has been idle a
+            # moment, not at once: the next request (a client's next call, an agent's
+            # next turn) would allocate every buffer anew, on CUDA one cudaMalloc each.
+            self._clear_at = time.monotonic() + _CLEAR_AFTER_IDLE
         self._publish(memory=True)
+
+    def _release_when_idle(self) -> None:
+        if self._clear_at is not None and not self.active \
+                and time.monotonic() >= self._clear_at:
+            return_buffers()
+            self._clear_at = None
 
     # ---- status -----------------------------------------------------------------------
 

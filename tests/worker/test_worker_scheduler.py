@@ -215,3 +215,35 @@ def test_heartbeats_carry_load_progress_only_while_loading():
     assert status.heartbeat().load_progress == 0.25
     status.publish("ready")
     assert status.heartbeat().load_progress is None  # loaded: no progress to show
+
+
+def test_the_buffer_cache_goes_back_after_a_moment_idle_not_between_requests(engine,
+                                                                           monkeypatch):
+    """MLX's buffer cache is cleared once the worker has been idle `_CLEAR_AFTER_IDLE`,
+    not after each request: a request that follows at once finds its buffers."""
+    import threading
+    import time
+
+    import worker.scheduler as sched
+
+    cleared, done_at = [], {}
+    monkeypatch.setattr(sched, "_CLEAR_AFTER_IDLE", 0.4)
+    monkeypatch.setattr(sched, "return_buffers", lambda: cleared.append(time.monotonic()))
+    link, status = FakeLink(), WorkerStatus(epoch=1)
+
+    def hook(msg):
+        if msg.kind != "done":
+            return
+        done_at[msg.rid] = time.monotonic()
+        if msg.rid == "a":   # the next request 0.1 s later: inside the idle moment
+            threading.Timer(0.1, link.commands.put, [generate(rid="b", prompt="Hi",
+                                                              max_tokens=3)]).start()
+        else:
+            threading.Timer(1.2, link.commands.put, [Shutdown()]).start()
+
+    link.on_send = hook
+    link.commands.put(generate(rid="a", prompt="Hi", max_tokens=3))
+    Scheduler(engine, link, status, make_batch(engine)).run()
+    assert link.kinds("b")[-1] == "done"
+    assert len(cleared) == 1, cleared               # once, while idle after b
+    assert cleared[0] - done_at["b"] >= 0.4 - 0.05

@@ -1,0 +1,152 @@
+"""Where a warm-prefix request's time to first token goes: raw mlx-lm, mlxd's batch
+in-process (no HTTP, no worker process), and the server, on one model in one run.
+
+    python -m bench.ttft_probe [--shape tiny|0.5b|7b] [--rounds 5]
+
+Each figure is a median of rounds (the first dropped: compiles). The in-process batch is
+worker/batch.py driven as the scheduler drives it, with the per-step times of the warm
+request printed: admission (prefix lookup and insert), then each step until its first
+token. What the server adds over the in-process batch is the HTTP, IPC and scheduling
+path; what the batch adds over raw is mlx-lm's BatchGenerator and mlxd's batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+import time
+
+from bench.gpu import Raw, build, server_stream
+from bench.serverproc import ServerProcess
+
+
+TIMED: list[str] = []
+
+
+def _time_methods() -> None:
+    """Wrap the batch's methods (and mx.eval) to log how long each call takes."""
+    import functools
+
+    import importlib
+
+    import mlx.core as mx
+    g = importlib.import_module("mlx_lm.generate")
+
+    def wrap(owner, name, label):
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                TIMED.append(f"{label} {1000 * (time.perf_counter() - t):.2f} ms")
+        setattr(owner, name, timed)
+
+    for cls, names in ((g.PromptProcessingBatch, ("split", "generate", "prompt", "_copy")),
+                       (g.GenerationBatch, ("__init__", "_step", "next")),
+                       (g.BatchGenerator, ("_next",))):
+        for name in names:
+            wrap(cls, name, f"{cls.__name__}.{name}")
+    for name in ("eval", "async_eval", "clear_cache"):
+        wrap(mx, name, f"mx.{name}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--shape", default="0.5b")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--timers", action="store_true", help="time mlx-lm's batch methods")
+    p.add_argument("--server-args", default="--max-batch-size 32;--kv-budget 24G "
+                   "--max-batch-size 32 --prefill-batch-size 8",
+                   help="mlxd flags, one server per ';'-separated set")
+    a = p.parse_args()
+    import mlx.core as mx
+
+    dtype = a.dtype or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
+    path = build(a.shape, dtype)
+    rng = random.Random(0)
+    vocab = 4000
+    prompt = lambda n: [rng.randrange(10, vocab) for _ in range(n)]  # noqa: E731
+
+    from mlx_lm.models.cache import make_prompt_cache
+    raw = Raw(path)
+    r_cold, r_warm = [], []
+    for _ in range(a.rounds + 1):
+        long, suffix = prompt(2000), prompt(16)
+        r_cold.append(raw.stream(prompt(32), 2)[0])
+        cache = make_prompt_cache(raw.model)
+        raw.model(mx.array(long)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        r_warm.append(raw.stream(suffix, 2, cache=copy.deepcopy(cache))[0])
+
+    from pathlib import Path
+    from protocol import Generate, SamplingParams, pack_ids
+    from tests.worker.batchrun import Seq, make_batch
+    from worker import models
+    from worker.engine import TextEngine
+    from worker.prefix_cache import PrefixCache
+
+    loaded = models.load(str(path), Path(path).parent)
+    eng = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 2048,
+                     loaded.vocab_size)
+    batch = make_batch(eng, prefix=PrefixCache(8 << 30))
+
+    def run(ids, rid, trace=None):
+        gen = Generate(rid=rid, prompt_ids=pack_ids(ids),
+                       sampling=SamplingParams(max_tokens=2, temperature=0.0))
+        prep = eng.prepare(gen)
+        t0 = time.perf_counter()
+        batch.add(Seq(rid), prep)
+        marks = [("add", time.perf_counter() - t0)]
+        first = None
+        while batch.members:
+            outs = batch.step()
+            marks.append(("step", time.perf_counter() - t0))
+            for _, out in outs:
+                if first is None:
+                    first = time.perf_counter() - t0
+        if trace is not None:
+            trace.append(marks)
+        return first
+
+    if a.timers:
+        _time_methods()
+    b_cold, b_warm, traces = [], [], []
+    for _ in range(a.rounds + 1):
+        long, suffix = prompt(2000), prompt(16)
+        b_cold.append(run(prompt(32), "c"))
+        run(long, "l")
+        b_warm.append(run(long + suffix, "w", traces))
+
+    servers = {}
+    for flags in a.server_args.split(";"):
+        s_cold, s_warm = [], []
+        with ServerProcess([str(path)], *flags.split()) as srv:
+            srv.wait_healthy(timeout=900)
+            for _ in range(a.rounds + 1):
+                long, suffix = prompt(2000), prompt(16)
+                s_cold.append(server_stream(srv.port, str(path), prompt(32), 2)[0])
+                server_stream(srv.port, str(path), long, 2)
+                s_warm.append(server_stream(srv.port, str(path), long + suffix, 2)[0])
+        servers[flags] = (s_cold, s_warm)
+
+    med = lambda xs: statistics.median(xs[1:]) * 1000  # noqa: E731
+    print(f"{a.shape} {dtype} on {mx.default_device()}: TTFT ms (median of {a.rounds})")
+    print(f"  32-token prompt: raw {med(r_cold):.1f}  batch {med(b_cold):.1f}")
+    print(f"  warm 2000+16:    raw {med(r_warm):.1f}  batch {med(b_warm):.1f}")
+    for flags, (s_cold, s_warm) in servers.items():
+        print(f"  server [{flags}]: 32-token {med(s_cold):.1f}, warm {med(s_warm):.1f}")
+    for marks in traces[1:3]:
+        print("  batch warm trace (ms since add):",
+              ", ".join(f"{k} {v * 1000:.1f}" for k, v in marks))
+    for line in TIMED[-40:]:
+        print("   ", line)
+
+
+if __name__ == "__main__":
+    main()
