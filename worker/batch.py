@@ -168,6 +168,18 @@ class Member:
     reserved: int               # KV bytes reserved
     snapshots: list = field(default_factory=list)  # prompt lengths to snapshot at, in order
     name: Optional[str] = None  # the name its final state is kept under (a named snapshot)
+    first_read: bool = False    # its first token was read early (`_first_tokens`)
+
+
+@dataclass
+class FirstToken:
+    """A token read as soon as it was computed, shaped as mlx-lm's responses are."""
+    uid: int
+    token: int
+    logprobs: Any
+    finish_reason: Optional[str] = None
+    prompt_cache: Any = None
+    all_tokens: Any = None
 
 
 class Batch:
@@ -291,9 +303,19 @@ class Batch:
             if r.end_of_segment and not r.end_of_prompt:
                 self._snapshot(r.uid)
         results = []
-        for r in token_responses:
+        first = self._first_tokens([r.uid for r in prompt_responses if r.end_of_prompt])
+        for r in first + list(token_responses):
             m = self.members.get(r.uid)
             if m is None:
+                continue
+            if m.first_read and not isinstance(r, FirstToken):
+                m.first_read = False   # mlx-lm's own report of the token already read
+                if r.finish_reason is None:
+                    continue
+                # (It ended there by mlx-lm's rule, not by Decoding's: end it now.)
+                self._store(m, r.all_tokens, r.prompt_cache)
+                self._leave(r.uid, in_gen=False, store=False)
+                results.append((m.seq, (-1, "", r.finish_reason, None)))
                 continue
             try:
                 out = m.decoding.feed(r.token, r.logprobs)
@@ -310,6 +332,34 @@ class Batch:
                     self._leave(r.uid, in_gen=True, store=True)
             results.append((m.seq, out))
         return results
+
+    def _first_tokens(self, joined: list[int]) -> list:
+        """The first tokens of sequences that moved to decoding in this step, read now.
+
+        mlx-lm keeps one step in flight: the step that ends a prompt only launches the
+        first token's computation, and the next step launches the second token's before
+        it reads the first. When the batch decodes nothing else, nothing is gained by that
+        wait: the first token is read here, one step (one forward pass launched, on a GPU
+        several ms of the CPU's time) sooner. mlx-lm still reports that token at the next
+        step; `step` skips it. With other sequences decoding, reading now would stall
+        their step in flight: they keep mlx-lm's order. So does a grammar: it consumes
+        each token inside the next step (worker/decoding.py), before `feed` sees it."""
+        gb = getattr(self.gen, "_generation_batch", None)
+        if not joined or gb is None or sorted(getattr(gb, "uids", ())) != sorted(joined):
+            return []
+        if any(self.members[u].decoding.grammar is not None for u in joined if u in self.members):
+            return []
+        tokens, logprobs = getattr(gb, "_next_tokens", None), getattr(gb, "_next_logprobs", None)
+        if tokens is None or logprobs is None or len(logprobs) != len(gb.uids):
+            return []
+        mx.eval(tokens, logprobs)
+        out = []
+        for uid, tok, lp in zip(gb.uids, tokens.tolist(), logprobs):
+            m = self.members.get(uid)
+            if m is not None:
+                m.first_read = True
+                out.append(FirstToken(uid, tok, lp))
+        return out
 
     def _snapshot(self, uid: int) -> None:
         """The end of a prompt segment: keep the state for later prompts."""

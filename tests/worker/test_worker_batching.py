@@ -136,7 +136,8 @@ def test_a_long_prefill_does_not_stall_running_streams(engine):
     running, long = Seq("run"), Seq("long")
     batch.add(running, engine.prepare(gen("a", max_tokens=200)))
     while not batch.step():
-        pass  # until the stream decodes
+        pass  # until the stream decodes (its first token is read as soon as computed:
+    batch.step()  # the step after it reports none, see Batch._first_tokens)
     long_prep = engine.prepare(generate(rid="long", prompt_ids=pack_ids([10 + i % 1000 for i in range(1500)]),
                                         max_tokens=2, temperature=0.0))
     batch.add(long, long_prep)
@@ -229,3 +230,22 @@ def test_one_sequence_decodes_unmasked_and_gives_mlx_lms_own_output(engine, monk
     seen.clear()
     run_all(make_batch(engine), {n: engine.prepare(gen(n)) for n in ("a", "d")})
     assert (2, 1, "array") in seen  # two sequences of different lengths: padded, masked
+
+
+def test_a_lone_sequence_has_its_first_token_at_the_step_that_ends_its_prompt(engine):
+    """Batch._first_tokens: alone in the batch, a sequence's first token is read at the
+    step that moves it to decoding (not one step later, after the second token's forward
+    pass was launched); the next step reports nothing (mlx-lm's report of that token),
+    then one token a step. Beside a decoding stream it keeps mlx-lm's order, so that
+    stream's step in flight is never stalled (test above)."""
+    from tests.worker.batchrun import Seq
+
+    batch = make_batch(engine)
+    prep = engine.prepare(generate(rid="a", prompt_ids=pack_ids(list(range(10, 140))),
+                                   max_tokens=5, temperature=0.0))
+    batch.add(Seq("a"), prep)
+    counts = []
+    while batch.members:
+        counts.append(len(batch.step()))
+    chunks = -(-129 // engine.prefill_step)       # 130 prompt tokens, the last one decodes
+    assert counts == [0] * chunks + [1, 0, 1, 1, 1, 1]
