@@ -75,7 +75,8 @@ def test_a_chain_resumes_from_memory_from_disk_and_after_a_restart(real_model_di
         # The worker is killed: its memory is gone, the disk tier is not.
         pid = srv.worker_pids()[0]
         ok(mlxctl(srv, "kill"))
-        wait_for(lambda: srv.worker_pids() and srv.worker_pids()[0] != pid, 60)
+        # One reading per try: the old worker may be gone between two.
+        wait_for(lambda: (pids := srv.worker_pids()) and pids[0] != pid, 60)
         srv.wait_healthy(120)
         turns.append(ask(client, model, QUESTIONS[3], turns[-1].id))
         assert_resumed(turns[2], turns[3])
