@@ -29,19 +29,6 @@ def model(root, name, *, fmt="mlx", config=None):
     return d
 
 
-@pytest.fixture
-def hf_cache(tmp_path, monkeypatch):
-    """An empty HF cache that huggingface_hub's lookups use."""
-    import huggingface_hub.constants as constants
-    import huggingface_hub.utils._cache_manager as manager
-
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(manager, "HF_HUB_CACHE", str(cache))
-    return cache
-
-
 def test_loadable_names(tmp_path, hf_cache):
     local = model(tmp_path, "local")
     add_to_cache(model(tmp_path / "src", "x"), hf_cache, "org/cached")

@@ -15,16 +15,9 @@ from tests.supervisor.test_pool import Worlds, model_dir
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """An empty HF cache that huggingface_hub's lookups (and the delete) use."""
-    import huggingface_hub.constants as constants
-    import huggingface_hub.utils._cache_manager as manager
-
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(manager, "HF_HUB_CACHE", str(cache))
-    return cache
+def cache(hf_cache):
+    """The empty HF cache huggingface_hub's lookups (and the delete) use (conftest)."""
+    return hf_cache
 
 
 def test_delete_removes_that_repos_folder_and_nothing_else(tmp_path, cache):
