@@ -31,19 +31,12 @@
     };
   }
 
-  function headers(json) {
-    const h = json ? { "Content-Type": "application/json" } : {};
-    if (mlxd.apiKey()) h["Authorization"] = "Bearer " + mlxd.apiKey();
-    return h;
-  }
+  const headers = (json) => mlxd.headers({ json });
 
   async function errorOf(r) {
-    try {
-      const body = await r.json();
-      return (body.error && body.error.message) || `HTTP ${r.status}`;
-    } catch (_) {
-      return `HTTP ${r.status}`;
-    }
+    let data = null;
+    try { data = await r.json(); } catch (_) { /* not JSON */ }
+    return mlxd.errorMessage(r.status, data);
   }
 
   // ---- the model list -----------------------------------------------------------------

@@ -30,22 +30,30 @@ const mlxd = (() => {
     }
   }
 
-  // A JSON call. `admin` sends the admin token, otherwise the API key (if one was typed).
-  // An error answer throws HTTPError with the server's own message from its envelope.
-  async function call(method, path, body, { admin = false, signal, okStatuses = [] } = {}) {
-    const headers = {};
-    if (body !== undefined) headers["Content-Type"] = "application/json";
+  // A request's headers: the admin token (`admin`), otherwise the API key if one was
+  // typed; a JSON content type when it carries JSON.
+  function headers({ json = false, admin = false } = {}) {
+    const h = json ? { "Content-Type": "application/json" } : {};
     const secret = admin ? get(ADMIN) : get(API);
-    if (secret) headers["Authorization"] = "Bearer " + secret;
+    if (secret) h["Authorization"] = "Bearer " + secret;
+    return h;
+  }
+
+  // The server's own message from an error answer's envelope (the body read as JSON).
+  function errorMessage(status, data) {
+    return (data && data.error && data.error.message) || `HTTP ${status}`;
+  }
+
+  // A JSON call. An error answer throws HTTPError with the server's message.
+  async function call(method, path, body, { admin = false, signal, okStatuses = [] } = {}) {
     const r = await fetch(path, {
-      method, headers, signal, cache: "no-store",
+      method, signal, cache: "no-store", headers: headers({ json: body !== undefined, admin }),
       body: body === undefined ? undefined : JSON.stringify(body),
     });
     let data = null;
     try { data = await r.json(); } catch (_) { /* not JSON */ }
     if (!r.ok && !okStatuses.includes(r.status)) {
-      const msg = (data && data.error && data.error.message) || `HTTP ${r.status}`;
-      throw new HTTPError(r.status, msg, data);
+      throw new HTTPError(r.status, errorMessage(r.status, data), data);
     }
     return data;
   }
@@ -120,7 +128,7 @@ const mlxd = (() => {
   }
 
   return {
-    takeFragmentToken, HTTPError, call, el, bytes, duration, rate, sse, say,
+    takeFragmentToken, HTTPError, headers, errorMessage, call, el, bytes, duration, rate, sse, say,
     adminToken: () => get(ADMIN), setAdminToken: (v) => put(ADMIN, v),
     apiKey: () => get(API), setApiKey: (v) => put(API, v),
   };
