@@ -41,7 +41,9 @@ def chromium_path() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+# Package-scoped: sync Playwright runs an event loop on this thread while it is started,
+# and pytest-asyncio's tests cannot run beside it; it stops when tests/ui/ is done.
+@pytest.fixture(scope="package")
 def browser():
     path = chromium_path()
     try:
@@ -68,7 +70,7 @@ def browser():
         p.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ui_server(tiny_model, vision_model, stt_model, tts_model):
     """One server with a model of each kind the playground talks to."""
     models = [str(tiny_model), str(vision_model), str(stt_model), str(tts_model)]
