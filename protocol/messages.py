@@ -309,6 +309,26 @@ class Shutdown(Message, frozen=True, kw_only=True, tag="shutdown"):
 
 # ---- up: worker → supervisor ---------------------------------------------------------
 
+class GroupRank(msgspec.Struct, frozen=True, kw_only=True):
+    """One process of a worker group (worker/group/), as it was when the group was ready."""
+    rank: int
+    host: str
+    pid: int
+    free_bytes: int = 0      # memory its host had available before the shard loaded
+    active_bytes: int = 0    # MLX memory it holds after loading
+    peak_bytes: int = 0
+
+
+class GroupInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker group: several MLX processes serving one model (Ready.group)."""
+    size: int
+    backend: str             # ring | jaccl | mpi | nccl
+    sharding: str            # tensor | pipeline
+    ranks: list[GroupRank] = []
+    latency_s: float = 0.0           # one tiny all-reduce, measured at start
+    bandwidth_bytes_s: float = 0.0   # a 4 MiB all-reduce, measured at start
+
+
 class Ready(Message, frozen=True, kw_only=True, tag="ready"):
     """Model loaded and warmed; the worker takes Generate from now on."""
     epoch: int
@@ -325,6 +345,7 @@ class Ready(Message, frozen=True, kw_only=True, tag="ready"):
     voices: list[str] = []         # TTS: the voices SPEAK takes (the first is the default)
     sample_rate: int = 0           # TTS: of its Audio; STT: what it resamples input to
     translates: bool = False       # STT: TRANSCRIBE may translate into English
+    group: Optional[GroupInfo] = None  # a worker group: its ranks (None: one process)
 
 
 class Started(Message, frozen=True, kw_only=True, tag="started"):
@@ -554,6 +575,9 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     prompt_cache: Optional[CacheStats] = None  # None: the worker has no prompt cache
     load_progress: Optional[float] = None  # 0..1 while a model is converted (GGUF) at load
     progress: Optional[float] = None       # as Status.progress
+    # A worker group's leader: seconds since the quietest other rank was last heard from
+    # (None: one process). A rank that hangs or dies shows here.
+    group_silence: Optional[float] = None
 
 
 DOWN = (Generate, Cancel, StatusRequest, CacheCommand, Shutdown)

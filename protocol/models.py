@@ -264,3 +264,26 @@ def gguf_conversions(path: str | Path, state_dir: Path) -> list[Path]:
         return sorted(p for p in gguf_root(state_dir).glob(f"{digest[:16]}-*") if p.is_dir())
     except OSError:
         return []
+
+
+WEIGHT_SUFFIXES = (".safetensors",)
+
+
+def weights_bytes(path: Path | None) -> int:
+    """Bytes of weights on disk (symlinks followed, as in the HF cache). A GGUF not yet
+    converted counts as what its conversion may take (GGUF_EXPANSION: float32 from 4 bits)."""
+    if path is None:
+        return 0
+    if Path(path).is_file():
+        try:
+            return Path(path).stat().st_size * GGUF_EXPANSION
+        except OSError:
+            return 0
+    files = [p for p in Path(path).iterdir() if p.name.endswith(WEIGHT_SUFFIXES)]
+    total = 0
+    for p in files:
+        try:
+            total += p.stat().st_size
+        except OSError:
+            pass
+    return total

@@ -240,7 +240,8 @@ SETTINGS: tuple[Setting, ...] = (
       "unloaded for another (0: memory decides)"),
     S("memory_budget", SIZE, None, "memory the resident models may take in all, e.g. 24G "
       "(default: what the OS says is available)"),
-    S("memory_factor", FLOAT, 1.2, "a model needs its weights on disk times this, plus --kv-budget"),
+    S("memory_factor", FLOAT, 1.2, "a model needs its weights on disk times this, plus "
+      "--kv-budget", worker=True),
     # The worker bounds its batch's KV cache by it (and caps the context so that one
     # sequence alone always fits).
     S("kv_budget", SIZE, 1 << 30, "memory allowed per model for KV cache and activations, "
@@ -294,6 +295,13 @@ SETTINGS: tuple[Setting, ...] = (
       "request after a (re)start that begins with it already hits", worker=True),
     S("max_kv_size", INT, None, "a rotating KV cache of this many tokens per sequence (the "
       "oldest tokens are dropped; default: the whole context)", worker=True),
+    # Worker groups (worker/group/): one model over several MLX processes and hosts.
+    S("hosts", PATH, None, "serve the --model models each by a worker group: one MLX process "
+      "per host of this hostfile (mlx.launch's JSON format; its first host is this "
+      "machine), the model sharded over them"),
+    S("sharding", choice("auto", "tensor", "pipeline"), "auto", "how a worker group splits "
+      "its model: tensor (each layer over every rank) or pipeline (consecutive layers per "
+      "rank); auto: tensor where mlx-lm's model supports it", worker=True),
     # GGUF import (worker/gguf/): the precision a GGUF is converted to, once per file.
     S("gguf_dtype", choice("auto", "float32", "bfloat16", "float16"), "auto", "precision of "
       "converted GGUF weights (auto: float32 on MLX's CPU backend, bfloat16 on a GPU)",
@@ -377,6 +385,8 @@ def worker_parser(prog: str = "python -m worker", description: str | None = None
     p.add_argument("--epoch", required=True, type=int, help="incarnation number")
     p.add_argument("--name", help="model id echoed in Ready (default: --model)")
     p.add_argument("--parent-pid", type=int, default=None, help="exit when this process dies")
+    p.add_argument("--group", action="store_true",
+                   help="one rank of a worker group (started by worker.group.launch)")
     for s in WORKER_SETTINGS:
         add_flag(p, s, default=s.default_value())
     return p

@@ -25,11 +25,8 @@ import signal
 import sys
 from protocol.settings import worker_parser
 
-# Prefill chunks grow from --prefill-step up to this (mlx-lm's own default) while steps are
-# fast (worker/batch.py ChunkSizer).
-PREFILL_LARGEST = 2048
-EXIT_LOAD_FAILED = 3
-EXIT_BROKEN = 4
+from worker.startup import EXIT_BROKEN, EXIT_LOAD_FAILED, make_batch, set_wired_limit
+
 LOG_LINE_LIMIT = 2000  # characters
 
 
@@ -49,10 +46,15 @@ def main(argv=None) -> int:
     lifeline.install(args.parent_pid)
     # No timestamp: the supervisor logs each stderr line with its own.
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(LogLineCap("worker[%(process)d] %(levelname)s %(name)s: %(message)s"))
+    who = f"%(process)d r{os.environ.get('MLX_RANK', '?')}" if args.group else "%(process)d"
+    handler.setFormatter(LogLineCap(f"worker[{who}] %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     # `kill -USR1 <pid>` dumps every thread's stack to stderr: how a hang gets explained.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if args.group:  # one rank of a worker group (worker/group/)
+        from worker.group.rank import serve
+
+        return serve(args)
 
     import zmq
 
@@ -103,7 +105,7 @@ def main(argv=None) -> int:
 
         loaded = models.load(args.model, args.state_dir, args.max_context_tokens,
                              gguf_options=models.gguf_options(args), progress=progress)
-        _set_wired_limit()
+        set_wired_limit()
         batch = None
         if loaded.engine is not None:  # embedding, reranker, speech (worker/pooling, speech)
             engine = loaded.engine
@@ -119,7 +121,7 @@ def main(argv=None) -> int:
         else:
             engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                                 args.prefill_step, loaded.vocab_size)
-            batch = _make_batch(engine, args, loaded.path)
+            batch = make_batch(engine, args, loaded.path)
             batch.warm()  # before Ready: the first request pays no compile
             if args.warm_prompt is not None:
                 from worker.snapshots.warm import pin_warm_prompt
@@ -185,52 +187,6 @@ def main(argv=None) -> int:
     return 0
 
 
-def _make_batch(engine, args, path):
-    """The batch the scheduler runs, its KV within --kv-budget: the context is capped to
-    what the budget holds for one sequence, so that one always fits alone. With a prompt
-    cache, named KV snapshots too (on disk under STATE_DIR/kv/MODEL-IDENTITY)."""
-    from worker.batch import Batch, ChunkSizer, KVSize
-    from worker.models import LoadError
-    from worker.prefix_cache import PrefixCache
-
-    if args.kv_bits is not None:
-        raise LoadError("--kv-bits: a quantized KV cache cannot combine with continuous "
-                        "batching yet (mlx-lm's BatchGenerator has no quantized batch cache); "
-                        "leave --kv-bits unset")
-    kv = KVSize.measure(engine.model, args.max_kv_size)
-    fits = kv.tokens_within(args.kv_budget)
-    if fits < 2:
-        raise LoadError(f"--kv-budget {args.kv_budget} bytes holds no sequence of this model "
-                        f"({kv.of(2)} bytes for two tokens)")
-    if fits < engine.context_length:
-        log.warning("context capped at %d tokens (the model's is %d): that is what "
-                    "--kv-budget (%d bytes) holds for one sequence", fits,
-                    engine.context_length, args.kv_budget)
-        engine.cap_context(fits)
-    prefix = snapshots = None
-    if args.prompt_cache_bytes > 0:
-        prefix = PrefixCache(min(args.prompt_cache_bytes, args.kv_budget), args.prompt_cache_ttl)
-        snapshots = _snapshots(prefix, args, path)
-    step = max(1, args.prefill_step)
-    return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
-                 prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
-                 prefix=prefix, kv=kv, max_kv_size=args.max_kv_size,
-                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)), snapshots=snapshots)
-
-
-def _snapshots(prefix, args, path):
-    from worker.snapshots.disk import DiskTier
-    from worker.snapshots.identity import model_identity, snapshot_dir
-    from worker.snapshots.store import SnapshotStore
-
-    disk = None
-    if args.kv_disk_bytes > 0:
-        disk = DiskTier(snapshot_dir(args.state_dir, model_identity(path, args.max_kv_size)),
-                        args.kv_disk_bytes)
-        disk.start()
-    return SnapshotStore(prefix, disk)
-
-
 class LogLineCap(logging.Formatter):
     """Each line of a record (tracebacks included) at most LOG_LINE_LIMIT characters."""
 
@@ -241,19 +197,6 @@ class LogLineCap(logging.Formatter):
         return "\n".join(line if len(line) <= LOG_LINE_LIMIT
                          else f"{line[:LOG_LINE_LIMIT]}… [{len(line)} chars]"
                          for line in text.split("\n"))
-
-
-def _set_wired_limit() -> None:
-    """Metal only: keep the weights wired (as mlx-lm does while generating)."""
-    import mlx.core as mx
-
-    try:
-        if mx.metal.is_available():
-            from mlx_lm.utils import maybe_set_recommended_wired_limit
-
-            maybe_set_recommended_wired_limit()
-    except Exception:  # an optimisation; never a reason to fail a load
-        log.warning("could not set the wired memory limit", exc_info=True)
 
 
 if __name__ == "__main__":

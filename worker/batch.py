@@ -422,6 +422,10 @@ class Batch:
             self.prefix = prefix
         mx.clear_cache()
 
+    def idle(self) -> None:
+        """Called between requests (a worker group's leader keeps in touch with its
+        ranks here: worker/group/leader.py)."""
+
     def cache_stats(self) -> Optional[CacheStats]:
         if self.prefix is None:
             return None

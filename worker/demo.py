@@ -28,6 +28,10 @@ PRESETS = {
                  num_key_value_heads=2, intermediate_size=128, vocab_size=1024),
     "small": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
                   num_key_value_heads=2, intermediate_size=1536, vocab_size=8000),
+    # Worker groups (worker/group/): 6 heads, 6 layers and MLP columns that split over 2
+    # and 3 ranks, by tensor and by pipeline parallelism alike.
+    "tiny-shard": dict(hidden_size=96, num_hidden_layers=6, num_attention_heads=6,
+                       num_key_value_heads=6, intermediate_size=192, vocab_size=1024),
 }
 PRESETS["demo"] = PRESETS["tiny"]
 # Hybrid architectures: recurrent layers (GatedDeltaNet, whose state cannot be trimmed

@@ -21,7 +21,19 @@ import queue
 import threading
 from typing import Callable, NamedTuple
 
+from worker.engine import Prepared
+
 _STOP = object()
+
+
+def prepare(engine, snapshots, gen):
+    """A request's preparation: the engine's, then the snapshot to resume from when only
+    the disk has it (a file read must not stall the MLX thread). `snapshots`: the
+    batch's SnapshotStore, or None."""
+    prep = engine.prepare(gen)
+    if isinstance(prep, Prepared) and gen.resume and snapshots is not None:
+        prep.snapshot = snapshots.preload(gen.resume)
+    return prep
 
 
 class PrepDone(NamedTuple):

@@ -95,9 +95,24 @@ def seed_value(seed: int) -> int:
     return seed % _SEEDS
 
 
+def _os_seed() -> int:
+    return int.from_bytes(os.urandom(8), "little")
+
+
+_seed_source = _os_seed
+
+
+def use_seed_source(source) -> None:
+    """Where `reseed` takes its seeds: the OS by default; a worker group's ranks share a
+    seeded generator, so that every rank reseeds alike and keeps sampling the same tokens
+    (worker/group/setup.py)."""
+    global _seed_source
+    _seed_source = source
+
+
 def reseed() -> None:
-    """A fresh random key from the OS, replacing whatever a failed step left there."""
-    mx.random.seed(int.from_bytes(os.urandom(8), "little"))
+    """A fresh random key, replacing whatever a failed step left there."""
+    mx.random.seed(_seed_source() % _SEEDS)
 
 
 def check_logit_bias(sp: SamplingParams, vocab_size: int) -> None:

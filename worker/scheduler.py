@@ -47,8 +47,8 @@ from protocol.messages import (
     Shutdown, Started, StatusRequest, pack_floats, pack_ids,
 )
 from worker.batch import Batch
-from worker.engine import Prepared, RequestError
-from worker.preparer import PrepDone, Preparer
+from worker.engine import RequestError
+from worker.preparer import PrepDone, Preparer, prepare
 from worker.tokens import Answered
 
 log = logging.getLogger("worker.scheduler")
@@ -170,6 +170,7 @@ class Scheduler:
                     self._handle(commands.get(timeout=_IDLE_WAIT))
                 except queue.Empty:
                     self._release_when_idle()
+                    self.batch.idle()
                     self._publish(memory=True)
                     continue
             while not commands.empty():
@@ -225,13 +226,8 @@ class Scheduler:
             self.link.send(self._cache_command(cmd))
 
     def _prepare(self, gen: Generate):
-        """The preparation thread's work: the engine's, then the snapshot to resume from
-        when only the disk has it (a file read must not stall the MLX thread)."""
-        prep = self.engine.prepare(gen)
-        snapshots = self.batch.snapshots
-        if isinstance(prep, Prepared) and gen.resume and snapshots is not None:
-            prep.snapshot = snapshots.preload(gen.resume)
-        return prep
+        """The preparation thread's work (worker/preparer.py)."""
+        return prepare(self.engine, self.batch.snapshots, gen)
 
     def _cache_command(self, cmd: CacheCommand) -> CacheReply:
         """mlxctl cache: list, save, drop or clear the KV snapshots."""
@@ -347,6 +343,8 @@ class Scheduler:
         chunk for those being prefilled."""
         try:
             results = self.batch.step()
+        except WorkerBroken:
+            raise  # the batch says no step can run here (a worker group lost a rank)
         except Exception:
             self._batch_failed()
             return

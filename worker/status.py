@@ -30,6 +30,7 @@ class WorkerStatus:
         self.view = View("loading")
         self.load_progress: float | None = None  # set while a GGUF converts (load thread)
         self.progress: float | None = None       # the running request's, where known
+        self.group = None  # a group's leader: its control channel (`silence()`)
 
     def publish(self, state: str, active=(), waiting=(), active_bytes: int | None = None,
                 peak_bytes: int | None = None, prompt_cache: CacheStats | None = None) -> None:
@@ -47,10 +48,14 @@ class WorkerStatus:
                       peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache,
                       progress=self.progress)
 
+    def group_silence(self) -> float | None:
+        """A group's leader: seconds since the quietest other rank was heard from."""
+        return None if self.group is None else self.group.silence()
+
     def heartbeat(self) -> Heartbeat:
         v, steps = self.view, self.steps
         return Heartbeat(epoch=self.epoch, state=v.state, steps=steps, active=len(v.active),
                          waiting=len(v.waiting), active_bytes=v.active_bytes,
                          peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache,
                          load_progress=self.load_progress if v.state == "loading" else None,
-                         progress=self.progress)
+                         progress=self.progress, group_silence=self.group_silence())

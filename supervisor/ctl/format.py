@@ -66,7 +66,23 @@ def format_status(body: dict) -> str:
                             "RESUMED RAM/DISK", "RESTARTS"), rows))
     else:
         lines.append("no model loaded")
+    for w in body.get("workers", []):
+        if w.get("group"):
+            lines += format_group(w["model"], w["group"])
     return "\n".join(lines)
+
+
+def format_group(model: str, group: dict) -> list[str]:
+    """A worker group's ranks (worker/group/): where each runs and what it holds, and the
+    link its collectives measured at start."""
+    link = (f"link: all-reduce {group.get('latency_s', 0) * 1e6:.0f} us, "
+            f"{group.get('bandwidth_bytes_s', 0) / 1e9:.2f} GB/s")
+    rows = [(r["rank"], r["host"], r["pid"], human_bytes(r.get("free_bytes")),
+             human_bytes(r.get("active_bytes")), human_bytes(r.get("peak_bytes")))
+            for r in group.get("ranks", [])]
+    return [f"{model}: a group of {group['size']} ({group['sharding']} parallel over "
+            f"{group['backend']}); {link}",
+            table(("RANK", "HOST", "PID", "FREE AT LOAD", "MLX ACTIVE", "MLX PEAK"), rows)]
 
 
 def _snapshots(cache: dict) -> str:

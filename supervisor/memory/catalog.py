@@ -35,7 +35,7 @@ log = logging.getLogger("mlxd.catalog")
 
 DEMO = models.DEMO
 BUILT = frozenset(models.BUILT_DEMOS)  # made by the worker
-WEIGHT_SUFFIXES = (".safetensors",)
+WEIGHT_SUFFIXES = models.WEIGHT_SUFFIXES
 # A name longer than this, or with a longer path component, names nothing (PATH_MAX is
 # 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.
 MAX_NAME_BYTES = 1024
@@ -233,24 +233,7 @@ def modified(path: Path) -> int:
         return 0
 
 
-def weights_bytes(path: Path | None) -> int:
-    """Bytes of weights on disk (symlinks followed, as in the HF cache). A GGUF not yet
-    converted counts as what its conversion may take (GGUF_EXPANSION: float32 from 4 bits)."""
-    if path is None:
-        return 0
-    if Path(path).is_file():
-        try:
-            return Path(path).stat().st_size * models.GGUF_EXPANSION
-        except OSError:
-            return 0
-    files = [p for p in Path(path).iterdir() if p.name.endswith(WEIGHT_SUFFIXES)]
-    total = 0
-    for p in files:
-        try:
-            total += p.stat().st_size
-        except OSError:
-            pass
-    return total
+weights_bytes = models.weights_bytes  # (protocol/models.py: the workers of a group use it too)
 
 
 def read_config(path: Path) -> dict:

@@ -81,12 +81,18 @@ class ProcessLink(WorkerLink):
 
     def __init__(self, *, epoch: int, model: str, name: str, runtime_dir: Path,
                  ctx: zmq.asyncio.Context, worker_args: list[str],
-                 python: str = sys.executable):
+                 python: str = sys.executable, hosts: Path | None = None,
+                 state_dir: Path | None = None):
+        """`hosts`: a hostfile: the worker is a group of processes (worker/group/), started
+        by `python -m worker.group.launch` in a process group of its own, which is what
+        `kill` kills; `state_dir` is where the group's keys are kept."""
         self.epoch = epoch
         self._model, self._name = model, name
         self._ctx = ctx
         self._python = python
         self._extra = worker_args
+        self._hosts = hosts
+        self._hosts_state_dir = state_dir
         self._endpoints = Endpoints.for_worker(runtime_dir, f"w{os.getpid()}-{name_slug(name)}-{epoch}")
         self._cmd: zmq.asyncio.Socket | None = None
         self._evt: zmq.asyncio.Socket | None = None
@@ -101,9 +107,16 @@ class ProcessLink(WorkerLink):
         self._evt = pull(self._ctx, self._endpoints.events, bind=True)
         self._evt_sync = zmq.Socket.shadow(self._evt.underlying)  # same socket, sync calls
         self._cmd = push(self._ctx, self._endpoints.commands, bind=True)
-        argv = [self._python, "-m", "worker", "--model", self._model, "--name", self._name,
-                "--commands", self._endpoints.commands, "--events", self._endpoints.events,
-                "--epoch", str(self.epoch), "--parent-pid", str(os.getpid()), *self._extra]
+        worker = [self._python, "-m", "worker", "--model", self._model, "--name", self._name,
+                  "--commands", self._endpoints.commands, "--events", self._endpoints.events,
+                  "--epoch", str(self.epoch), *self._extra]
+        if self._hosts is None:
+            argv = [*worker, "--parent-pid", str(os.getpid())]
+        else:  # the ranks' parent is mlx.launch; the launcher watches us
+            argv = [self._python, "-m", "worker.group.launch", "--hostfile", str(self._hosts),
+                    "--parent-pid", str(os.getpid()), "--exit-file", self._exit_file(),
+                    "--state-dir", str(self._hosts_state_dir),
+                    "--", *worker, "--group"]
         self._proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE, env={**os.environ, **blas.preload(os.environ)},
@@ -166,10 +179,16 @@ class ProcessLink(WorkerLink):
                 pass
         return code
 
+    def _exit_file(self) -> str:
+        return self._endpoints.events.removeprefix("ipc://") + ".exit"
+
     def _signal(self, sig: int) -> None:
         if self._proc is not None and self._proc.returncode is None:
             try:
-                self._proc.send_signal(sig)
+                if self._hosts is not None and sig == signal.SIGKILL:
+                    os.killpg(self._proc.pid, sig)  # the launcher, mlx.launch, local ranks
+                else:
+                    self._proc.send_signal(sig)
             except ProcessLookupError:
                 pass
 
@@ -184,7 +203,7 @@ class ProcessLink(WorkerLink):
             if sock is not None:
                 sock.close(linger=0)
         self._cmd = self._evt = self._evt_sync = None
-        for ep in (self._endpoints.commands, self._endpoints.events):
+        for ep in (self._endpoints.commands, self._endpoints.events, self._exit_file()):
             try:
                 os.unlink(ep.removeprefix("ipc://"))
             except OSError:

@@ -33,6 +33,7 @@ class Liveness:
     prompt_cache: CacheStats | None = None
     load_progress: float | None = None
     progress: float | None = None       # the running request's (Heartbeat.progress)
+    group_silence: float | None = None  # a group: s since its quietest rank was heard
 
     def on_heartbeat(self, msg: Heartbeat, now: float) -> None:
         self.heartbeat_at = now
@@ -43,6 +44,7 @@ class Liveness:
         self.prompt_cache = msg.prompt_cache
         self.load_progress = msg.load_progress
         self.progress = msg.progress
+        self.group_silence = msg.group_silence
 
     def verdict(self, now: float, config: Config, *, busy: bool,
                 cancels_sent_at: Iterable[float | None],
@@ -52,6 +54,9 @@ class Liveness:
         the MLX memory it may hold while idle (None: no limit)."""
         if now - self.heartbeat_at > config.heartbeat_timeout:
             return Verdict(ExitCause.HEARTBEAT, f"no heartbeat for {config.heartbeat_timeout:g} s")
+        if self.group_silence is not None and self.group_silence > config.heartbeat_timeout:
+            return Verdict(ExitCause.HEARTBEAT, f"a rank of the worker group sent no heartbeat "
+                                                f"for {config.heartbeat_timeout:g} s")
         if busy and now - self.steps_changed_at > config.hang_timeout:
             return Verdict(ExitCause.HUNG,
                            f"hung: busy with no progress for {config.hang_timeout:g} s")

@@ -65,9 +65,13 @@ def worker_args(config: Config) -> list[str]:
 
 def process_link_factory(config: Config, model: str, runtime_dir: Path,
                          ctx: zmq.asyncio.Context) -> LinkFactory:
+    # `--hosts`: the models named by --model are each served by a worker group.
+    hosts = config.hosts if config.hosts is not None and model in config.models else None
+
     def make(epoch: int) -> ProcessLink:
         return ProcessLink(epoch=epoch, model=model, name=model, runtime_dir=runtime_dir,
-                           ctx=ctx, worker_args=worker_args(config), python=sys.executable)
+                           ctx=ctx, worker_args=worker_args(config), python=sys.executable,
+                           hosts=hosts, state_dir=config.state_dir)
     return make
 
 

@@ -52,6 +52,7 @@ DRAIN, FORCE = "drain", "force"
 # A worker that found itself unable to run a step after a request failed exits with this
 # code, asking to be replaced (worker/__main__.py): not a crash of its own making.
 EXIT_UNHEALTHY = 4
+EXIT_GROUP_LOST = 5   # worker/__main__.py
 
 Admit = Callable[["ModelRunner"], Awaitable[None]]
 
@@ -83,6 +84,7 @@ class ModelRunner:
         self.dimensions: int | None = None  # an embedding model's vector width
         self.voices: list[str] = []         # a speech synthesis model's voices
         self.translates = False             # a speech recognition model that translates
+        self.group: dict | None = None      # a worker group's ranks and link (Ready.group)
         self.ready_at: float | None = None
         self.restarts = 0
         self.restart_causes: collections.Counter = collections.Counter()  # ExitCause → n
@@ -437,6 +439,7 @@ class ModelRunner:
             self.dimensions = msg.dimensions or None
             self.voices, self.translates = list(msg.voices), msg.translates
             self.random_weights = msg.random_weights
+            self.group = msgspec.to_builtins(msg.group) if msg.group is not None else None
             self.ready_at = self._clock()
             self.live.active_bytes, self.live.peak_bytes = msg.active_bytes, msg.peak_bytes
             self._to(DRAINING if self._retiring else READY)
@@ -527,6 +530,9 @@ class ModelRunner:
             "last_error": self.last_error,
             "uptime_s": round(self._clock() - self.ready_at, 1) if self.ready_at else None,
             "pinned": self.pinned, "need_bytes": self.need_bytes,
+            # A worker group (worker/group/): its ranks, hosts, memory and link; None: one
+            # process.
+            "group": self.group,
             "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
             "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
             # Every completion token since this runner began: the dashboard's live chart
@@ -551,6 +557,8 @@ class ModelRunner:
 
 def _exit_verdict(code: int | None) -> Verdict:
     """Why a worker ended that nobody here asked to end: by its exit code."""
+    if code == EXIT_GROUP_LOST:
+        return Verdict(ExitCause.CRASH, "the worker group lost a rank (or its link)")
     if code == EXIT_UNHEALTHY:
         return Verdict(ExitCause.UNHEALTHY,
                        "the worker could not run a step after a request failed and was recycled")

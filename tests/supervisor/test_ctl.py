@@ -178,6 +178,18 @@ def test_human_formats():
     busy = format_status({"status": "ok", "workers": [
         {"model": "w", "kind": "stt", "state": "busy", "progress": 0.5}]}).splitlines()
     assert busy[-1].split()[:3] == ["w", "stt", "busy(50%)"]
+    group = format_status({"status": "ok", "workers": [
+        {"model": "big", "state": "ready", "group": {
+            "size": 2, "backend": "ring", "sharding": "tensor", "latency_s": 0.00012,
+            "bandwidth_bytes_s": 2.5e9, "ranks": [
+                {"rank": 0, "host": "mac1", "pid": 11, "free_bytes": 48 << 30,
+                 "active_bytes": 20 << 30, "peak_bytes": 21 << 30},
+                {"rank": 1, "host": "mac2", "pid": 22, "free_bytes": 50 << 30,
+                 "active_bytes": 20 << 30, "peak_bytes": 22 << 30}]}}]}).splitlines()
+    assert group[-4] == ("big: a group of 2 (tensor parallel over ring); link: all-reduce "
+                         "120 us, 2.50 GB/s")
+    assert group[-3].split()[:3] == ["RANK", "HOST", "PID"]
+    assert group[-1].split() == ["1", "mac2", "22", "50.0", "GiB", "20.0", "GiB", "22.0", "GiB"]
     assert "no local MLX models" in format_models({"models": []})
     table = format_models({"models": [{"id": "org/m", "size_bytes": 4 << 30, "context_length": 32768,
                                        "state": "not_loaded", "source": "hf-cache"}]})

@@ -149,6 +149,17 @@ def test_liveness_verdicts():
     assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[105.0]) is None
 
 
+def test_a_silent_rank_of_a_worker_group_condemns_the_group_even_when_idle():
+    """The leader's own heartbeats flow; one of its ranks has been quiet too long."""
+    cfg = Config(heartbeat_timeout=2, hang_timeout=5)
+    lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)
+    lv.on_heartbeat(Heartbeat(epoch=1, state="ready", group_silence=1.5), 100.0)
+    assert lv.verdict(100.0, cfg, busy=False, cancels_sent_at=[]) is None
+    lv.on_heartbeat(Heartbeat(epoch=1, state="ready", group_silence=2.5), 101.0)
+    verdict = lv.verdict(101.0, cfg, busy=False, cancels_sent_at=[])
+    assert verdict.cause is ExitCause.HEARTBEAT and "rank of the worker group" in verdict.reason
+
+
 def test_liveness_keeps_what_heartbeats_say_of_the_cache_and_the_load():
     from protocol.messages import CacheStats
 

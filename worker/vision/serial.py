@@ -44,6 +44,9 @@ class SerialBatch:
     def fits(self, prep) -> bool:
         return not self.members
 
+    def idle(self) -> None:
+        """(Between requests: nothing to do; Batch.idle says who does something.)"""
+
     def add(self, seq, prep) -> int:
         """Start `prep` (after `fits`); returns the prompt tokens cached: none."""
         import mlx.core as mx

@@ -1,0 +1,184 @@
+"""A worker group over MLX's ring backend on loopback: one model served by 2 and 3 real
+rank processes (started by `python -m worker.group.launch` through `mlx.launch`), tensor
+and pipeline sharded, against the same model in one process, through the real supervisor
+and the official OpenAI client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import openai
+import pytest
+
+from tests.serverproc import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["hello there", "tell me about the sea", "1 2 3 4"]
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def shard_model(models_dir):
+    """6 heads, 6 layers: splits over 2 and 3 ranks by tensor and pipeline alike."""
+    from worker.demo import build_model
+
+    return str(build_model(models_dir / "tiny-shard", "tiny-shard").path)
+
+
+def hostfile(tmp_path, ranks: int):
+    path = tmp_path / f"hosts{ranks}.json"
+    path.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]} for _ in range(ranks)]}))
+    return str(path)
+
+
+def group_server(model, tmp_path, ranks, sharding, *extra):
+    s = ServerProcess([model], "--hosts", hostfile(tmp_path, ranks), "--sharding", sharding,
+                      *extra)
+    s.wait_healthy(180)
+    return s
+
+
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="x", timeout=60, max_retries=0)
+
+
+def complete(server, model, prompt, max_tokens=MAX_TOKENS):
+    r = client(server).chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+        temperature=0)
+    return r.choices[0].message.content, r.usage.completion_tokens
+
+
+@pytest.fixture(scope="module")
+def reference(shard_model):
+    """The same model in one process: what every group must answer."""
+    with ServerProcess([shard_model]) as s:
+        s.wait_healthy(120)
+        return {p: complete(s, shard_model, p) for p in PROMPTS}
+
+
+def group_of(server) -> dict:
+    _, body = server.get("/health")
+    (worker,) = body["workers"]
+    return worker
+
+
+def rank_pids(server) -> list[int]:
+    return [r["pid"] for r in group_of(server)["group"]["ranks"]]
+
+
+@pytest.mark.parametrize("ranks,sharding", [(2, "tensor"), (2, "pipeline"), (3, "tensor"),
+                                            (3, "pipeline")])
+def test_group_answers_as_one_process(shard_model, reference, tmp_path, ranks, sharding):
+    with group_server(shard_model, tmp_path, ranks, sharding) as s:
+        group = group_of(s)["group"]
+        assert group["size"] == ranks and group["sharding"] == sharding
+        assert group["backend"] == "ring"
+        assert [r["rank"] for r in group["ranks"]] == list(range(ranks))
+        assert len({r["pid"] for r in group["ranks"]}) == ranks
+        assert all(r["active_bytes"] > 0 for r in group["ranks"])
+        assert group["latency_s"] > 0 and group["bandwidth_bytes_s"] > 0
+        for prompt in PROMPTS:
+            assert complete(s, shard_model, prompt) == reference[prompt], prompt
+
+
+@pytest.fixture(scope="module")
+def tensor2(shard_model, tmp_path_factory):
+    with group_server(shard_model, tmp_path_factory.mktemp("g2"), 2, "tensor",
+                      "--heartbeat-timeout", "4") as s:
+        yield s
+
+
+def test_concurrent_streams_each_get_their_solo_answer(shard_model, reference, tensor2):
+    prompts = PROMPTS + PROMPTS[:1]
+    out: dict[int, tuple] = {}
+
+    def run(i, prompt):
+        out[i] = complete(tensor2, shard_model, prompt)
+
+    threads = [threading.Thread(target=run, args=(i, p)) for i, p in enumerate(prompts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [out[i] for i in range(len(prompts))] == [reference[p] for p in prompts]
+    assert group_of(tensor2)["epoch"] == 1
+
+
+def test_cancel_mid_stream_then_serve_again(shard_model, reference, tensor2):
+    stream = client(tensor2).chat.completions.create(
+        model=shard_model, messages=[{"role": "user", "content": PROMPTS[1]}],
+        max_tokens=2000, temperature=0, stream=True)
+    got = 0
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            got += 1
+        if got >= 3:
+            break
+    stream.close()  # the supervisor cancels; the leader's rm reaches every rank
+    deadline = time.monotonic() + 30
+    while group_of(tensor2)["worker_active"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_of(tensor2)["worker_active"] == 0
+    assert complete(tensor2, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
+    assert group_of(tensor2)["epoch"] == 1  # the same group: nothing was restarted
+
+
+def _wait_epoch(server, epoch, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        w = group_of(server)
+        if w["epoch"] >= epoch and w["state"] == "ready":
+            return w
+        time.sleep(0.2)
+    raise AssertionError(f"no ready group of epoch {epoch}: {group_of(server)}\n{server.log()}")
+
+
+def test_killed_rank_fails_clients_retryably_and_the_group_respawns(shard_model, reference,
+                                                                   tmp_path):
+    with group_server(shard_model, tmp_path, 2, "tensor") as s:
+        follower = rank_pids(s)[1]
+        errors = []
+
+        def long_request():
+            try:
+                complete(s, shard_model, PROMPTS[1], max_tokens=4000)
+            except openai.APIStatusError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not group_of(s)["worker_active"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(follower, signal.SIGKILL)
+        t.join(60)
+        assert len(errors) == 1 and errors[0].status_code == 503, errors
+        assert errors[0].response.headers.get("retry-after")
+        w = _wait_epoch(s, 2)
+        assert w["restart_causes"].get("crash") == 1, w
+        assert follower not in rank_pids(s)
+        assert complete(s, shard_model, PROMPTS[2]) == reference[PROMPTS[2]]
+
+
+def test_hung_rank_is_detected_and_the_group_respawns(shard_model, reference, tmp_path):
+    with group_server(shard_model, tmp_path, 2, "tensor", "--heartbeat-timeout", "5") as s:
+        old = rank_pids(s)
+        os.kill(old[1], signal.SIGSTOP)  # idle: only its heartbeats can tell
+        try:
+            w = _wait_epoch(s, 2)
+        finally:
+            try:
+                os.kill(old[1], signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        assert w["restart_causes"].get("heartbeat", 0) >= 1, w
+        assert "heartbeat" in (w["last_error"] or ""), w
+        assert not set(old) & set(rank_pids(s))
+        assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]

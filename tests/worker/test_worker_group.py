@@ -1,0 +1,415 @@
+"""The worker group's parts without processes: the follower's replay and its divergence
+checks, the leader's record, the control channel over real ZeroMQ sockets, the broadcast's
+framing, the sharding choice, the launcher's hostfile, and the seed every rank shares."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import msgpack
+import pytest
+import zmq
+
+from protocol.codec import encode
+from protocol.messages import Generate, SamplingParams, pack_ids
+from worker import sampling
+from worker.engine import Prepared
+from worker.group import keys, launch, setup
+from worker.group.broadcast import FRAME, Broadcast
+from worker.group.control import FollowerControl, LeaderControl
+from worker.group.follower import Diverged, Follower
+from worker.group.leader import PING_EVERY, GroupLost, LeaderBatch, checksum
+from worker.models import LoadError
+
+
+def gen(rid: str, ids=(1, 2, 3)) -> Generate:
+    return Generate(rid=rid, prompt_ids=pack_ids(list(ids)), sampling=SamplingParams(max_tokens=4))
+
+
+class Chunks:
+    def __init__(self, size=512):
+        self.size = size
+
+
+class FakeBatch:
+    """Records what the follower or the leader does to it; `step` emits `tokens`."""
+
+    def __init__(self, cached=0):
+        self.calls: list = []
+        self.members: dict[int, object] = {}
+        self.snapshots = None
+        self.chunks = Chunks()
+        self.cached = cached
+        self.tokens = 7
+        self.fail_next = False
+        self._uid = 0
+
+    def add(self, seq, prep):
+        seq.uid = self._uid
+        self.members[self._uid] = seq
+        self._uid += 1
+        self.calls.append(("add", seq.rid, list(prep.ids)))
+        return self.cached
+
+    def remove(self, seq):
+        self.members.pop(seq.uid, None)
+        self.calls.append(("rm", seq.rid))
+
+    def _set_chunk(self, size):
+        self.calls.append(("chunk", size))
+
+    def step(self):
+        self.calls.append(("step",))
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("step failed")
+        return [(seq, (self.tokens, "x", None, None)) for seq in self.members.values()]
+
+    def reset(self):
+        self.calls.append(("reset",))
+        seqs = list(self.members.values())
+        self.members.clear()
+        return seqs
+
+    def close(self):
+        self.calls.append(("close",))
+
+    def fits(self, prep):
+        return True
+
+
+class FakeEngine:
+    def __init__(self):
+        self.recovered = 0
+
+    def prepare(self, g):
+        return Prepared(g, list(range(5)))
+
+    def recover(self):
+        self.recovered += 1
+
+
+class Queue:
+    """A control channel in memory: what a leader sends, a follower receives."""
+
+    def __init__(self):
+        self.sent: list[bytes] = []
+        self.fail = False
+
+    def send(self, message):
+        if self.fail:
+            raise ConnectionError("rank r1 is unreachable")
+        self.sent.append(message)
+
+    def ops(self, i=-1):
+        return msgpack.unpackb(self.sent[i], raw=False)
+
+
+# ---- leader -----------------------------------------------------------------------
+
+def test_leader_sends_what_changed_with_each_step():
+    inner, q = FakeBatch(cached=2), Queue()
+    leader = LeaderBatch(inner, q)
+
+    class Seq:
+        rid, uid = "a", None
+
+    seq = Seq()
+    assert leader.add(seq, Prepared(gen("a"), [1, 2, 3])) == 2
+    assert q.sent == []  # adding runs no forward pass: nothing sent yet
+    inner.chunks.size = 1024
+    results = leader.step()
+    ops = q.ops()
+    assert [op[0] for op in ops] == ["add", "step"]
+    assert ops[0][2] == 2 and ops[1][1:] == [1024, None]
+    assert leader.step() and q.ops()[-1] == ["step", 1024, checksum(results)]
+    leader.remove(seq)
+    leader.remove(seq)  # already gone: recorded once
+    leader.idle()
+    assert q.ops() == [["rm", "a"], ["ping"]]
+
+
+def test_leader_pings_when_idle_and_turns_a_lost_rank_into_group_lost():
+    now = [0.0]
+    q = Queue()
+    leader = LeaderBatch(FakeBatch(), q, clock=lambda: now[0])
+    leader.idle()
+    assert q.sent == []
+    now[0] += PING_EVERY
+    leader.idle()
+    assert q.ops() == [["ping"]]
+    q.fail = True
+    with pytest.raises(GroupLost):
+        leader.step()
+    leader.close()  # a rank already gone: closing still closes this rank's batch
+
+
+def test_leader_reset_drops_the_record_and_tells_every_rank():
+    inner, q = FakeBatch(), Queue()
+    leader = LeaderBatch(inner, q)
+
+    class Seq:
+        rid, uid = "a", None
+
+    leader.add(Seq(), Prepared(gen("a"), [1]))
+    leader.reset()
+    assert q.ops() == [["reset"]]
+
+
+# ---- follower ---------------------------------------------------------------------
+
+def follower(cached=0):
+    batch, engine = FakeBatch(cached), FakeEngine()
+    return Follower(engine, batch, control=None), batch, engine
+
+
+def test_follower_replays_adds_steps_and_removals():
+    f, batch, _ = follower()
+    assert f.apply(["add", encode(gen("a")), 0])
+    f.apply(["step", 2048, None])
+    assert batch.calls == [("add", "a", [0, 1, 2, 3, 4]), ("chunk", 2048), ("step",)]
+    assert batch.chunks.size == 2048
+    expected = checksum([(f.seqs["a"], (7, "", None, None))])
+    f.apply(["step", 2048, expected])   # the leader's tokens agree
+    f.apply(["rm", "a"])
+    f.apply(["rm", "a"])  # idempotent
+    assert ("rm", "a") in batch.calls and "a" not in f.seqs
+    assert f.apply(["stop"]) is False and batch.calls[-1] == ("close",)
+
+
+def test_follower_refuses_to_diverge():
+    f, batch, _ = follower(cached=3)
+    with pytest.raises(Diverged, match="cached"):
+        f.apply(["add", encode(gen("a")), 0])
+    f, batch, _ = follower()
+    f.apply(["add", encode(gen("a")), 0])
+    f.apply(["step", 512, None])
+    with pytest.raises(Diverged, match="tokens differ"):
+        f.apply(["step", 512, 12345])
+    with pytest.raises(Diverged, match="unknown"):
+        follower()[0].apply(["teleport"])
+
+
+def test_follower_failed_step_must_be_followed_by_the_leaders_reset():
+    f, batch, engine = follower()
+    f.apply(["add", encode(gen("a")), 0])
+    batch.fail_next = True
+    f.apply(["step", 512, None])
+    f.apply(["reset"])   # the leader's step failed too: every rank starts over
+    assert engine.recovered == 1 and not f.seqs and not f.failed
+    f.apply(["add", encode(gen("b")), 0])
+    batch.fail_next = True
+    f.apply(["step", 512, None])
+    with pytest.raises(Diverged, match="not on the leader"):
+        f.apply(["step", 512, None])
+
+
+# ---- control channel --------------------------------------------------------------
+
+@pytest.fixture
+def group_keys(tmp_path):
+    return keys.load(keys.ensure(tmp_path / "state"))
+
+
+def test_group_keys_are_made_once_and_kept_private(tmp_path):
+    folder = keys.ensure(tmp_path / "state")
+    assert keys.ensure(tmp_path / "state") == folder
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert {f.stat().st_mode & 0o777 for f in folder.glob("*.key_secret")} == {0o600}
+    loaded = keys.load(folder)
+    assert loaded.leader_public != loaded.rank_public and loaded.rank_secret
+    with pytest.raises(ValueError, match="copy"):
+        keys.load(tmp_path / "elsewhere")
+
+
+def test_control_channel_carries_operations_and_heartbeats(group_keys):
+    ctx = zmq.Context()
+    port = launch.free_ports(2)
+    endpoint = f"tcp://127.0.0.1:{port}"
+    leader = LeaderControl(ctx, endpoint, followers=2, keys=group_keys)
+    followers = [FollowerControl(ctx, endpoint, r, group_keys) for r in (1, 2)]
+    try:
+        leader.wait_hellos(10)
+        assert sorted(leader.peers) == [b"r1", b"r2"]
+        leader.send(b"ops")
+        assert [f.receive() for f in followers] == [b"ops", b"ops"]
+        time.sleep(1.2)
+        assert leader.silence() < 1.0   # both beat
+        followers[1].close()            # one rank goes quiet
+        time.sleep(1.5)
+        assert leader.silence() >= 1.0
+    finally:
+        followers[0].close()
+        leader.close()
+        ctx.term()
+
+
+def test_control_channel_gives_up_on_a_rank_that_never_connects(group_keys):
+    ctx = zmq.Context()
+    leader = LeaderControl(ctx, f"tcp://127.0.0.1:{launch.free_ports(2)}", followers=1,
+                           keys=group_keys)
+    try:
+        with pytest.raises(RuntimeError, match="did not reach"):
+            leader.wait_hellos(0.3)
+    finally:
+        leader.close()
+        ctx.term()
+
+
+def test_control_channel_refuses_a_wrong_key_and_plain_text(group_keys, tmp_path):
+    """A follower with another group's keys, or none, never reaches the leader."""
+    ctx = zmq.Context()
+    endpoint = f"tcp://127.0.0.1:{launch.free_ports(2)}"
+    leader = LeaderControl(ctx, endpoint, followers=1, keys=group_keys)
+    other = keys.load(keys.ensure(tmp_path / "other"))
+    # Another group's rank key, but this leader's public key: the leader's ZAP refuses it.
+    impostor = FollowerControl(ctx, endpoint, 1, keys.Keys(
+        other.folder, group_keys.leader_public, None, other.rank_public, other.rank_secret))
+    plain = ctx.socket(zmq.DEALER)
+    plain.setsockopt(zmq.IDENTITY, b"r1")
+    plain.setsockopt(zmq.LINGER, 0)
+    plain.connect(endpoint)
+    plain.send(b"hello")
+    try:
+        with pytest.raises(RuntimeError, match="did not reach"):
+            leader.wait_hellos(1.5)
+        assert leader.peers == []
+        honest = FollowerControl(ctx, endpoint, 1, group_keys)
+        leader.wait_hellos(5)   # the right key still gets in
+        assert leader.peers == [b"r1"]
+        honest.close()
+    finally:
+        plain.close()
+        impostor.close()
+        leader.close()
+        ctx.term()
+
+
+# ---- broadcast framing ------------------------------------------------------------
+
+class Group:
+    def __init__(self, rank, size=2):
+        self._rank, self._size = rank, size
+
+    def rank(self):
+        return self._rank
+
+    def size(self):
+        return self._size
+
+
+def test_broadcast_frames_a_long_message_in_two_collectives():
+    import numpy as np
+
+    sizes, frames = [], []
+
+    def leader_sum(a):
+        sizes.append(a.size)
+        frames.append(np.asarray(a).tobytes())
+        return a
+
+    message = bytes(range(256)) * 40   # longer than one frame
+    assert Broadcast(Group(0), all_sum=leader_sum).exchange(message) == message
+    assert sizes == [FRAME, len(message) - (FRAME - 4)]
+    replay = iter(frames)   # what a follower's all-sums return: the leader's bytes
+
+    def follower_sum(a):
+        import mlx.core as mx
+
+        data = next(replay)
+        assert a.size == len(data)
+        return mx.array(np.frombuffer(data, dtype=np.uint8))
+
+    assert Broadcast(Group(1), all_sum=follower_sum).exchange(None) == message
+
+
+# ---- sharding, launcher, seed -----------------------------------------------------
+
+class Model:
+    def __init__(self, tensor=True, pipeline=True):
+        if tensor:
+            self.shard = lambda group: None
+        if pipeline:
+            self.model = type("Inner", (), {"pipeline": lambda self, g: None})()
+
+
+def test_sharding_choice():
+    cfg = {"num_hidden_layers": 6, "num_key_value_heads": 6, "model_type": "qwen2"}
+    assert setup._sharding(Model(), cfg, 2, "auto") == "tensor"
+    assert setup._sharding(Model(), cfg, 3, "pipeline") == "pipeline"
+    assert setup._sharding(Model(tensor=False), cfg, 2, "auto") == "pipeline"
+    odd = {**cfg, "num_key_value_heads": 3}
+    assert setup._sharding(Model(), odd, 2, "auto") == "pipeline"
+    with pytest.raises(LoadError, match="3 key/value heads"):
+        setup._sharding(Model(), odd, 2, "tensor")
+    with pytest.raises(LoadError, match="fewer than 8 ranks"):
+        setup._sharding(Model(tensor=False), cfg, 8, "auto")
+    with pytest.raises(LoadError, match="no tensor parallel"):
+        setup._sharding(Model(tensor=False), cfg, 2, "tensor")
+
+
+def test_hostfile_is_checked_and_local_groups_get_free_ports(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"ssh": "127.0.0.1"}]))
+    with pytest.raises(ValueError, match="at least two hosts"):
+        launch.read_hostfile(bad)
+    good = tmp_path / "hosts.json"
+    good.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "localhost", "ips": ["127.0.0.1"]}]}))
+    data = launch.read_hostfile(good)
+    cmd = launch.launch_command(good, data, "/x/exit", ["python", "-m", "worker"],
+                                tmp_path / "keys")
+    assert cmd[-4:] == ["--", "python", "-m", "worker"]
+    envs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--env"]
+    control = next(e for e in envs if e.startswith("MLXD_GROUP_CONTROL="))
+    assert control.startswith("MLXD_GROUP_CONTROL=tcp://127.0.0.1:")
+    assert "MLXD_GROUP_EXIT_FILE=/x/exit" in envs and "MLXD_GROUP_BACKEND=ring" in envs
+    assert f"MLXD_GROUP_KEYS={tmp_path / 'keys'}" in envs
+    remote = {"hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}],
+              "backend": "ring", "control_port": 4000}
+    cmd = launch.launch_command(good, remote, "/x/exit", ["w"], tmp_path / "keys")
+    assert "MLXD_GROUP_CONTROL=tcp://10.0.0.1:4000" in cmd
+    assert cmd[cmd.index("--starting-port") + 1] == "32323"
+
+
+def test_reseeding_follows_the_shared_seed():
+    """Ranks whose sources share a seed reseed alike, reseed after reseed."""
+    import random
+
+    import mlx.core as mx
+
+    def draws(seed):
+        rng = random.Random(seed)
+        sampling.use_seed_source(lambda: rng.getrandbits(64))
+        out = []
+        for _ in range(2):
+            sampling.reseed()
+            out.append(mx.random.uniform(shape=(4,)).tolist())
+        return out
+
+    try:
+        first, second = draws(5), draws(5)
+        assert first == second and first[0] != first[1] and draws(6) != first
+    finally:
+        sampling.use_seed_source(sampling._os_seed)
+
+
+def test_a_failed_collective_ends_the_group_not_the_requests():
+    """The backend's own wording of a lost peer makes the step raise GroupLost (the
+    scheduler lets it through); any other failure stays the scheduler's to isolate."""
+    from worker.scheduler import WorkerBroken
+
+    inner, q = FakeBatch(), Queue()
+    leader = LeaderBatch(inner, q)
+
+    def lost():
+        raise RuntimeError("[ring] connection to a peer was lost")
+
+    inner.step = lost
+    with pytest.raises(GroupLost) as err:
+        leader.step()
+    assert isinstance(err.value, WorkerBroken)
+    inner.step = lambda: (_ for _ in ()).throw(RuntimeError("some kernel failed"))
+    with pytest.raises(RuntimeError, match="kernel"):
+        leader.step()

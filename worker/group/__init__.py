@@ -1,0 +1,29 @@
+"""A worker group: one logical worker made of several MLX processes (one per machine or
+GPU), joined by MLX's own distributed layer, the model split by mlx-lm's own sharding.
+
+Why lockstep, and how. Every forward pass of a sharded model is collective: each rank
+must call the model with the same shapes at the same moment (tensor parallel sums each
+layer's partial results across ranks; pipeline parallel passes activations from rank to
+rank). So every rank holds the same batch (its own shard of every sequence's KV) and
+runs the same step. Rank 0 (the leader) runs the ordinary scheduler and speaks the
+protocol to the supervisor; the others (followers) only replay what the leader did to its
+batch, in the same order: each step's composition (sequences added and removed since the
+last step, the prefill chunk size the leader's timing chose) travels from the leader in
+ONE broadcast before the step, over MLX's collectives (`broadcast.py`; no transport of
+ours). Sampling needs no broadcast: after the collective sums every rank holds the same
+logits, and the random state was seeded alike at start (`setup.py`), so every rank
+samples the same tokens; a checksum of each step's tokens rides with the next broadcast
+and a follower that disagrees stops the group rather than serve from a diverged state.
+
+- `broadcast.py`: bytes from rank 0 to every rank over `all_sum`, framed.
+- `leader.py`: the batch the leader's scheduler drives, recording what followers replay.
+- `follower.py`: the loop of ranks > 0.
+- `setup.py`: joining the group, the per-host memory check, shard loading, the link probe.
+- `launch.py`: `python -m worker.group.launch`: the process the supervisor spawns; it
+  starts the ranks with `mlx.launch` and dies with the supervisor.
+
+A rank that dies makes the others' next collective fail: the leader exits (the supervisor
+respawns the whole group, nothing half-alive). A rank that hangs stalls the leader inside
+a collective, which its heartbeats report (`group_wait`) and the supervisor's liveness
+check turns into a kill of the whole group.
+"""

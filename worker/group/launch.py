@@ -1,0 +1,179 @@
+"""`python -m worker.group.launch`: the process the supervisor spawns for a worker group.
+
+It starts the ranks with `mlx.launch` (which writes the backend's hostfile, sets each
+rank's MLX_RANK, and reaches other hosts over ssh) and stays as their parent, for three
+things `mlx.launch` does not do for a supervisor:
+- die with the supervisor: a lifeline watches the supervisor and kills this process group
+  (the local ranks and `mlx.launch`; remote ranks lose their ssh session);
+- report why the group ended: `mlx.launch` exits 0 whatever its ranks did, so the leader
+  writes its exit code to a file (worker/group/rank.py) and this process exits with it;
+- keep `mlx.launch` from spinning: it forwards its stdin to every rank, and its loop
+  selects on each rank's stdin pipe, which is writable, so the loop never sleeps (a
+  core burnt for nothing). Its stdin gets newlines enough to fill the ranks' pipes
+  (which nothing reads); a full pipe is not writable, and the loop waits again.
+
+Ports: a group whose hosts are all this machine (tests, several GPUs of one host) gets
+free ones; otherwise the hostfile's `starting_port` for the ring backend (default
+mlx.launch's 32323) and `control_port` for the leader's control channel (default 32320
+and the next; worker/group/control.py), both mlxd keys mlx.launch ignores. The control
+channel is bound to the first host's first address, never to every interface.
+
+A SIGTERM here does nothing by itself: the supervisor stops a group with a Shutdown to
+the leader, which stops every rank, and kills the process group if that takes too long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from worker import lifeline
+from worker.group import keys
+from worker.group.rank import BACKEND_ENV, CONTROL_ENV, EXIT_FILE_ENV, KEYS_ENV
+
+log = logging.getLogger("worker.group.launch")
+
+EXIT_NO_CODE = 1   # the leader left no code (killed before it could write one)
+FILL = b"\n" * (1 << 18)   # more than any OS's pipe buffer (64 KiB on Linux and macOS)
+LOCAL = {"127.0.0.1", "localhost", "::1"}
+
+
+def read_hostfile(path: Path) -> dict:
+    """mlx.launch's hostfile (a list of hosts, or {"hosts": [...], "backend": ...,
+    "envs": [...]}), checked for what mlxd needs of it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read the hostfile {path}: {e}") from None
+    if isinstance(data, list):
+        data = {"hosts": data}
+    hosts = data.get("hosts") if isinstance(data, dict) else None
+    if not isinstance(hosts, list) or len(hosts) < 2 or not all(
+            isinstance(h, dict) and isinstance(h.get("ssh"), str) for h in hosts):
+        raise ValueError(f"the hostfile {path} must list at least two hosts, each "
+                         '{"ssh": NAME, "ips": [...]}')
+    return data
+
+
+def is_local(host: dict) -> bool:
+    names = {host["ssh"], *host.get("ips", [])}
+    return bool(names & (LOCAL | {socket.gethostname()}))
+
+
+def free_ports(count: int, first: int = 30000, last: int = 60000) -> int:
+    """The first of `count` consecutive ports free on this machine now."""
+    import random
+
+    for _ in range(100):
+        base = random.randrange(first, last - count)
+        socks = []
+        try:
+            for p in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free range of ports for the ring backend")
+
+
+def backend_of(data: dict) -> str:
+    if data.get("backend"):
+        return str(data["backend"])
+    import mlx.core as mx
+
+    return "nccl" if mx.cuda.is_available() else "ring"  # mlx.launch's own default
+
+
+def launch_command(hostfile: Path, data: dict, exit_file: str, worker: list[str],
+                   key_folder: Path) -> list:
+    backend = backend_of(data)
+    hosts = data["hosts"]
+    if all(is_local(h) for h in hosts):
+        port = free_ports(sum(max(1, len(h.get("ips", []))) for h in hosts))
+        control = f"tcp://127.0.0.1:{free_ports(2)}"
+    else:
+        port = int(data.get("starting_port", 32323))
+        ips = hosts[0].get("ips") or [hosts[0]["ssh"]]
+        control = f"tcp://{ips[0]}:{int(data.get('control_port', 32320))}"
+    script = shutil.which("mlx.launch", path=str(Path(sys.executable).parent))
+    launcher = [script] if script else [
+        sys.executable, "-c", "import sys; from mlx._distributed_utils.launch import main; "
+                              "sys.exit(main())"]
+    return [*launcher, "--hostfile", str(hostfile), "--backend", backend,
+            "--starting-port", str(port), "--env", f"{EXIT_FILE_ENV}={exit_file}",
+            "--env", f"{BACKEND_ENV}={backend}", "--env", f"{CONTROL_ENV}={control}",
+            "--env", f"{KEYS_ENV}={key_folder}", "--", *worker]
+
+
+def _fill(fd: int) -> None:
+    """Write FILL to mlx.launch's stdin and keep it open (EOF would make it readable,
+    and its loop would spin on that instead)."""
+    try:
+        view = memoryview(FILL)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass  # mlx.launch is gone
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m worker.group.launch", description=__doc__)
+    p.add_argument("--hostfile", required=True, type=Path)
+    p.add_argument("--parent-pid", type=int, default=None)
+    p.add_argument("--exit-file", required=True)
+    p.add_argument("--state-dir", required=True, type=Path, help="where the group's keys are")
+    p.add_argument("worker", nargs=argparse.REMAINDER, help="-- the rank's command")
+    args = p.parse_args(argv)
+    worker = args.worker[1:] if args.worker[:1] == ["--"] else args.worker
+    logging.basicConfig(level=logging.INFO, format="launch[%(process)d] %(message)s")
+
+    def die() -> None:  # the supervisor is gone: so is everything this process started
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    # A polling lifeline (not PDEATHSIG): its `die` must run here, in this process.
+    lifeline.install(args.parent_pid, platform="poll", die=die)
+    signal.signal(signal.SIGTERM, lambda *_: log.info("SIGTERM: the leader stops the group"))
+    try:
+        data = read_hostfile(args.hostfile)
+        if not is_local(data["hosts"][0]):
+            raise ValueError("the hostfile's first host must be this machine: its rank "
+                             "speaks to this supervisor")
+        cmd = launch_command(args.hostfile, data, args.exit_file, worker,
+                             keys.ensure(args.state_dir))
+    except (ValueError, RuntimeError, OSError) as e:
+        log.error("%s", e)
+        return 3  # the worker's EXIT_LOAD_FAILED: nothing was started
+    stdin, feed = os.pipe()
+    proc = subprocess.Popen(cmd, stdin=stdin)
+    os.close(stdin)
+    threading.Thread(target=_fill, args=(feed,), name="fill", daemon=True).start()
+    while True:
+        try:
+            proc.wait()
+            break
+        except InterruptedError:
+            continue
+    try:
+        code = int(Path(args.exit_file).read_text().strip())
+        os.unlink(args.exit_file)
+    except (OSError, ValueError):
+        code = EXIT_NO_CODE
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

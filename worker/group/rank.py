@@ -1,0 +1,163 @@
+"""One rank of a worker group, from start to exit (`python -m worker --group`).
+
+The same startup on every rank, in the same order, because every step of it is
+collective (worker/group/setup.py): join, share the seed, check every host's memory, load
+this rank's shard, build and warm the batch, probe the link. Then rank 0 (the leader)
+speaks the protocol to the supervisor and runs the ordinary scheduler over a
+`LeaderBatch`; the others replay its batch (worker/group/follower.py).
+
+Exit codes are the worker's (worker/startup.py), plus EXIT_GROUP_LOST: a collective
+failed (a rank died, the link broke) or a follower diverged. The leader also writes its
+code to $MLXD_GROUP_EXIT_FILE, because the process the supervisor waits on is the
+launcher (`mlx.launch` exits 0 whatever its ranks did). A SIGTERM reaching the leader
+comes from `mlx.launch` after another rank failed: the leader leaves at once with
+EXIT_GROUP_LOST, so its clients get a retryable error, not a "cancelled" ending.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+log = logging.getLogger("worker.group")
+
+EXIT_FILE_ENV = "MLXD_GROUP_EXIT_FILE"
+BACKEND_ENV = "MLXD_GROUP_BACKEND"
+CONTROL_ENV = "MLXD_GROUP_CONTROL"   # tcp://HOST:PORT of the leader's control channel
+KEYS_ENV = "MLXD_GROUP_KEYS"         # the folder of its CURVE keys (worker/group/keys.py)
+HELLO_TIMEOUT = 120.0                # s: the followers connect while the model loads
+
+
+def leave(code: int) -> int:
+    """Record the leader's exit code for the launcher; returns it."""
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path:
+        try:
+            with open(path, "w") as f:
+                f.write(str(code))
+        except OSError:
+            log.warning("could not write the exit file %s", path)
+    return code
+
+
+def serve(args) -> int:
+    import zmq
+
+    from protocol.messages import LOAD_FAILED, Done, Error, FinishReason, Generate, Ready
+    from worker.startup import (EXIT_BROKEN, EXIT_GROUP_LOST, EXIT_LOAD_FAILED, make_batch,
+                                set_wired_limit)
+    from worker.group import keys as group_keys
+    from worker.group import setup
+    from worker.group.keys import load as load_keys
+    from worker.group.control import FollowerControl, LeaderControl
+    from worker.group.follower import Diverged, Follower
+    from worker.group.leader import GroupLost, LeaderBatch
+    from worker.link import Link
+    from worker.models import LoadError
+    from worker.status import WorkerStatus
+
+    group = setup.join()
+    rank, size = group.rank(), group.size()
+    chan = setup.channel(group)
+    status = WorkerStatus(args.epoch)
+    ctx = zmq.Context()
+    link = None
+    endpoint = os.environ[CONTROL_ENV]
+    keys = load_keys(os.environ.get(KEYS_ENV) or group_keys.folder(args.state_dir))
+    if rank == 0:
+        link = Link(ctx, args.commands, args.events, status, args.heartbeat_interval)
+        link.start()
+        control = LeaderControl(ctx, endpoint, size - 1, keys)
+    else:
+        control = FollowerControl(ctx, endpoint, rank, keys)
+
+        def on_sigterm(signum, frame):
+            log.error("terminated: another rank of the group failed")
+            os._exit(leave(EXIT_GROUP_LOST))
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def load_failed(msg: str) -> int:
+        log.error("load failed: %s", msg)
+        if link is not None:
+            link.send(Error(epoch=args.epoch, code=LOAD_FAILED, message=msg))
+            while not link.commands.empty():
+                cmd = link.commands.get_nowait()
+                if isinstance(cmd, Generate):
+                    link.send(Done(epoch=args.epoch, rid=cmd.rid,
+                                   finish_reason=FinishReason.ERROR))
+            link.close()
+        return leave(EXIT_LOAD_FAILED) if rank == 0 else EXIT_LOAD_FAILED
+
+    log.info("rank %d of %d: loading %s", rank, size, args.model)
+    try:
+        setup.share_seed(chan)
+        loaded, sharding, rows = setup.load(args, group, chan)
+        set_wired_limit()
+        from worker.engine import TextEngine
+
+        engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
+                            args.prefill_step, loaded.vocab_size)
+        batch = make_batch(engine, args, loaded.path, f"{sharding}-{rank}of{size}")
+        batch.warm()
+        if args.warm_prompt is not None:
+            from worker.snapshots.warm import pin_warm_prompt
+
+            pin_warm_prompt(batch, args.warm_prompt, max(1, args.prefill_step))
+        latency, bandwidth = setup.probe_link(chan)
+        info = setup.describe(chan, rows, os.environ.get(BACKEND_ENV, "ring"), sharding,
+                              latency, bandwidth)
+        if rank == 0:
+            control.wait_hellos(HELLO_TIMEOUT)
+            status.group = control
+    except LoadError as e:
+        return load_failed(str(e))
+    except Exception as e:  # a collective that failed: another rank is gone
+        log.exception("loading the group failed")
+        return load_failed(f"the worker group failed while loading ({type(e).__name__}: "
+                           f"a rank exited or could not be reached; see the server log)")
+
+    if rank != 0:
+        log.info("rank %d of %d ready (%s)", rank, size, sharding)
+        try:
+            Follower(engine, batch, control).run()
+        except Diverged as e:
+            log.critical("this rank diverged from the leader: %s", e)
+            return EXIT_GROUP_LOST
+        except RuntimeError as e:
+            log.error("the group is gone (%s)", str(e)[:200])
+            return EXIT_GROUP_LOST
+        log.info("rank %d stopped", rank)
+        return 0
+
+    import mlx.core as mx
+
+    from worker.scheduler import Scheduler, WorkerBroken
+
+    log.info("ready: %s (group of %d, %s over %s; link %.0f us, %.2f GB/s)", args.name or
+             args.model, size, sharding, info.backend, latency * 1e6, bandwidth / 1e9)
+    memory = mx.get_active_memory(), mx.get_peak_memory()
+    status.publish("ready", (), (), *memory)
+    link.send(Ready(epoch=args.epoch, model=args.name or args.model,
+                    context_length=engine.context_length, pid=os.getpid(),
+                    slots=batch.max_size, random_weights=loaded.random_weights,
+                    active_bytes=memory[0], peak_bytes=memory[1],
+                    vocab_size=engine.vocab_size or 0, model_kind=loaded.kind, group=info))
+    leader = LeaderBatch(batch, control)
+    code = 0
+    try:
+        Scheduler(engine, link, status, leader, log_prompts=args.log_prompts,
+                  stream_interval=args.stream_interval).run()
+    except GroupLost as e:
+        log.critical("a rank of the group is gone (%s); the supervisor replaces the group", e)
+        code = EXIT_GROUP_LOST
+    except WorkerBroken:
+        log.critical("exiting with code %d: MLX cannot run a step after a failed request",
+                     EXIT_BROKEN)
+        code = EXIT_BROKEN
+    finally:
+        leader.close()
+        control.close()
+    link.close()
+    return leave(code)

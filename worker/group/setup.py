@@ -1,0 +1,204 @@
+"""Joining the group and loading this rank's shard.
+
+Every function here is collective: every rank calls it, in the same order (the worker's
+startup, worker/group/rank.py). A decision every rank must share (the seed, whether the
+hosts have the memory) is made from figures every rank has (gathered), or taken by rank 0
+and broadcast, never from what one rank alone saw.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import struct
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import msgpack
+
+from protocol import models as shared
+from protocol.messages import GroupInfo, GroupRank, ModelKind
+from worker import models, sampling
+from worker.group.broadcast import Broadcast
+from worker.models import LoadError, LoadedModel
+
+log = logging.getLogger("worker.group.setup")
+
+SHARDINGS = ("auto", "tensor", "pipeline")
+_PROBE_BYTES = 4 << 20     # the bandwidth probe's all-reduce
+_PROBE_ROUNDS = 20         # latency: tiny all-reduces timed
+
+
+def join():
+    """This process's group, from what `mlx.launch` put in the environment (which backend:
+    ring, JACCL, MPI or NCCL). Strict: a rank that cannot reach the others fails here."""
+    return mx.distributed.init(strict=True)
+
+
+def channel(group) -> Broadcast:
+    """The control channel, on the stream the model's own collectives run on (mlx-lm's
+    generation stream). Collectives of two streams may run in either order (each stream
+    has its own thread), and the ranks would pair one rank's broadcast with another's
+    layer sum; on one stream they run in the order they were issued, on every rank."""
+    from mlx_lm.generate import generation_stream
+
+    return Broadcast(group, stream=generation_stream)
+
+
+def share_seed(chan: Broadcast) -> int:
+    """One random seed for every rank (rank 0's): unseeded sampling, and the reseeding
+    after a failed step, then pick the same tokens everywhere."""
+    mine = struct.pack("<Q", random.SystemRandom().getrandbits(63)) if chan.rank == 0 else None
+    (seed,) = struct.unpack("<Q", chan.exchange(mine))
+    mx.random.seed(seed)
+    rng = random.Random(seed)
+    sampling.use_seed_source(lambda: rng.getrandbits(64))
+    return seed
+
+
+def free_bytes() -> int:
+    """Memory this host can still give a model: the GPU's free memory on CUDA, else what
+    the OS says is available (unified memory on Apple Silicon)."""
+    if mx.cuda.is_available():
+        info = mx.device_info()
+        free = info.get("free_memory") or info.get("total_memory") or info.get("memory_size")
+        if free:
+            return int(free)
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def check_memory(chan: Broadcast, need: int) -> list[dict]:
+    """Every rank's host, free memory and need, gathered; raises LoadError on EVERY rank
+    (the same verdict from the same figures) when some host cannot hold the ranks it
+    runs. Before any weight is read: a group loads only where every host passes."""
+    mine = {"host": socket.gethostname(), "free": free_bytes(), "need": int(need),
+            "pid": os.getpid()}
+    rows = [msgpack.unpackb(r) for r in chan.gather(msgpack.packb(mine))]
+    hosts: dict[str, list] = {}
+    for r in rows:
+        hosts.setdefault(r["host"], []).append(r)
+    for host, ranks in hosts.items():
+        need_here = sum(r["need"] for r in ranks)
+        free_here = min(r["free"] for r in ranks)
+        if need_here > free_here:
+            gib = 1 << 30
+            raise LoadError(f"host {host} cannot hold its {len(ranks)} rank(s) of the group: "
+                            f"they need about {need_here / gib:.1f} GiB and "
+                            f"{free_here / gib:.1f} GiB is available")
+    return rows
+
+
+def rank_need(path: Path, size: int, memory_factor: float, kv_budget: int) -> int:
+    """What one rank takes: its share of the weights (times the gate's factor) plus its
+    KV budget."""
+    return int(shared.weights_bytes(path) / max(1, size) * memory_factor) + kv_budget
+
+
+def load_shard(path: Path, config: dict, chan: Broadcast, sharding: str):
+    """This rank's shard of the model at `path`, by mlx-lm's own sharding: tensor parallel
+    (`model.shard`: attention heads and MLP columns split, partial sums all-reduced) or
+    pipeline parallel (`model.model.pipeline`: consecutive layers per rank). Returns
+    (model, tokenizer, the sharding used). The weights load lazily, so each rank reads
+    only its shard. (mlx-lm's `sharded_load` does the same, but downloads through the
+    hub and pipelines only checkpoints with an index file.)"""
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    group = chan.group
+    model, _ = load_model(path, lazy=True, strict=False)
+    chosen = _sharding(model, config, group.size(), sharding)
+    if chosen == "tensor":
+        model.shard(group)
+    else:
+        model.model.pipeline(group)
+    mx.eval(model.parameters())
+    tokenizer = load_tokenizer(path, {"trust_remote_code": True},
+                               eos_token_ids=config.get("eos_token_id"))
+    chan.exchange(b"loaded" if chan.rank == 0 else None)  # every rank has its shard
+    return model, tokenizer, chosen
+
+
+def _sharding(model, config: dict, size: int, wanted: str) -> str:
+    tensor_ok = hasattr(model, "shard")
+    pipeline_ok = hasattr(model, "model") and hasattr(model.model, "pipeline")
+    layers = models._config_value(config, ("num_hidden_layers", "n_layer")) or 0
+    heads = models._config_value(config, ("num_key_value_heads",)) or \
+        models._config_value(config, ("num_attention_heads",)) or 0
+    why_not = []
+    if tensor_ok and heads % size:
+        tensor_ok = False
+        why_not.append(f"its {heads} key/value heads do not split over {size} ranks")
+    if pipeline_ok and layers < size:
+        pipeline_ok = False
+        why_not.append(f"its {layers} layers are fewer than {size} ranks")
+    if wanted == "tensor" and tensor_ok or wanted == "pipeline" and pipeline_ok:
+        return wanted
+    if wanted == "auto" and (tensor_ok or pipeline_ok):
+        return "tensor" if tensor_ok else "pipeline"
+    kind = config.get("model_type", "this model")
+    detail = "; ".join(why_not) or (f"mlx-lm's {kind} has no {wanted} parallel sharding"
+                                    if wanted != "auto" else
+                                    f"mlx-lm's {kind} can be sharded neither way")
+    raise LoadError(f"cannot shard the model over {size} ranks ({wanted}): {detail}")
+
+
+def load(args, group, chan: Broadcast, progress=None) -> tuple[LoadedModel, str, list]:
+    """Resolve MODEL (converting a GGUF once per host), check every host's memory, load
+    this rank's shard. Returns (the loaded model, the sharding used, each rank's row)."""
+    path = models.resolve(args.model, args.state_dir, models.gguf_options(args), progress)
+    config = models.read_config(path)
+    kind = shared.model_kind(path, config)
+    if kind is not ModelKind.TEXT:
+        raise LoadError(f"a worker group serves text models; {args.model} is a {kind} model")
+    rows = check_memory(chan, rank_need(path, group.size(), args.memory_factor, args.kv_budget))
+    try:
+        model, tokenizer, chosen = load_shard(path, config, chan, args.sharding)
+    except LoadError:
+        raise
+    except Exception as e:
+        log.exception("loading the shard of %s failed", path)
+        raise LoadError(f"could not load this rank's shard of {args.model}: "
+                        f"{type(e).__name__}: {e}"[:500]) from None
+    from worker.demo import is_random_weights
+
+    loaded = LoadedModel(model=model, tokenizer=tokenizer, path=path,
+                         context_length=models.context_length(config, args.max_context_tokens),
+                         vocab_size=models._config_value(config, ("vocab_size",)),
+                         random_weights=is_random_weights(path), kind=kind)
+    return loaded, chosen, rows
+
+
+def probe_link(chan: Broadcast) -> tuple[float, float]:
+    """The link as the group's collectives see it: (seconds per tiny all-reduce, bytes per
+    second of a 4 MiB one). Run at start; `mlxctl status` shows it."""
+    group, kw = chan.group, {"stream": chan.stream} if chan.stream is not None else {}
+    small = mx.zeros((1,), dtype=mx.float32)
+    mx.eval(mx.distributed.all_sum(small, group=group, **kw))   # (connections warm)
+    t = time.perf_counter()
+    for _ in range(_PROBE_ROUNDS):
+        mx.eval(mx.distributed.all_sum(small, group=group, **kw))
+    latency = (time.perf_counter() - t) / _PROBE_ROUNDS
+    big = mx.zeros((_PROBE_BYTES // 4,), dtype=mx.float32)
+    mx.eval(mx.distributed.all_sum(big, group=group, **kw))
+    t = time.perf_counter()
+    for _ in range(3):
+        mx.eval(mx.distributed.all_sum(big, group=group, **kw))
+    bandwidth = 3 * _PROBE_BYTES / max(1e-9, time.perf_counter() - t)
+    return latency, bandwidth
+
+
+def describe(chan: Broadcast, rows: list, backend: str, sharding: str, latency: float,
+             bandwidth: float) -> GroupInfo:
+    """What Ready says of the group: every rank's host, pid and MLX memory after loading
+    (gathered now), the sharding and the link."""
+    mine = msgpack.packb({"active": mx.get_active_memory(), "peak": mx.get_peak_memory()})
+    after = [msgpack.unpackb(r) for r in chan.gather(mine)]
+    ranks = [GroupRank(rank=i, host=row["host"], pid=row["pid"], free_bytes=row["free"],
+                       active_bytes=a["active"], peak_bytes=a["peak"])
+             for i, (row, a) in enumerate(zip(rows, after))]
+    return GroupInfo(size=chan.group.size(), backend=backend, sharding=sharding, ranks=ranks,
+                     latency_s=latency, bandwidth_bytes_s=bandwidth)
