@@ -5,8 +5,8 @@ group of ranks on this machine, in one run.
 
 Random-weight models of bench/gpu.py's Qwen2.5 shapes (bf16 on a GPU, float32 on the
 CPU). Two servers run side by side: `mlxd --model M` and `mlxd --model M --hosts H`,
-H naming this machine once per rank (the ring backend on loopback; NCCL, one GPU per
-rank, where MLX runs on CUDA), tensor-sharded by default. Rounds alternate the two (so
+H naming this machine once per rank (the ring backend on loopback by default; `--backend
+nccl` on a host with a GPU per rank), tensor-sharded by default. Rounds alternate the two (so
 drift hits both); a first round, not counted, compiles every kernel shape. Figures are
 medians with their spread: single-stream decode tokens/s and TTFT (a 32-token prompt),
 and the aggregate tokens/s of 8 concurrent streams. The ratio is group / one process:
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
@@ -56,12 +57,14 @@ def run_shape(shape: str, dtype: str, ranks: int, backend: str, sharding: str, r
                 ServerProcess([model], "--hosts", str(hosts), "--sharding", sharding,
                               *common) as group:
             one.wait_healthy(600)
-            group.wait_healthy(600)
+            group.wait_healthy(300)
+            print(f"{shape}: both servers ready", file=sys.stderr, flush=True)
             results: dict[str, list] = {"one": [], "group": []}
             for r in range(rounds + 1):
                 order = [("one", one), ("group", group)]
                 for name, server in order if r % 2 else reversed(order):
                     m = measure(server, model, tokens, streams, r)
+                    print(f"{shape} round {r} {name}: {m}", file=sys.stderr, flush=True)
                     if r:  # round 0 compiles
                         results[name].append(m)
     rows = []
@@ -90,8 +93,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--sharding", default="tensor", choices=("tensor", "pipeline"))
-    p.add_argument("--backend", default=None, help="ring (default on the CPU and Metal) "
-                   "or nccl (default on CUDA)")
+    p.add_argument("--backend", default="ring", help="ring (ranks may share a device) or "
+                   "nccl (one CUDA GPU per rank)")
     p.add_argument("--dtype", default=None)
     p.add_argument("--kv-budget", default=None)
     args = p.parse_args()
@@ -99,9 +102,8 @@ def main() -> None:
     import mlx.core as mx
 
     gpu = mx.default_device() == mx.gpu
-    cuda = gpu and mx.cuda.is_available()
     dtype = args.dtype or ("bfloat16" if gpu else "float32")
-    backend = args.backend or ("nccl" if cuda else "ring")
+    backend = args.backend
     info = mx.device_info()
     rows = []
     for shape in args.shapes.split(","):
