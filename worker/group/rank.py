@@ -26,7 +26,7 @@ EXIT_FILE_ENV = "MLXD_GROUP_EXIT_FILE"
 BACKEND_ENV = "MLXD_GROUP_BACKEND"
 CONTROL_ENV = "MLXD_GROUP_CONTROL"   # tcp://HOST:PORT of the leader's control channel
 KEYS_ENV = "MLXD_GROUP_KEYS"         # the folder of its CURVE keys (worker/group/keys.py)
-HELLO_TIMEOUT = 120.0                # s: the followers connect while the model loads
+HELLO_TIMEOUT = 30.0    # s after the leader's load: the followers said hello as they started
 
 
 def leave(code: int) -> int:
@@ -80,6 +80,7 @@ def serve(args) -> int:
 
     def load_failed(msg: str) -> int:
         log.error("load failed: %s", msg)
+        control.close()  # (its authenticator's sockets first: the context ends after them)
         if link is not None:
             link.send(Error(epoch=args.epoch, code=LOAD_FAILED, message=msg))
             while not link.commands.empty():
@@ -109,7 +110,11 @@ def serve(args) -> int:
         info = setup.describe(chan, rows, os.environ.get(BACKEND_ENV, "ring"), sharding,
                               latency, bandwidth)
         if rank == 0:
-            control.wait_hellos(HELLO_TIMEOUT)
+            try:
+                control.wait_hellos(HELLO_TIMEOUT)
+            except RuntimeError as e:  # a wrong key, or a firewall: the same silence
+                raise LoadError(f"{e}: check that every host has the same "
+                                f"STATE_DIR/group-keys and can reach {endpoint}") from None
             status.group = control
     except LoadError as e:
         return load_failed(str(e))
@@ -128,6 +133,8 @@ def serve(args) -> int:
         except RuntimeError as e:
             log.error("the group is gone (%s)", str(e)[:200])
             return EXIT_GROUP_LOST
+        finally:
+            control.close()
         log.info("rank %d stopped", rank)
         return 0
 
