@@ -133,6 +133,13 @@ def serve(config: Config) -> None:
     except (guard.KeyFileError, guard.ExposedError) as e:
         log.error("%s", e)
         raise ConfigError(str(e)) from None
+    if config.hosts is not None:  # worker groups: a bad hostfile stops us here, not a load
+        from protocol.hosts import read_hostfile
+
+        try:
+            read_hostfile(config.hosts)
+        except ValueError as e:
+            raise ConfigError(f"--hosts: {e}") from None
     log.info("mlxd serving %s on http://%s:%d (state in %s)", ", ".join(config.models),
              config.host, config.port, config.state_dir)
     if config.allow_load_on_request:

@@ -35,10 +35,15 @@ class MemoryGate:
         self.config = config
         self.probe = probe
 
-    def need(self, model: str) -> int:
-        """Estimated bytes `model` takes once loaded (blocking: reads the disk)."""
+    def need(self, model: str, share: tuple[int, int] = (1, 1)) -> int:
+        """Estimated bytes `model` takes on this machine once loaded (blocking: reads the
+        disk). `share`: (ranks here, ranks in all) of a worker group, each rank holding
+        its part of the weights and a KV budget of its own (each other host is checked by
+        its ranks before they load: worker/group/setup.py)."""
         weights = catalog.weights_bytes(catalog.resolve(model, Path(self.config.state_dir)))
-        return int(weights * self.config.memory_factor) + self.config.kv_budget
+        here, total = share
+        return int(weights * self.config.memory_factor * here / total) + \
+            self.config.kv_budget * here
 
     def judge(self, need: int, reading: MemoryReading, *, reserved: int = 0,
               committed: int = 0) -> Verdict:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import zmq.asyncio
 
+from protocol.hosts import local_share, read_hostfile
 from protocol.models import DEMO, DEMO_RANDOM
 from protocol.settings import worker_argv
 from supervisor.memory import catalog
@@ -73,6 +74,14 @@ def process_link_factory(config: Config, model: str, runtime_dir: Path,
                            ctx=ctx, worker_args=worker_args(config), python=sys.executable,
                            hosts=hosts, state_dir=config.state_dir)
     return make
+
+
+def group_share(config: Config, model: str) -> tuple[int, int]:
+    """(ranks on this machine, ranks in all) of the worker group serving `model`: (1, 1)
+    for a model served by one process (`--hosts` serves the --model models)."""
+    if config.hosts is None or model not in config.models:
+        return 1, 1
+    return local_share(read_hostfile(config.hosts))
 
 
 def aliases(model: str) -> list[str]:
@@ -240,7 +249,7 @@ class Pool:
     async def _admit(self, runner: ModelRunner) -> None:
         """Admit `runner`'s load, unloading idle models (LRU) while it does not fit;
         raise 507 (or 503 with every slot busy) once `--memory-wait` has passed."""
-        need = await asyncio.to_thread(self.gate.need, runner.id)
+        need = await asyncio.to_thread(self.gate.need, runner.id, group_share(self.config, runner.id))
         deadline = self._clock() + self.config.memory_wait
         async with self._admission:
             while True:

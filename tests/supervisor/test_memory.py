@@ -95,6 +95,36 @@ def test_need_is_weights_on_disk_times_factor_plus_kv_budget(tmp_path):
     g = gate(tmp_path, memory_factor=1.5, kv_budget=100)
     assert g.need(str(m)) == 6100
     assert g.need(str(tmp_path / "absent")) == 100  # unknown size: the KV budget alone
+    # A worker group with 1 of its 3 ranks here: a third of the weights, one KV budget;
+    # 2 of 4 here: half, and two budgets.
+    assert g.need(str(m), (1, 3)) == 2000 + 100
+    assert g.need(str(m), (2, 4)) == 3000 + 200
+
+
+def test_the_gate_counts_this_hosts_share_of_a_group_and_a_bad_hostfile_stops_mlxd(tmp_path,
+                                                                                   capsys):
+    import json as _json
+
+    from protocol.hosts import local_share, read_hostfile
+    from supervisor.cli import main
+    from supervisor.workers.pool import group_share
+
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(_json.dumps({"hosts": [{"ssh": "127.0.0.1", "ips": ["10.0.0.1"]},
+                                            {"ssh": "mac2", "ips": ["10.0.0.2"]},
+                                            {"ssh": "mac3", "ips": ["10.0.0.3"]}]}))
+    assert local_share(read_hostfile(hosts)) == (1, 3)
+    config = Config(models=("big",), hosts=hosts)
+    assert group_share(config, "big") == (1, 3)
+    assert group_share(config, "other") == (1, 1)  # loaded on request: one process
+    hosts.write_text(_json.dumps([{"ssh": "mac2"}, {"ssh": "mac3"}]))
+    with pytest.raises(ValueError, match="first host must be this machine"):
+        read_hostfile(hosts)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--model", "big", "--hosts", str(hosts), "--state-dir", str(tmp_path / "s"),
+              "--log-dir", str(tmp_path / "logs")])
+    assert exit_.value.code == 2
+    assert "--hosts: the hostfile" in capsys.readouterr().err
 
 
 def test_judge(tmp_path):

@@ -25,7 +25,6 @@ the leader, which stops every rank, and kills the process group if that takes to
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -36,6 +35,7 @@ import sys
 import threading
 from pathlib import Path
 
+from protocol.hosts import is_local, read_hostfile
 from worker import lifeline
 from worker.group import keys
 from worker.group.rank import BACKEND_ENV, CONTROL_ENV, EXIT_FILE_ENV, KEYS_ENV
@@ -44,29 +44,6 @@ log = logging.getLogger("worker.group.launch")
 
 EXIT_NO_CODE = 1   # the leader left no code (killed before it could write one)
 FILL = b"\n" * (1 << 18)   # more than any OS's pipe buffer (64 KiB on Linux and macOS)
-LOCAL = {"127.0.0.1", "localhost", "::1"}
-
-
-def read_hostfile(path: Path) -> dict:
-    """mlx.launch's hostfile (a list of hosts, or {"hosts": [...], "backend": ...,
-    "envs": [...]}), checked for what mlxd needs of it."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read the hostfile {path}: {e}") from None
-    if isinstance(data, list):
-        data = {"hosts": data}
-    hosts = data.get("hosts") if isinstance(data, dict) else None
-    if not isinstance(hosts, list) or len(hosts) < 2 or not all(
-            isinstance(h, dict) and isinstance(h.get("ssh"), str) for h in hosts):
-        raise ValueError(f"the hostfile {path} must list at least two hosts, each "
-                         '{"ssh": NAME, "ips": [...]}')
-    return data
-
-
-def is_local(host: dict) -> bool:
-    names = {host["ssh"], *host.get("ips", [])}
-    return bool(names & (LOCAL | {socket.gethostname()}))
 
 
 def free_ports(count: int, first: int = 30000, last: int = 60000) -> int:
@@ -149,9 +126,6 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: log.info("SIGTERM: the leader stops the group"))
     try:
         data = read_hostfile(args.hostfile)
-        if not is_local(data["hosts"][0]):
-            raise ValueError("the hostfile's first host must be this machine: its rank "
-                             "speaks to this supervisor")
         cmd = launch_command(args.hostfile, data, args.exit_file, worker,
                              keys.ensure(args.state_dir))
     except (ValueError, RuntimeError, OSError) as e:
