@@ -133,13 +133,6 @@ def serve(config: Config) -> None:
     except (guard.KeyFileError, guard.ExposedError) as e:
         log.error("%s", e)
         raise ConfigError(str(e)) from None
-    if config.hosts is not None:  # worker groups: a bad hostfile stops us here, not a load
-        from protocol.hosts import read_hostfile
-
-        try:
-            read_hostfile(config.hosts)
-        except ValueError as e:
-            raise ConfigError(f"--hosts: {e}") from None
     log.info("mlxd serving %s on http://%s:%d (state in %s)", ", ".join(config.models),
              config.host, config.port, config.state_dir)
     if config.allow_load_on_request:
@@ -148,6 +141,19 @@ def serve(config: Config) -> None:
         log.info("requests may load models from: %s", ", ".join(
             str(r) for r in model_roots(config.state_dir, config.models_dirs)))
     serving.run(create_app(config), config)
+
+
+def check_hosts(config) -> None:
+    """Worker groups: a bad hostfile stops mlxd here, before anything starts, not at a
+    load."""
+    if config.hosts is None:
+        return
+    from protocol.hosts import read_hostfile
+
+    try:
+        read_hostfile(config.hosts)
+    except ValueError as e:
+        raise ConfigError(f"--hosts: {e}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         if not resolved.config.models:
             raise ConfigError("no model given: pass --model (a path, a Hugging Face id, or "
                               "`demo`), or set MLXD_MODEL or `models` in the config file")
+        check_hosts(resolved.config)
         serve(resolved.config)
     except ConfigError as e:  # one line and the status argparse uses for bad usage
         print(f"mlxd: {e.message}", file=sys.stderr)

@@ -125,9 +125,9 @@ def load_shard(path: Path, config: dict, chan: Broadcast, sharding: str):
 def _sharding(model, config: dict, size: int, wanted: str) -> str:
     tensor_ok = hasattr(model, "shard")
     pipeline_ok = hasattr(model, "model") and hasattr(model.model, "pipeline")
-    layers = models._config_value(config, ("num_hidden_layers", "n_layer")) or 0
-    heads = models._config_value(config, ("num_key_value_heads",)) or \
-        models._config_value(config, ("num_attention_heads",)) or 0
+    layers = shared.config_value(config, ("num_hidden_layers", "n_layer")) or 0
+    heads = shared.config_value(config, ("num_key_value_heads",)) or \
+        shared.config_value(config, ("num_attention_heads",)) or 0
     why_not = []
     if tensor_ok and heads % size:
         tensor_ok = False
@@ -167,7 +167,7 @@ def load(args, group, chan: Broadcast, progress=None) -> tuple[LoadedModel, str,
 
     loaded = LoadedModel(model=model, tokenizer=tokenizer, path=path,
                          context_length=models.context_length(config, args.max_context_tokens),
-                         vocab_size=models._config_value(config, ("vocab_size",)),
+                         vocab_size=shared.config_value(config, ("vocab_size",)),
                          random_weights=is_random_weights(path), kind=kind)
     return loaded, chosen, rows
 
