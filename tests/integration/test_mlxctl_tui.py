@@ -144,7 +144,9 @@ def test_ctrl_c_stops_the_reply_and_not_the_session(server, model_id):
             while in_flight(server) == 0:
                 assert time.monotonic() < deadline, "the request never started"
                 time.sleep(0.05)
-            time.sleep(0.3)                # some of the reply is on screen
+            # Some of the reply is on screen (a Ctrl-C before mlxctl prints any is another
+            # case: under load a fixed pause was not always enough).
+            t.wait(lambda s: not s.rstrip().endswith("tell me everything"), "the reply")
             t.keys("C-c")
             t.wait(at_prompt(turn), "the prompt after Ctrl-C")
             deadline = time.monotonic() + 10
