@@ -578,6 +578,8 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     # A worker group's leader: seconds since the quietest other rank was last heard from
     # (None: one process). A rank that hangs or dies shows here.
     group_silence: Optional[float] = None
+    # ... and each other rank's MLX memory as its last beat said: [rank, active, peak].
+    group_memory: list[tuple[int, int, int]] = []
 
 
 DOWN = (Generate, Cancel, StatusRequest, CacheCommand, Shutdown)

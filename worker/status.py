@@ -52,10 +52,16 @@ class WorkerStatus:
         """A group's leader: seconds since the quietest other rank was heard from."""
         return None if self.group is None else self.group.silence()
 
+    def group_memory(self) -> list:
+        if self.group is None:
+            return []
+        return [(rank, *m) for rank, m in sorted(self.group.memory.items())]
+
     def heartbeat(self) -> Heartbeat:
         v, steps = self.view, self.steps
         return Heartbeat(epoch=self.epoch, state=v.state, steps=steps, active=len(v.active),
                          waiting=len(v.waiting), active_bytes=v.active_bytes,
                          peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache,
                          load_progress=self.load_progress if v.state == "loading" else None,
-                         progress=self.progress, group_silence=self.group_silence())
+                         progress=self.progress, group_silence=self.group_silence(),
+                         group_memory=self.group_memory())

@@ -34,6 +34,7 @@ class Liveness:
     load_progress: float | None = None
     progress: float | None = None       # the running request's (Heartbeat.progress)
     group_silence: float | None = None  # a group: s since its quietest rank was heard
+    group_memory: tuple = ()            # a group: (rank, active, peak) of its other ranks
 
     def on_heartbeat(self, msg: Heartbeat, now: float) -> None:
         self.heartbeat_at = now
@@ -45,6 +46,7 @@ class Liveness:
         self.load_progress = msg.load_progress
         self.progress = msg.progress
         self.group_silence = msg.group_silence
+        self.group_memory = tuple(msg.group_memory)
 
     def verdict(self, now: float, config: Config, *, busy: bool,
                 cancels_sent_at: Iterable[float | None],

@@ -532,7 +532,7 @@ class ModelRunner:
             "pinned": self.pinned, "need_bytes": self.need_bytes,
             # A worker group (worker/group/): its ranks, hosts, memory and link; None: one
             # process.
-            "group": self.group,
+            "group": _live_group(self.group, lv),
             "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
             "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
             # Every completion token since this runner began: the dashboard's live chart
@@ -553,6 +553,20 @@ class ModelRunner:
             # The worker's prompt-prefix cache, as its last heartbeat said (None: none).
             "prompt_cache": msgspec.to_builtins(lv.prompt_cache) if lv.prompt_cache else None,
         }
+
+
+def _live_group(group: dict | None, live: Liveness) -> dict | None:
+    """Ready.group with each rank's MLX memory as the last heartbeat said (the leader's
+    own, and the others' from their beats)."""
+    if group is None:
+        return None
+    memory = {0: (live.active_bytes, live.peak_bytes)}
+    memory.update({rank: (active, peak) for rank, active, peak in live.group_memory})
+    ranks = []
+    for r in group["ranks"]:
+        active, peak = memory.get(r["rank"], (r["active_bytes"], r["peak_bytes"]))
+        ranks.append({**r, "active_bytes": active, "peak_bytes": peak})
+    return {**group, "ranks": ranks}
 
 
 def _exit_verdict(code: int | None) -> Verdict:

@@ -190,6 +190,20 @@ def test_a_silent_rank_of_a_worker_group_condemns_the_group_even_when_idle():
     assert verdict.cause is ExitCause.HEARTBEAT and "rank of the worker group" in verdict.reason
 
 
+def test_a_groups_ranks_show_their_memory_as_the_last_heartbeat_said():
+    from supervisor.workers.runner import _live_group
+
+    lv = Liveness()
+    lv.on_heartbeat(Heartbeat(epoch=1, state="busy", active_bytes=10, peak_bytes=11,
+                              group_memory=[(1, 20, 21)]), 1.0)
+    ready = {"size": 3, "ranks": [{"rank": r, "host": "h", "pid": r, "active_bytes": 1,
+                                   "peak_bytes": 2} for r in range(3)]}
+    ranks = _live_group(ready, lv)["ranks"]
+    assert [(r["active_bytes"], r["peak_bytes"]) for r in ranks] == [(10, 11), (20, 21), (1, 2)]
+    assert ready["ranks"][0]["active_bytes"] == 1   # Ready's figures are kept as they were
+    assert _live_group(None, lv) is None
+
+
 def test_liveness_keeps_what_heartbeats_say_of_the_cache_and_the_load():
     from protocol.messages import CacheStats
 

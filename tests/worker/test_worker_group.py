@@ -234,8 +234,10 @@ def test_control_channel_carries_operations_and_heartbeats(group_keys):
         assert sorted(leader.peers) == [b"r1", b"r2"]
         leader.send(b"ops")
         assert [f.receive() for f in followers] == [b"ops", b"ops"]
+        followers[0].memory = (5 << 20, 7 << 20)   # what its MLX thread last published
         time.sleep(1.2)
         assert leader.silence() < 1.0   # both beat
+        assert leader.memory[1] == (5 << 20, 7 << 20) and leader.memory[2] == (0, 0)
         followers[1].close()            # one rank goes quiet
         time.sleep(1.5)
         assert leader.silence() >= 1.0

@@ -18,12 +18,15 @@ followers holding the group's rank key, and followers only a leader holding its 
   every send has a peer); a PULL beside it takes the followers' heartbeats, read by a
   thread, so `silence()` says how long the stalest follower has been quiet (a rank that
   hangs; the supervisor kills the group on it: supervisor/workers/liveness.py).
-- Follower: a DEALER (identity: its rank) that receives, and a PUSH a thread beats on.
+- Follower: a DEALER (identity: its rank) that receives, and a PUSH a thread beats on;
+  each beat carries the rank's MLX memory as its MLX thread last published it
+  (`memory`), so `mlxctl status` shows every rank's memory live.
 """
 
 from __future__ import annotations
 
 import logging
+import struct
 import threading
 import time
 
@@ -33,6 +36,7 @@ log = logging.getLogger("worker.group.control")
 
 BEAT_EVERY = 0.5     # s between a follower's heartbeats
 _POLL_MS = 200
+_BEAT = struct.Struct("<IQQ")   # rank, MLX active bytes, MLX peak bytes
 
 
 def endpoints(control: str) -> tuple[str, str]:
@@ -77,6 +81,7 @@ class LeaderControl:
         self.followers = followers
         self.peers: list[bytes] = []
         self.seen: dict[int, float] = {}
+        self.memory: dict[int, tuple[int, int]] = {}   # rank → (active, peak) bytes
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._listen, name="group-beats", daemon=True)
 
@@ -114,8 +119,9 @@ class LeaderControl:
         try:
             while not self._stop.is_set():
                 if self._beats.poll(_POLL_MS):
-                    rank = int(self._beats.recv())
+                    rank, active, peak = _BEAT.unpack(self._beats.recv())
                     self.seen[rank] = self._clock()
+                    self.memory[rank] = (active, peak)
         except zmq.ZMQError:
             pass
 
@@ -141,7 +147,8 @@ class FollowerControl:
         self._push.setsockopt(zmq.LINGER, 0)
         self._push.setsockopt(zmq.SNDHWM, 4)   # beats are worth nothing once stale
         self._push.connect(beats)
-        self._rank = str(rank).encode()
+        self._rank = rank
+        self.memory = (0, 0)   # (active, peak): set by the MLX thread, read by the beat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="group-beat", daemon=True)
         self._thread.start()
@@ -153,7 +160,7 @@ class FollowerControl:
         try:
             while not self._stop.wait(BEAT_EVERY):
                 try:
-                    self._push.send(self._rank, zmq.NOBLOCK)
+                    self._push.send(_BEAT.pack(self._rank, *self.memory), zmq.NOBLOCK)
                 except zmq.Again:
                     pass
         except zmq.ZMQError:

@@ -56,11 +56,15 @@ class Follower:
 
     def run(self) -> None:
         """Until the leader says stop (or a collective fails: the leader is gone)."""
+        import mlx.core as mx
+
         while True:
             ops = msgpack.unpackb(self.control.receive(), raw=False)
             for op in ops:
                 if not self.apply(op):
                     return
+            # (Only this thread calls MLX; the beat thread sends what it reads here.)
+            self.control.memory = (mx.get_active_memory(), mx.get_peak_memory())
 
     def apply(self, op: list) -> bool:
         """One of the leader's operations; False after `stop`."""
