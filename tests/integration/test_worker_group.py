@@ -163,6 +163,9 @@ def test_killed_rank_fails_clients_retryably_and_the_group_respawns(shard_model,
         assert errors[0].response.headers.get("retry-after")
         w = _wait_epoch(s, 2)
         assert w["restart_causes"].get("crash") == 1, w
+        # The leader left with the group's own code (by its step failing, or by
+        # mlx.launch's SIGTERM), which the launcher passed on.
+        assert "lost a rank" in (w["last_error"] or ""), w
         assert follower not in rank_pids(s)
         assert complete(s, shard_model, PROMPTS[2]) == reference[PROMPTS[2]]
 
@@ -288,3 +291,13 @@ def test_a_host_with_another_groups_keys_is_refused(shard_model, tmp_path, netns
         assert w["state"] == "broken", w
         assert "did not reach the leader's control channel" in w["last_error"], w
         assert "group-keys" in w["last_error"]
+
+
+def test_a_sigterm_to_the_leader_ends_the_group_as_lost(shard_model, reference, tmp_path):
+    """mlx.launch SIGTERMs the other ranks when one fails: the leader must leave with the
+    group's own code (its clients retry), not die unexplained or drain as cancelled."""
+    with group_server(shard_model, tmp_path, 2, "tensor") as s:
+        os.kill(rank_pids(s)[0], signal.SIGTERM)
+        w = _wait_epoch(s, 2)
+        assert "lost a rank" in (w["last_error"] or ""), w
+        assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]

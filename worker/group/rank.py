@@ -69,14 +69,14 @@ def serve(args) -> int:
         link = Link(ctx, args.commands, args.events, status, args.heartbeat_interval)
         link.start()
         control = LeaderControl(ctx, endpoint, size - 1, keys)
-    else:
-        control = FollowerControl(ctx, endpoint, rank, keys)
 
         def on_sigterm(signum, frame):
             log.error("terminated: another rank of the group failed")
             os._exit(leave(EXIT_GROUP_LOST))
 
         signal.signal(signal.SIGTERM, on_sigterm)
+    else:
+        control = FollowerControl(ctx, endpoint, rank, keys)
 
     def load_failed(msg: str) -> int:
         log.error("load failed: %s", msg)
