@@ -29,9 +29,10 @@ class Broadcast:
         self.group = group
         self.rank = group.rank()
         self.stream = stream
-        self._all_sum = all_sum or self._mlx_all_sum
+        self._all_sum = all_sum or self.all_sum
 
-    def _mlx_all_sum(self, array):
+    def all_sum(self, array):
+        """`array` summed over the group on the channel's stream, evaluated."""
         kw = {"stream": self.stream} if self.stream is not None else {}
         out = mx.distributed.all_sum(array, group=self.group, **kw)
         mx.eval(out)

@@ -39,6 +39,7 @@ from protocol.hosts import is_local, read_hostfile
 from worker import lifeline
 from worker.group import keys
 from worker.group.rank import BACKEND_ENV, CONTROL_ENV, EXIT_FILE_ENV, KEYS_ENV
+from worker.startup import EXIT_LOAD_FAILED
 
 log = logging.getLogger("worker.group.launch")
 
@@ -130,17 +131,12 @@ def main(argv=None) -> int:
                              keys.ensure(args.state_dir))
     except (ValueError, RuntimeError, OSError) as e:
         log.error("%s", e)
-        return 3  # the worker's EXIT_LOAD_FAILED: nothing was started
+        return EXIT_LOAD_FAILED  # nothing was started
     stdin, feed = os.pipe()
     proc = subprocess.Popen(cmd, stdin=stdin)
     os.close(stdin)
     threading.Thread(target=_fill, args=(feed,), name="fill", daemon=True).start()
-    while True:
-        try:
-            proc.wait()
-            break
-        except InterruptedError:
-            continue
+    proc.wait()
     try:
         code = int(Path(args.exit_file).read_text().strip())
         os.unlink(args.exit_file)

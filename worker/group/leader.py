@@ -68,9 +68,6 @@ class LeaderBatch:
     def __getattr__(self, name):  # what only reads: fits, need, max_size, cache_stats...
         return getattr(self.inner, name)
 
-    def __len__(self) -> int:
-        return len(self.inner)
-
     @property
     def snapshots(self):
         return self._snapshots

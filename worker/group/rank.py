@@ -49,7 +49,6 @@ def serve(args) -> int:
                                 set_wired_limit)
     from worker.group import keys as group_keys
     from worker.group import setup
-    from worker.group.keys import load as load_keys
     from worker.group.control import FollowerControl, LeaderControl
     from worker.group.follower import Diverged, Follower
     from worker.group.leader import GroupLost, LeaderBatch
@@ -64,7 +63,7 @@ def serve(args) -> int:
     ctx = zmq.Context()
     link = None
     endpoint = os.environ[CONTROL_ENV]
-    keys = load_keys(os.environ.get(KEYS_ENV) or group_keys.folder(args.state_dir))
+    keys = group_keys.load(os.environ.get(KEYS_ENV) or group_keys.folder(args.state_dir))
     if rank == 0:
         link = Link(ctx, args.commands, args.events, status, args.heartbeat_interval)
         link.start()

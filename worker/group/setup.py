@@ -27,7 +27,6 @@ from worker.models import LoadError, LoadedModel
 
 log = logging.getLogger("worker.group.setup")
 
-SHARDINGS = ("auto", "tensor", "pipeline")
 _PROBE_BYTES = 4 << 20     # the bandwidth probe's all-reduce
 _PROBE_ROUNDS = 20         # latency: tiny all-reduces timed
 
@@ -175,18 +174,17 @@ def load(args, group, chan: Broadcast, progress=None) -> tuple[LoadedModel, str,
 def probe_link(chan: Broadcast) -> tuple[float, float]:
     """The link as the group's collectives see it: (seconds per tiny all-reduce, bytes per
     second of a 4 MiB one). Run at start; `mlxctl status` shows it."""
-    group, kw = chan.group, {"stream": chan.stream} if chan.stream is not None else {}
     small = mx.zeros((1,), dtype=mx.float32)
-    mx.eval(mx.distributed.all_sum(small, group=group, **kw))   # (connections warm)
+    chan.all_sum(small)   # (connections warm)
     t = time.perf_counter()
     for _ in range(_PROBE_ROUNDS):
-        mx.eval(mx.distributed.all_sum(small, group=group, **kw))
+        chan.all_sum(small)
     latency = (time.perf_counter() - t) / _PROBE_ROUNDS
     big = mx.zeros((_PROBE_BYTES // 4,), dtype=mx.float32)
-    mx.eval(mx.distributed.all_sum(big, group=group, **kw))
+    chan.all_sum(big)
     t = time.perf_counter()
     for _ in range(3):
-        mx.eval(mx.distributed.all_sum(big, group=group, **kw))
+        chan.all_sum(big)
     bandwidth = 3 * _PROBE_BYTES / max(1e-9, time.perf_counter() - t)
     return latency, bandwidth
 
