@@ -121,7 +121,8 @@ class LeaderControl:
                 if self._beats.poll(_POLL_MS):
                     rank, active, peak = _BEAT.unpack(self._beats.recv())
                     self.seen[rank] = self._clock()
-                    self.memory[rank] = (active, peak)
+                    if active:  # 0: not published yet (a rank still loading), not "empty"
+                        self.memory[rank] = (active, peak)
         except zmq.ZMQError:
             pass
 

@@ -56,15 +56,20 @@ class Follower:
 
     def run(self) -> None:
         """Until the leader says stop (or a collective fails: the leader is gone)."""
-        import mlx.core as mx
-
+        self._publish_memory()  # from the first beat on: a rank idle since ready too
         while True:
             ops = msgpack.unpackb(self.control.receive(), raw=False)
             for op in ops:
                 if not self.apply(op):
                     return
-            # (Only this thread calls MLX; the beat thread sends what it reads here.)
-            self.control.memory = (mx.get_active_memory(), mx.get_peak_memory())
+            self._publish_memory()
+
+    def _publish_memory(self) -> None:
+        """This rank's MLX memory for its heartbeats (only this thread calls MLX; the beat
+        thread sends what it reads here)."""
+        import mlx.core as mx
+
+        self.control.memory = (mx.get_active_memory(), mx.get_peak_memory())
 
     def apply(self, op: list) -> bool:
         """One of the leader's operations; False after `stop`."""
