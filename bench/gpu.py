@@ -131,6 +131,43 @@ class Raw:
         return self.stream(suffix, 2, cache=copy.deepcopy(cache))[0]
 
 
+# ---- mlxd's batch, in-process (no HTTP, no worker process) ---------------------------
+
+class Seq:
+    """What worker/batch.py needs of the scheduler's Sequence."""
+
+    def __init__(self, rid: str):
+        self.rid = rid
+        self.uid = None
+
+
+def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
+               prompt_cache: int = 8 << 30, prefill_step: int = 2048):
+    """mlxd's text engine and a batch on the model at `path`, as a worker builds them
+    (the prefix cache included, `prompt_cache` bytes; 0: none)."""
+    from worker import models
+    from worker.batch import Batch, KVSize
+    from worker.engine import TextEngine
+    from worker.prefix_cache import PrefixCache
+
+    loaded = models.load(str(path), Path(path).parent)
+    eng = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, prefill_step,
+                     loaded.vocab_size)
+    batch = Batch(eng, max_size=max_size, prefill_step=prefill_step,
+                  prefill_batch=prefill_batch, kv_budget=32 << 30,
+                  prefix=PrefixCache(prompt_cache) if prompt_cache else None,
+                  kv=KVSize.measure(eng.model, None))
+    return eng, batch
+
+
+def greedy(eng, rid: str, ids: list[int], tokens: int):
+    """A prepared greedy request for `ids`, as the worker prepares a Generate."""
+    from protocol import Generate, SamplingParams, pack_ids
+
+    return eng.prepare(Generate(rid=rid, prompt_ids=pack_ids(ids),
+                                sampling=SamplingParams(max_tokens=tokens, temperature=0.0)))
+
+
 # ---- mlxd over HTTP --------------------------------------------------------------------
 
 def server_stream(port: int, model: str, ids: list[int], tokens: int,

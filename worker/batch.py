@@ -36,10 +36,10 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
-from mlx_lm.models.cache import (BatchKVCache, can_trim_prompt_cache, create_attention_mask,
-                                 make_prompt_cache)
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
 from protocol.messages import CacheStats, Generate, SamplingParams, pack_ids
+from worker import batch_fixes
 from worker.decoding import Decoding
 from worker.prefix_cache import PrefixCache
 from worker.snapshots.store import SnapshotStore
@@ -51,32 +51,7 @@ log = logging.getLogger("worker.batch")
 # shares only the first part of a long earlier one still finds a recent snapshot.
 SNAPSHOT_EVERY = 4096
 
-
-def _one_sequence_masks_as_a_plain_cache() -> None:
-    """mlx-lm's BatchKVCache builds an explicit mask array for every step (for the left
-    padding of sequences of different lengths), also for a batch of one, where it masks
-    nothing a plain KVCache's masks would not: there a decode step needs no mask and a
-    prefill chunk the "causal" one, and the attention kernels without an array mask are
-    the fast ones. Measured on an H100 (bf16 Qwen2.5 shapes, mlx-lm's BatchGenerator
-    alone, one stream): decode at 97 tok/s (0.5B) and 95 (7B) with the array, 127 and 117
-    without. A batch of one has no left padding (it was inserted alone, or it is what
-    `filter` left, which shifts the smallest padding away), so it gets the plain cache's
-    masks; a batch of several keeps the array it always got."""
-    original = BatchKVCache.make_mask
-    if getattr(original, "mlxd_single", False):
-        return
-
-    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
-        if self.left_padding.shape[0] == 1 and not kwargs:
-            return create_attention_mask(N, self._idx, return_array, window_size)
-        return original(self, N, return_array=return_array, window_size=window_size,
-                        **kwargs)
-
-    make_mask.mlxd_single = True
-    BatchKVCache.make_mask = make_mask
-
-
-_one_sequence_masks_as_a_plain_cache()
+batch_fixes.apply()
 
 
 @dataclass

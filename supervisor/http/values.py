@@ -56,9 +56,19 @@ def first_bad_value(body: Any) -> Optional[tuple[str, str]]:
                 items.append((key_path, item, depth + 1))
             stack.extend(reversed(items))  # report the first offender in document order
         elif isinstance(value, list):
+            if _plain_ints(value):
+                continue  # token ids: nothing in them to walk one by one
             stack.extend((f"{path}[{i}]", item, depth + 1)
                          for i, item in reversed(list(enumerate(value))))
     return None
+
+
+def _plain_ints(values: list) -> bool:
+    """A non-empty list of ints (no bools), all within 64 bits: checked in C, in one pass
+    over the types and one over the values, where a prompt of token ids may hold tens of
+    thousands."""
+    return (bool(values) and not set(map(type, values)) - {int}
+            and INT_MIN <= min(values) and max(values) <= INT_MAX)
 
 
 def _bad_string(s: str) -> Optional[str]:

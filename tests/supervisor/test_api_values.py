@@ -44,6 +44,17 @@ def test_document_order_reports_the_first_offender():
     assert first_bad_value(body)[0] == "a[1]"
 
 
+def test_a_long_list_of_ints_is_checked_whole_and_its_offender_named():
+    # Token ids take a fast path (http/values.py _plain_ints); an offender anywhere in
+    # the list still gets its path, and lists of other things are walked as before.
+    ids = list(range(20000))
+    assert first_bad_value({"prompt": ids}) is None
+    assert first_bad_value({"prompt": [INT_MIN, INT_MAX, True, False]}) is None
+    for bad in (2 ** 64, INT_MIN - 1):
+        found = first_bad_value({"prompt": ids[:12345] + [bad] + ids[12345:]})
+        assert found is not None and found[0] == "prompt[12345]"
+
+
 def test_deep_nesting_is_refused_at_the_limit_without_recursion():
     from supervisor.http.values import MAX_DEPTH
 

@@ -249,3 +249,28 @@ def test_a_lone_sequence_has_its_first_token_at_the_step_that_ends_its_prompt(en
         counts.append(len(batch.step()))
     chunks = -(-129 // engine.prefill_step)       # 130 prompt tokens, the last one decodes
     assert counts == [0] * chunks + [1, 0, 1, 1, 1, 1]
+
+
+def test_prompts_that_end_together_move_to_decoding_without_a_copy(engine, monkeypatch):
+    """worker/batch_fixes.py: when every prompt in mlx-lm's prompt batch ends at once (a
+    lone request, or two of one length), the batch moves to decoding as it is, with no
+    deep copy of its KV; when one ends before another, mlx-lm's own split copies and
+    filters. Either way each request gives what it gives alone."""
+    from mlx_lm.generate import PromptProcessingBatch
+
+    from worker.batch import ChunkSizer
+
+    copies = []
+    own_copy = PromptProcessingBatch._copy
+    monkeypatch.setattr(PromptProcessingBatch, "_copy",
+                        lambda self: copies.append(len(self.uids)) or own_copy(self))
+    solo = {n: tokens(alone(engine, gen(n))) for n in ("a", "d")}
+    assert copies == []  # each alone: moved whole
+    same = {"a2": engine.prepare(gen("a")), "a": engine.prepare(gen("a"))}
+    out = run_all(make_batch(engine), same)
+    assert copies == [] and tokens(out["a"]) == tokens(out["a2"]) == solo["a"]
+    # In chunks of 8 tokens, "a" ends its prompt steps before "d" (40 words) does.
+    out = run_all(make_batch(engine, chunks=ChunkSizer(8, 8)),
+                  {n: engine.prepare(gen(n)) for n in ("a", "d")})
+    assert copies == [2], "prompts ending apart: mlx-lm's split copies the batch of two"
+    assert {n: tokens(out[n]) for n in ("a", "d")} == solo

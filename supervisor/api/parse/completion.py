@@ -13,7 +13,7 @@ from protocol.messages import Generate, pack_ids
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
 from supervisor.api.parse.params import (
-    CommonParams, invalid_type, invalid_value, is_int, missing, opt_bool, opt_int, opt_str,
+    CommonParams, all_ints, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_str,
     parse_common, token_ids, unsupported,
 )
 
@@ -75,7 +75,7 @@ def _parse_prompt(body: dict) -> tuple[Optional[str], Optional[tuple]]:
     if not value:
         raise invalid_value("prompt", "empty array. Expected an array with minimum length 1, "
                             "but got an empty array instead.", "empty_array")
-    if all(is_int(t) for t in value):
+    if all_ints(value):
         return None, token_ids(value, "prompt")
     if all(isinstance(p, (str, list)) for p in value):
         if len(value) > 1:
@@ -84,7 +84,7 @@ def _parse_prompt(body: dict) -> tuple[Optional[str], Optional[tuple]]:
         only = value[0]
         if isinstance(only, str):
             return only, None
-        if only and all(is_int(t) for t in only):
+        if only and all_ints(only):
             return None, token_ids(only, "prompt[0]")
         raise invalid_type("prompt[0]", "a non-empty array of integers", only)
     raise invalid_type("prompt", expected, value)

@@ -66,6 +66,12 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def all_ints(values: list) -> bool:
+    """Every item an int, not a bool (True for none): `is_int` over a list, in one pass
+    that stays in C, since a prompt of token ids may hold tens of thousands."""
+    return not set(map(type, values)) - {int}
+
+
 def is_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
@@ -156,7 +162,9 @@ UINT32 = 2 ** 32  # token ids travel as packed uint32 (protocol.pack_ids)
 
 def token_ids(ids: list, param: str) -> tuple:
     """A list of ints (checked by the caller) as token ids: each must fit a uint32."""
-    for i, t in enumerate(ids):
+    if not ids or (min(ids) >= 0 and max(ids) < UINT32):
+        return tuple(ids)
+    for i, t in enumerate(ids):  # the first offender, named
         if not 0 <= t < UINT32:
             raise invalid_value(f"{param}[{i}]", f"token ids are integers from 0 to "
                                 f"{UINT32 - 1}, got {t}.")

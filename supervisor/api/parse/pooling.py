@@ -17,7 +17,7 @@ import msgspec
 from protocol.messages import Generate, Task, pack_ids
 from supervisor.api.parse.chat import parse_chat_request
 from supervisor.api.parse.limits import check_length
-from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
+from supervisor.api.parse.params import (all_ints, invalid_type, invalid_value, missing,
                                          opt_bool, opt_int, opt_str, parse_model, token_ids)
 
 MAX_INPUTS = 2048          # OpenAI's limit on an embeddings request's array
@@ -64,14 +64,14 @@ def _parse_input(value) -> tuple[Optional[tuple], Optional[tuple]]:
     if not isinstance(value, list):
         raise invalid_type("input", expected, value)
     _non_empty("input", value, MAX_INPUTS)
-    if all(is_int(t) for t in value):
+    if all_ints(value):
         return None, (token_ids(value, "input"),)
     if all(isinstance(t, str) for t in value):
         return _texts(value), None
     if all(isinstance(t, list) for t in value):
         rows = []
         for n, row in enumerate(value):
-            if not row or not all(is_int(t) for t in row):
+            if not row or not all_ints(row):
                 raise invalid_type(f"input[{n}]", "a non-empty array of integers", row)
             rows.append(token_ids(row, f"input[{n}]"))
         return None, tuple(rows)
@@ -174,6 +174,6 @@ def parse_detokenize_request(body: dict) -> DetokenizeRequest:
     tokens = body.get("tokens")
     if tokens is None:
         raise missing("tokens")
-    if not isinstance(tokens, list) or not all(is_int(t) for t in tokens):
+    if not isinstance(tokens, list) or not all_ints(tokens):
         raise invalid_type("tokens", "an array of integers", tokens)
     return DetokenizeRequest(model, token_ids(tokens, "tokens"))
