@@ -3,6 +3,9 @@ in-process (no HTTP, no worker process), and the server, on one model in one run
 
     python -m bench.decode_probe [--shape 0.5b] [--streams 8] [--rounds 3] [--profile]
 
+With `--streams 1` every figure is one stream's decode rate after its first token, raw
+being `stream_generate` (mlx-lm's single-sequence path, not its batch).
+
 The in-process batch runs twice: every stream added at once (as raw `batch_generate`
 does), and one stream added per step (as a server sees requests that arrive a few
 milliseconds apart: later prompts are prefilled while the first decode, and the batch
@@ -22,22 +25,28 @@ import random
 import statistics
 import time
 
-from bench.gpu import Raw, Seq, build, greedy, in_process, server_many
+from bench.gpu import Raw, Seq, build, greedy, in_process, server_many, server_stream
 from bench.serverproc import ServerProcess
 
 
 def run_batch(eng, batch, prompts: list[list[int]], tokens: int, stagger: bool) -> float:
-    """Aggregate tokens/s of `prompts` through the batch, added at once or one per step."""
+    """Aggregate tokens/s of `prompts` through the batch, added at once or one per step;
+    one prompt: its decode rate after the first token (as `Raw.stream` measures it)."""
     waiting = [(f"s{i}", greedy(eng, f"s{i}", p, tokens)) for i, p in enumerate(prompts)]
     n = 0
-    t0 = time.perf_counter()
+    t0 = first = time.perf_counter()
     while waiting or batch.members:
         while waiting:
             rid, prep = waiting.pop(0)
             batch.add(Seq(rid), prep)
             if stagger:
                 break
-        n += sum(1 for _, out in batch.step() if not isinstance(out, Exception))
+        got = sum(1 for _, out in batch.step() if not isinstance(out, Exception))
+        if got and not n:
+            first = time.perf_counter()
+        n += got
+    if len(prompts) == 1:
+        return (n - 1) / (time.perf_counter() - first)
     return n / (time.perf_counter() - t0)
 
 
@@ -65,14 +74,17 @@ def main() -> None:
     raw = Raw(path)
     eng, batch = in_process(path, max_size=32)
     got: dict[str, list[float]] = {k: [] for k in ("raw", "at once", "staggered", "server")}
+    one = a.streams == 1  # raw: stream_generate's decode rate, not batch_generate's
     for _ in range(a.rounds + 1):
-        got["raw"].append(raw.batch(prompts(), a.tokens))
+        got["raw"].append(raw.stream(prompts()[0], a.tokens)[1] if one
+                          else raw.batch(prompts(), a.tokens))
         got["at once"].append(run_batch(eng, batch, prompts(), a.tokens, stagger=False))
         got["staggered"].append(run_batch(eng, batch, prompts(), a.tokens, stagger=True))
     with ServerProcess([str(path)], *a.server_args.split()) as srv:
         srv.wait_healthy(timeout=900)
         for _ in range(a.rounds + 1):
-            got["server"].append(server_many(srv.port, str(path), prompts(), a.tokens))
+            got["server"].append(server_stream(srv.port, str(path), prompts()[0], a.tokens)[1]
+                                 if one else server_many(srv.port, str(path), prompts(), a.tokens))
 
     base = statistics.median(got["raw"][1:])
     print(f"{a.shape} {dtype} on {mx.default_device()}: {a.streams} streams x {a.tokens} "
