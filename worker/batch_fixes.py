@@ -11,13 +11,20 @@ tests/worker/test_worker_batching.py compare against mlx-lm's own output.
 
 from __future__ import annotations
 
-from mlx_lm.generate import PromptProcessingBatch
-from mlx_lm.models.cache import BatchKVCache, create_attention_mask
+import copy
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
+from mlx_lm.models.cache import BatchKVCache, KVCache, create_attention_mask
+
+# The per-sequence lists both of mlx-lm's batches keep beside their caches.
+_LISTS = ("uids", "tokens", "samplers", "logits_processors", "stop_sequences", "max_tokens")
 
 
 def apply() -> None:
     _one_sequence_masks_as_a_plain_cache()
     _a_whole_prompt_batch_moves_without_a_copy()
+    _one_padding_read_per_batch()
 
 
 def _one_sequence_masks_as_a_plain_cache() -> None:
@@ -58,14 +65,115 @@ def _a_whole_prompt_batch_moves_without_a_copy() -> None:
         return
 
     def split(self, indices):
-        if sorted(indices) != list(range(len(self.uids))):
-            return original(self, indices)
+        indices = sorted(indices)
+        if indices != list(range(len(self.uids))):
+            return _split_by_gathers(self, indices) or original(self, indices)
         moved = self.__class__.__new__(self.__class__)
         moved.__dict__.update(self.__dict__)
-        for name in ("uids", "prompt_cache", "tokens", "samplers", "logits_processors",
-                     "stop_sequences", "max_tokens"):
+        for name in ("prompt_cache",) + _LISTS:
             setattr(self, name, [])
         return moved
 
     split.mlxd_move = True
     PromptProcessingBatch.split = split
+
+
+def _split_by_gathers(batch, indices):
+    """The prompts at `indices` as a batch of their own, the rest left in `batch`, both by
+    gathering rows (`_filter`), not by mlx-lm's deep copy of the whole batch first (one
+    more pass over every layer's keys and values). Staggered arrivals take this path: a
+    prompt that has just joined sits beside the one whose prefill ends. None: a cache
+    this does not know (mlx-lm's own split then)."""
+    if not _plain(batch.prompt_cache):
+        return None
+    new = batch.__class__.__new__(batch.__class__)
+    new.__dict__.update(batch.__dict__)
+    for name in _LISTS:
+        setattr(new, name, list(getattr(batch, name)))
+    # Shallow copies: `_filter` gives each its own arrays before anything is written.
+    new.prompt_cache = [copy.copy(c) for c in batch.prompt_cache]
+    rest = sorted(set(range(len(batch.uids))) - set(indices))
+    batch.filter(rest)
+    new.filter(indices)
+    return new
+
+
+def _one_padding_read_per_batch() -> None:
+    """mlx-lm's BatchKVCache reads the batch's left padding back from the device once per
+    LAYER in `extract` (a finished sequence's cache, for the prompt cache) and in `filter`
+    (a sequence leaves the batch): a small kernel and a wait for the device each, 48 per
+    finished sequence on a 24-layer model. Measured on an H200 (0.5B shape, 8 streams
+    joining and leaving one step apart): 11 ms per sequence that leaves, against 6.5 ms
+    for a whole decode step. Every layer of a batch holds the same padding (the layers
+    are merged, padded, extended and filtered together), so both batches read it once,
+    from the first layer, and slice every layer by it. A batch with any other kind of
+    cache (rotating, recurrent, quantized) keeps mlx-lm's per-layer methods."""
+    for cls in (GenerationBatch, PromptProcessingBatch):
+        _wrap_extract(cls)
+        _wrap_filter(cls)
+
+
+def _plain(caches) -> bool:
+    return bool(caches) and all(type(c) is BatchKVCache and c._right_padding is None
+                                for c in caches)
+
+
+def _wrap_extract(cls) -> None:
+    original = cls.extract_cache
+    if getattr(original, "mlxd_one_read", False):
+        return
+
+    def extract_cache(self, idx: int):
+        caches = self.prompt_cache
+        if not _plain(caches):
+            return original(self, idx)
+        padding = caches[0].left_padding[idx].item()  # the one read
+        out = []
+        for c in caches:  # BatchKVCache.extract, the padding given
+            kv = KVCache()
+            kv.keys = mx.contiguous(c.keys[idx: idx + 1, :, padding: c._idx])
+            kv.values = mx.contiguous(c.values[idx: idx + 1, :, padding: c._idx])
+            kv.offset = kv.keys.shape[2]
+            out.append(kv)
+        return out
+
+    extract_cache.mlxd_one_read = True
+    cls.extract_cache = extract_cache
+
+
+def _wrap_filter(cls) -> None:
+    original = cls.filter
+    if getattr(original, "mlxd_one_read", False):
+        return
+
+    def filter(self, keep):
+        caches = self.prompt_cache
+        if not keep or not _plain(caches):
+            return original(self, keep)
+        _filter(caches, keep)
+        for name in _LISTS:
+            values = getattr(self, name)
+            setattr(self, name, [values[i] for i in keep])
+        if isinstance(self, GenerationBatch):  # what only the generation batch keeps
+            self._next_tokens = self._next_tokens[mx.array(keep)]
+            for name in ("_next_logprobs", "_token_context", "_num_tokens", "_matchers"):
+                values = getattr(self, name)
+                setattr(self, name, [values[i] for i in keep])
+
+    filter.mlxd_one_read = True
+    cls.filter = filter
+
+
+def _filter(caches, keep) -> None:
+    """BatchKVCache.filter on every layer, the smallest padding left read once."""
+    rows = mx.array(keep)
+    shift = min(caches[0].left_padding[rows].tolist())  # the one read
+    for c in caches:
+        if c.keys is not None:
+            c.keys, c.values = c.keys[rows], c.values[rows]
+        c.offset, c.left_padding = c.offset[rows], c.left_padding[rows]
+        if shift > 0:  # shift left: the padding every row has goes
+            if c.keys is not None:
+                c.keys, c.values = c.keys[..., shift:, :], c.values[..., shift:, :]
+            c._idx -= shift
+            c.left_padding = c.left_padding - shift

@@ -253,9 +253,9 @@ def test_a_lone_sequence_has_its_first_token_at_the_step_that_ends_its_prompt(en
 
 def test_prompts_that_end_together_move_to_decoding_without_a_copy(engine, monkeypatch):
     """worker/batch_fixes.py: when every prompt in mlx-lm's prompt batch ends at once (a
-    lone request, or two of one length), the batch moves to decoding as it is, with no
-    deep copy of its KV; when one ends before another, mlx-lm's own split copies and
-    filters. Either way each request gives what it gives alone."""
+    lone request, or two of one length), the batch moves to decoding as it is; when one
+    ends before another, the one that ends is gathered out of the batch. Neither takes
+    mlx-lm's deep copy of the whole batch, and each request gives what it gives alone."""
     from mlx_lm.generate import PromptProcessingBatch
 
     from worker.batch import ChunkSizer
@@ -265,12 +265,108 @@ def test_prompts_that_end_together_move_to_decoding_without_a_copy(engine, monke
     monkeypatch.setattr(PromptProcessingBatch, "_copy",
                         lambda self: copies.append(len(self.uids)) or own_copy(self))
     solo = {n: tokens(alone(engine, gen(n))) for n in ("a", "d")}
-    assert copies == []  # each alone: moved whole
     same = {"a2": engine.prepare(gen("a")), "a": engine.prepare(gen("a"))}
     out = run_all(make_batch(engine), same)
-    assert copies == [] and tokens(out["a"]) == tokens(out["a2"]) == solo["a"]
+    assert tokens(out["a"]) == tokens(out["a2"]) == solo["a"]
     # In chunks of 8 tokens, "a" ends its prompt steps before "d" (40 words) does.
+    splits = []
+    own_split = PromptProcessingBatch.split
+    monkeypatch.setattr(PromptProcessingBatch, "split",
+                        lambda self, i: splits.append((len(self.uids), len(i))) or own_split(self, i))
     out = run_all(make_batch(engine, chunks=ChunkSizer(8, 8)),
                   {n: engine.prepare(gen(n)) for n in ("a", "d")})
-    assert copies == [2], "prompts ending apart: mlx-lm's split copies the batch of two"
+    assert (2, 1) in splits, "a ends its prompt while d is still prefilled"
+    assert copies == [], "neither moving nor splitting copies the prompt batch"
     assert {n: tokens(out[n]) for n in ("a", "d")} == solo
+
+
+def test_joining_and_leaving_apart_reads_the_padding_once_per_batch(engine, monkeypatch):
+    """worker/batch_fixes.py: sequences that join one step apart (left padding) and leave
+    apart are filtered out of the batch and their caches extracted (for the prompt cache)
+    with one read of the padding per batch, not mlx-lm's per-layer methods; each gives
+    what it gives alone, and what it leaves in the prompt cache serves its next turn."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    from worker.prefix_cache import PrefixCache
+
+    per_layer = []
+    for name in ("filter", "extract"):
+        own = getattr(BatchKVCache, name)
+        monkeypatch.setattr(BatchKVCache, name, lambda self, *a, _own=own, _n=name:
+                            per_layer.append(_n) or _own(self, *a))
+    lengths = {"a": 12, "b": 20, "c": 7, "d": 16}
+    preps = {n: engine.prepare(gen(n, max_tokens=k)) for n, k in lengths.items()}
+    prefix = PrefixCache(1 << 30)
+    out = run_all(make_batch(engine, prefix=prefix), preps, join={"b": 1, "c": 2, "d": 3})
+    for name, k in lengths.items():
+        assert tokens(out[name]) == tokens(alone(engine, gen(name, max_tokens=k))), name
+        assert out[name][-1][2] == "length"
+    assert per_layer == []
+    # "c" left first: the state extracted for it holds its prompt and answer, and its
+    # next turn starts from there with the same output as from scratch.
+    ids = engine.prepare(gen("c", max_tokens=7)).ids + tokens(out["c"])
+    again = generate(rid="c2", prompt_ids=pack_ids(ids + [5, 6]), max_tokens=6,
+                     temperature=0.0)
+    batch = make_batch(engine, prefix=prefix)
+    from tests.worker.batchrun import Seq
+
+    assert batch.add(Seq("c2"), engine.prepare(again)) >= len(ids) - 1
+    cached = []
+    while batch.members:
+        cached += [o[0] for _, o in batch.step() if o[0] >= 0]
+    assert cached == tokens(alone(engine, again))
+
+
+def test_filtering_a_generation_batch_narrows_every_list_it_keeps(engine):
+    """The one-read filter (worker/batch_fixes.py) filters mlx-lm's generation batch
+    itself: every per-sequence list the batch keeps must narrow with it (a list mlx-lm
+    adds later and the filter misses would pair sequences with others' state)."""
+    from tests.worker.batchrun import Seq
+
+    batch = make_batch(engine)
+    for name in ("a", "b", "c"):
+        batch.add(Seq(name), engine.prepare(gen(name, max_tokens=30)))
+    while len(batch.gen._generation_batch) < 3:
+        batch.step()
+    gb = batch.gen._generation_batch
+    before = {k for k, v in vars(gb).items()
+              if isinstance(v, list) and len(v) == 3 and k != "prompt_cache"}  # (per layer)
+    assert {"uids", "tokens", "_num_tokens", "_matchers", "_next_logprobs"} <= before
+    gb.filter([0, 2])
+    assert {k for k in before if len(getattr(gb, k)) != 2} == set()
+    assert all(c.keys.shape[0] == 2 for c in gb.prompt_cache)
+    assert gb._next_tokens.shape[0] == 2
+
+
+def test_one_read_extract_and_filter_equal_mlx_lms_per_layer_methods(engine):
+    """Padded caches (three prompts of different lengths, merged as mlx-lm merges them):
+    the batch-level extract and filter give exactly what BatchKVCache's own give."""
+    import copy
+
+    import mlx.core as mx
+    from mlx_lm.generate import GenerationBatch
+    from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+    from worker import batch_fixes
+
+    singles = []
+    for n in (5, 9, 3):
+        cache = make_prompt_cache(engine.model)
+        engine.model(mx.array([list(range(10, 10 + n))]), cache=cache)
+        singles.append(cache)
+    layers = [BatchKVCache.merge([s[i] for s in singles]) for i in range(len(singles[0]))]
+    mine, theirs = copy.deepcopy(layers), copy.deepcopy(layers)
+    holder = GenerationBatch.__new__(GenerationBatch)
+    holder.prompt_cache = mine
+    for idx in range(3):
+        got, want = holder.extract_cache(idx), [c.extract(idx) for c in theirs]
+        for g, w in zip(got, want):
+            assert g.offset == w.offset
+            assert mx.array_equal(g.keys, w.keys) and mx.array_equal(g.values, w.values)
+    batch_fixes._filter(mine, [0, 2])  # drops the longest: the padding left shifts away
+    for c in theirs:
+        c.filter([0, 2])
+    for g, w in zip(mine, theirs):
+        assert g._idx == w._idx and g.left_padding.tolist() == w.left_padding.tolist()
+        assert g.offset.tolist() == w.offset.tolist()
+        assert mx.array_equal(g.keys, w.keys) and mx.array_equal(g.values, w.values)
