@@ -168,6 +168,27 @@ def greedy(eng, rid: str, ids: list[int], tokens: int):
                                 sampling=SamplingParams(max_tokens=tokens, temperature=0.0)))
 
 
+def time_methods(targets, sink) -> None:
+    """Wrap methods so that each call's wall time goes to `sink(label, seconds)`, label
+    "Owner.name": how the probes see where a step's time goes. `targets`: (owner, names)
+    pairs (a class, or a module such as mlx.core). Not undone: for a probe's own process."""
+    import functools
+
+    for owner, names in targets:
+        for name in names:
+            fn = getattr(owner, name)
+            label = f"{getattr(owner, '__name__', owner)}.{name}".replace("mlx.core.", "mx.")
+
+            @functools.wraps(fn)
+            def timed(*args, _fn=fn, _label=label, **kw):
+                t = time.perf_counter()
+                try:
+                    return _fn(*args, **kw)
+                finally:
+                    sink(_label, time.perf_counter() - t)
+            setattr(owner, name, timed)
+
+
 # ---- mlxd over HTTP --------------------------------------------------------------------
 
 def server_stream(port: int, model: str, ids: list[int], tokens: int,

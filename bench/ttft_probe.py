@@ -19,7 +19,7 @@ import random
 import statistics
 import time
 
-from bench.gpu import Raw, Seq, build, greedy, in_process, server_stream
+from bench.gpu import Raw, Seq, build, greedy, in_process, server_stream, time_methods
 from bench.serverproc import ServerProcess
 
 
@@ -27,33 +27,16 @@ TIMED: list[str] = []
 
 
 def _time_methods() -> None:
-    """Wrap the batch's methods (and mx.eval) to log how long each call takes."""
-    import functools
-
+    """Time the batch's methods (and mx.eval): each call's ms goes to TIMED."""
     import importlib
 
     import mlx.core as mx
     g = importlib.import_module("mlx_lm.generate")
-
-    def wrap(owner, name, label):
-        fn = getattr(owner, name)
-
-        @functools.wraps(fn)
-        def timed(*args, **kw):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kw)
-            finally:
-                TIMED.append(f"{label} {1000 * (time.perf_counter() - t):.2f} ms")
-        setattr(owner, name, timed)
-
-    for cls, names in ((g.PromptProcessingBatch, ("split", "generate", "prompt", "_copy")),
-                       (g.GenerationBatch, ("__init__", "_step", "next")),
-                       (g.BatchGenerator, ("_next",))):
-        for name in names:
-            wrap(cls, name, f"{cls.__name__}.{name}")
-    for name in ("eval", "async_eval", "clear_cache"):
-        wrap(mx, name, f"mx.{name}")
+    time_methods([(g.PromptProcessingBatch, ("split", "generate", "prompt", "_copy")),
+                  (g.GenerationBatch, ("__init__", "_step", "next")),
+                  (g.BatchGenerator, ("_next",)),
+                  (mx, ("eval", "async_eval", "clear_cache"))],
+                 lambda label, s: TIMED.append(f"{label} {1000 * s:.2f} ms"))
 
 
 def main() -> None:
