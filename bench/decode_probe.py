@@ -63,6 +63,9 @@ def run_batch(eng, batch, prompts: list[list[int]], tokens: int, stagger: bool) 
     return n / (time.perf_counter() - t0)
 
 
+METHODS: dict[str, list] = {}  # label -> [seconds, calls] while `where` runs a step
+
+
 def where(eng, batch, prompts: list[list[int]], tokens: int, stagger: bool) -> None:
     """One run through the batch, its wall time split by kind of step, with the methods
     that took the join and leave steps' time."""
@@ -87,9 +90,6 @@ def where(eng, batch, prompts: list[list[int]], tokens: int, stagger: bool) -> N
         top = by_step[kind].most_common(10)
         print(f"    {kind}: " + "; ".join(f"{label} {1000 * s:.1f} ms/{calls[kind][label]}"
                                         for label, s in top))
-
-
-METHODS: dict[str, list] = {}
 
 
 def _time_batch_methods() -> None:

@@ -19,6 +19,8 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, create_attention_mask
 
 # The per-sequence lists both of mlx-lm's batches keep beside their caches.
 _LISTS = ("uids", "tokens", "samplers", "logits_processors", "stop_sequences", "max_tokens")
+# ...and those only the generation batch keeps.
+_GENERATION_LISTS = ("_next_logprobs", "_token_context", "_num_tokens", "_matchers")
 
 
 def apply() -> None:
@@ -150,22 +152,22 @@ def _wrap_filter(cls) -> None:
         caches = self.prompt_cache
         if not keep or not _plain(caches):
             return original(self, keep)
-        _filter(caches, keep)
-        for name in _LISTS:
+        rows = _filter(caches, keep)
+        names = _LISTS
+        if isinstance(self, GenerationBatch):  # what only the generation batch keeps
+            self._next_tokens = self._next_tokens[rows]
+            names += _GENERATION_LISTS
+        for name in names:
             values = getattr(self, name)
             setattr(self, name, [values[i] for i in keep])
-        if isinstance(self, GenerationBatch):  # what only the generation batch keeps
-            self._next_tokens = self._next_tokens[mx.array(keep)]
-            for name in ("_next_logprobs", "_token_context", "_num_tokens", "_matchers"):
-                values = getattr(self, name)
-                setattr(self, name, [values[i] for i in keep])
 
     filter.mlxd_one_read = True
     cls.filter = filter
 
 
-def _filter(caches, keep) -> None:
-    """BatchKVCache.filter on every layer, the smallest padding left read once."""
+def _filter(caches, keep) -> mx.array:
+    """BatchKVCache.filter on every layer, the smallest padding left read once; returns
+    the rows kept, as the index array the layers were gathered by."""
     rows = mx.array(keep)
     shift = min(caches[0].left_padding[rows].tolist())  # the one read
     for c in caches:
@@ -177,3 +179,4 @@ def _filter(caches, keep) -> None:
                 c.keys, c.values = c.keys[..., shift:, :], c.values[..., shift:, :]
             c._idx -= shift
             c.left_padding = c.left_padding - shift
+    return rows
