@@ -67,6 +67,11 @@ def main(argv=None) -> int:
     status = WorkerStatus(args.epoch)
     ctx = zmq.Context()
     link = Link(ctx, args.commands, args.events, status, args.heartbeat_interval)
+    # SIGTERM waits until its handler (below) is installed: the link's threads answer
+    # status requests ("loading") from the moment they start, and a SIGTERM that came on
+    # that word before the handler would kill the process with its queue unanswered. The
+    # threads inherit the mask, so the signal is the main thread's to take.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     link.start()
     name = args.name or args.model
 
@@ -95,6 +100,7 @@ def main(argv=None) -> int:
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
     try:
         from worker.engine import TextEngine  # imports MLX: inside, a failure is a load error
