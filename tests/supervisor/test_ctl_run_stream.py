@@ -60,7 +60,11 @@ class Scripted:
                 while conn.recv(65536):
                     pass
                 self.closed.set()
-            except OSError:
+            except ConnectionResetError:
+                # Closed with our events still unread: the kernel resets rather than
+                # ends the connection. Closed all the same.
+                self.closed.set()
+            except OSError:  # (a timeout: still open)
                 pass
 
     def close(self):
