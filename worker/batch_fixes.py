@@ -12,6 +12,7 @@ tests/worker/test_worker_batching.py compare against mlx-lm's own output.
 from __future__ import annotations
 
 import copy
+import functools
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
@@ -27,6 +28,7 @@ def apply() -> None:
     _one_sequence_masks_as_a_plain_cache()
     _a_whole_prompt_batch_moves_without_a_copy()
     _one_padding_read_per_batch()
+    _a_lone_sequence_decodes_on_plain_caches()  # last: its write-back wraps the others
 
 
 def _one_sequence_masks_as_a_plain_cache() -> None:
@@ -51,6 +53,67 @@ def _one_sequence_masks_as_a_plain_cache() -> None:
 
     make_mask.mlxd_single = True
     BatchKVCache.make_mask = make_mask
+
+
+def _a_lone_sequence_decodes_on_plain_caches() -> None:
+    """A sequence decoding alone runs its steps on plain KVCaches, as mlx-lm's own
+    single-sequence path (`stream_generate`) does: a BatchKVCache keeps each row's
+    position as a device array and adds to it in every layer of every step (a kernel per
+    layer: on a GPU, where a small model's step is the CPU launching kernels, a few % of
+    the step). A plain cache counts on the host.
+
+    The views (KVCaches sharing the layers' key and value arrays, the position the batch
+    cache's `_idx`: a batch of one has no left padding) are made at the first step the
+    batch is alone and kept while it stays alone. Everything else that reads the batch's
+    caches (a join's `extend`, `filter`, `extract_cache`) first writes them back to the
+    BatchKVCaches (`_batched`), so mlx-lm's own code only ever sees those."""
+    step = GenerationBatch._step
+    if getattr(step, "mlxd_lone", False):
+        return
+
+    def _step(self):
+        if self.__dict__.get("_lone") is None and len(self.uids) == 1 \
+                and _plain(self.prompt_cache):
+            self._lone = (self.prompt_cache, [_view(c) for c in self.prompt_cache])
+            self.prompt_cache = self._lone[1]
+        return step(self)
+
+    _step.mlxd_lone = True
+    GenerationBatch._step = _step
+    for name in ("extend", "extract_cache", "filter"):
+        _batched_first(name)
+
+
+def _view(c: BatchKVCache) -> KVCache:
+    v = KVCache()
+    v.keys, v.values, v.offset = c.keys, c.values, c._idx
+    return v
+
+
+def _batched(gb) -> None:
+    """A lone batch's plain caches written back to its BatchKVCaches (no-op otherwise)."""
+    lone = gb.__dict__.pop("_lone", None)
+    if lone is None:
+        return
+    caches, views = lone
+    for c, v in zip(caches, views):
+        c.keys, c.values, c._idx = v.keys, v.values, v.offset
+        c.offset = mx.array([v.offset])
+    gb.prompt_cache = caches
+
+
+def _batched_first(name: str) -> None:
+    original = getattr(GenerationBatch, name)
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        _batched(self)
+        for other in args:  # extend's argument: a batch that may be lone too
+            if isinstance(other, GenerationBatch):
+                _batched(other)
+        return original(self, *args, **kwargs)
+
+    setattr(GenerationBatch, name, method)
 
 
 def _a_whole_prompt_batch_moves_without_a_copy() -> None:

@@ -203,33 +203,89 @@ def test_the_batch_prefills_in_chunks_of_the_sizers_size(engine):
     assert [o[0] for o in grown if o] == [o[0] for o in fixed if o]
 
 
-def test_one_sequence_decodes_unmasked_and_gives_mlx_lms_own_output(engine, monkeypatch):
-    # worker/batch.py: a batch of one is masked as a plain cache is (no mask to decode,
-    # "causal" to prefill: the faster kernels); a padded batch keeps its mask array.
+def test_one_sequence_decodes_on_plain_caches_and_gives_mlx_lms_own_output(engine, monkeypatch):
+    # worker/batch_fixes.py: a batch of one prefills with a plain cache's mask ("causal":
+    # the faster kernels) and decodes on plain KVCaches (no mask, its position counted on
+    # the host), as mlx-lm's single-sequence path does; a padded batch keeps its array.
     import mlx.core as mx
     from mlx_lm.generate import generate_step
-    from mlx_lm.models.cache import BatchKVCache
+    from mlx_lm.models.cache import BatchKVCache, KVCache
 
     seen = []
-    patched = BatchKVCache.make_mask
+    for cls in (BatchKVCache, KVCache):
+        own = cls.make_mask
 
-    def spy(self, N, return_array=False, **kw):
-        mask = patched(self, N, return_array=return_array, **kw)
-        seen.append((self.left_padding.shape[0], N, mask if mask is None or
-                     isinstance(mask, str) else "array"))
-        return mask
+        def spy(self, N, return_array=False, _own=own, **kw):
+            mask = _own(self, N, return_array=return_array, **kw)
+            rows = self.left_padding.shape[0] if isinstance(self, BatchKVCache) else "plain"
+            seen.append((rows, N, mask if mask is None or isinstance(mask, str) else "array"))
+            return mask
 
-    monkeypatch.setattr(BatchKVCache, "make_mask", spy)
+        monkeypatch.setattr(cls, "make_mask", spy)
     g = gen("a")
     ids = engine.prepare(g).ids
     solo = tokens(alone(engine, g))
-    assert {(1, 1, None)} == {s for s in seen if s[1] == 1}  # every decode step unmasked
+    assert {("plain", 1, None)} == {s for s in seen if s[1] == 1}  # every decode step
     assert (1, len(ids) - 1, "causal") in seen  # the prompt (but its last token)
     raw = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=len(solo))]
     assert solo == raw
+    # A one-token prompt: nothing prefilled, the views start from empty caches.
+    one = generate(rid="one", prompt_ids=pack_ids([7]), max_tokens=6, temperature=0.0)
+    got = tokens(alone(engine, one))
+    assert len(got) == 6
+    assert got == [t for t, _ in generate_step(mx.array([7]), engine.model, max_tokens=6)]
     seen.clear()
     run_all(make_batch(engine), {n: engine.prepare(gen(n)) for n in ("a", "d")})
     assert (2, 1, "array") in seen  # two sequences of different lengths: padded, masked
+
+
+def test_a_lone_sequences_plain_caches_go_back_to_the_batch_when_another_joins(engine,
+                                                                             monkeypatch):
+    """worker/batch_fixes.py: while a sequence decodes alone, no BatchKVCache decodes
+    (its steps run on plain views of the layers); when another joins, the views are
+    written back first (mlx-lm merges BatchKVCaches only), and once the first has left,
+    the one still running decodes on views again. Each gives what it gives alone."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    from tests.worker.batchrun import Seq
+
+    batched = []  # (rows, tokens) of each BatchKVCache update
+    own = BatchKVCache.update_and_fetch
+    monkeypatch.setattr(BatchKVCache, "update_and_fetch", lambda self, k, v: batched.append(
+        (k.shape[0], k.shape[2])) or own(self, k, v))
+    preps = {"a": engine.prepare(gen("a", max_tokens=12)),
+             "c": engine.prepare(gen("c", max_tokens=20))}
+    batch = make_batch(engine)
+    seqs = {n: Seq(n) for n in preps}
+    out = {n: [] for n in preps}
+
+    def step():
+        for seq, o in batch.step():
+            out[seq.rid].append(o)
+        gb = batch.gen._generation_batch
+        return gb.__dict__.get("_lone") is not None, len(gb.uids)
+
+    batch.add(seqs["a"], preps["a"])
+    alone_steps = []
+    while len(out["a"]) < 4:
+        alone_steps.append(step())
+    # Views from the step after the one that moved it to decoding (mlx-lm's join).
+    assert set(alone_steps[-3:]) == {(True, 1)}
+    assert not [b for b in batched if b[1] == 1]  # "a" alone: no batched decode step
+    batch.add(seqs["c"], preps["c"])
+    together = []
+    while batch.members:
+        together.append(step())
+    assert (False, 2) in together   # both decoding, on the BatchKVCaches
+    both = together.index((False, 2))
+    assert together[-2] == (True, 1)  # "c" alone at its end: on views again (before its
+    assert (False, 2) not in together[-2:]  # last step, which leaves the batch empty)
+    assert both < len(together) - 2
+    assert (2, 1) in batched
+    for name in preps:
+        assert tokens(out[name]) == tokens(alone(engine, gen(name, max_tokens=len(
+            tokens(out[name]))))), name
+        assert out[name][-1][2] == "length"
 
 
 def test_a_lone_sequence_has_its_first_token_at_the_step_that_ends_its_prompt(engine):
