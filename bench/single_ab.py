@@ -1,0 +1,78 @@
+"""One stream's decode, raw mlx-lm against mlxd servers started with different arguments or
+environment, rounds alternating, each round one prompt for all: the paired per-round
+ratio says more than medians on a machine whose speed drifts between rounds (the H200s
+here did by ±30% within one run).
+
+    python -m bench.single_ab [--shape 0.5b] [--rounds 8] [--tokens 256]
+        [--variants '{"default": {}, "no prefix cache": {"args": ["--prompt-cache-bytes", "0"]}}']
+
+Raw is `stream_generate` in this process; "in-process" is mlxd's batch in this process
+(no worker, no HTTP); each variant is a server of its own (`args` to `mlxd`, `env` added
+to its environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from bench.decode_probe import run_batch
+from bench.gpu import SHAPES, Raw, build, in_process, server_stream
+from bench.serverproc import ServerProcess
+
+
+def main() -> None:
+    import mlx.core as mx
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, else float32")
+    p.add_argument("--variants", default='{"default": {}}')
+    a = p.parse_args()
+    dtype = a.dtype or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
+    path = build(a.shape, dtype)
+    raw = Raw(path)
+    eng, batch = in_process(path, max_size=32)
+    rng = random.Random(0)
+    vocab = SHAPES[a.shape]["vocab_size"]
+
+    def prompt():
+        return [rng.randrange(3, vocab) for _ in range(32)]
+
+    servers = {}
+    try:
+        for name, v in json.loads(a.variants).items():
+            t = time.perf_counter()
+            s = ServerProcess([str(path)], *v.get("args", []), env=v.get("env", {}))
+            servers[name] = s.__enter__()
+            s.wait_healthy(600)
+            server_stream(s.port, str(path), prompt(), 16)  # compiles
+            print(f"started {name} in {time.perf_counter() - t:.0f} s", flush=True)
+        raw.stream(prompt(), 16)
+        run_batch(eng, batch, [prompt()], 16, False)
+        got = {"raw": [], "in-process": []} | {n: [] for n in servers}
+        for _ in range(a.rounds):
+            ids = prompt()
+            got["raw"].append(raw.stream(ids, a.tokens)[1])
+            got["in-process"].append(run_batch(eng, batch, [ids], a.tokens, False))
+            for name, s in servers.items():
+                got[name].append(server_stream(s.port, str(path), ids, a.tokens)[1])
+    finally:
+        for s in servers.values():
+            s.__exit__(None, None, None)
+    print(f"{a.shape} {dtype}: one stream of {a.tokens} tokens, {a.rounds} rounds")
+    print(f"  {'':20} {'median tok/s':>14} {'× raw':>7} {'paired × raw':>13}  rounds")
+    for name, xs in got.items():
+        paired = statistics.median(x / r for x, r in zip(xs, got["raw"]))
+        print(f"  {name:20} {statistics.median(xs):14.1f} "
+              f"{statistics.median(xs) / statistics.median(got['raw']):7.3f} {paired:13.3f}"
+              f"  {[round(x) for x in xs]}")
+
+
+if __name__ == "__main__":
+    main()
