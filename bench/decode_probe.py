@@ -30,8 +30,8 @@ import random
 import statistics
 import time
 
-from bench.gpu import (Raw, Seq, build, greedy, in_process, server_many, server_stream,
-                       time_methods)
+from bench.gpu import (Raw, Seq, build, default_dtype, greedy, in_process, server_many,
+                       server_stream, time_methods)
 from bench.serverproc import ServerProcess
 
 
@@ -128,7 +128,7 @@ def main() -> None:
     a = p.parse_args()
     import mlx.core as mx
 
-    dtype = a.dtype or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
+    dtype = default_dtype(a.dtype)
     path = build(a.shape, dtype)
     rng = random.Random(0)
 

@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.gpu import build, server_many, server_stream
+from bench.gpu import build, default_dtype, server_many, server_stream
 from bench.report import print_table
 from bench.serverproc import ServerProcess
 from supervisor.workers import blas
@@ -102,7 +102,7 @@ def main() -> None:
     import mlx.core as mx
 
     gpu = mx.default_device() == mx.gpu
-    dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    dtype = default_dtype(args.dtype)
     backend = args.backend
     info = mx.device_info()
     rows = []

@@ -20,13 +20,11 @@ import statistics
 import time
 
 from bench.decode_probe import run_batch
-from bench.gpu import SHAPES, Raw, build, in_process, server_stream
+from bench.gpu import SHAPES, Raw, build, default_dtype, in_process, server_stream
 from bench.serverproc import ServerProcess
 
 
 def main() -> None:
-    import mlx.core as mx
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
     p.add_argument("--rounds", type=int, default=8)
@@ -34,7 +32,7 @@ def main() -> None:
     p.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, else float32")
     p.add_argument("--variants", default='{"default": {}}')
     a = p.parse_args()
-    dtype = a.dtype or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
+    dtype = default_dtype(a.dtype)
     path = build(a.shape, dtype)
     raw = Raw(path)
     eng, batch = in_process(path, max_size=32)
