@@ -67,12 +67,6 @@ def main(argv=None) -> int:
     status = WorkerStatus(args.epoch)
     ctx = zmq.Context()
     link = Link(ctx, args.commands, args.events, status, args.heartbeat_interval)
-    # SIGTERM waits until its handler (below) is installed: the link's threads answer
-    # status requests ("loading") from the moment they start, and a SIGTERM that came on
-    # that word before the handler would kill the process with its queue unanswered. The
-    # threads inherit the mask, so the signal is the main thread's to take.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    link.start()
     name = args.name or args.model
 
     loading = [True]  # a cell the signal handler can read and clear
@@ -99,8 +93,14 @@ def main(argv=None) -> int:
         logging.shutdown()
         os._exit(0)
 
+    # The handler goes in before the link starts: its threads answer status requests
+    # ("loading") from the moment they run, and a SIGTERM sent on that word must find it,
+    # or the default action kills the process with its queue unanswered. Blocking SIGTERM
+    # until here is no substitute: a process-directed signal goes to any thread that does
+    # not block it, and threads started before main() (the preloaded OpenBLAS's pool on
+    # Linux, supervisor/workers/blas.py) never blocked it.
     signal.signal(signal.SIGTERM, on_sigterm)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    link.start()
 
     try:
         from worker.engine import TextEngine  # imports MLX: inside, a failure is a load error

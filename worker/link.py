@@ -68,6 +68,8 @@ class Link:
 
     def close(self, timeout: float = 3.0) -> None:
         """Send everything queued so far, stop both threads and flush the sockets."""
+        if self._sender.ident is None:  # a SIGTERM just before start(): the threads own
+            self.start()                # the sockets, so they send what is queued and close
         self.outbound.put(_STOP)
         self._sender.join(timeout)
         self._stop.set()

@@ -11,7 +11,8 @@ import time
 import pytest
 import zmq
 
-from protocol import Cancel, Generate, Shutdown, StatusRequest, sockets, unpack_ids
+from protocol import (Cancel, Done, FinishReason, Generate, Shutdown, StatusRequest, sockets,
+                      unpack_ids)
 from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INTERNAL, LOAD_FAILED
 
 from tests.generates import generate
@@ -269,9 +270,27 @@ def test_demo_model_is_built_and_served(spawn, tmp_path):
     assert events[-1].completion_tokens == len(deltas_of(events))
 
 
-def test_sigterm_while_loading_exits_0_and_answers_queued(spawn, tmp_path):
+# Injected at interpreter start: a thread that runs before main() and does not block
+# SIGTERM (as the preloaded OpenBLAS's pool on Linux), and a second's pause after the link
+# starts answering, so that a SIGTERM sent on its first "loading" lands in that second.
+_EARLY_THREAD_SLOW_LINK = (
+    "import threading, time, worker.link as l\n"
+    "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    "real = l.Link.start\n"
+    "def slow(self):\n"
+    "    real(self)\n"
+    "    time.sleep(1.0)\n"
+    "l.Link.start = slow\n")
+
+
+@pytest.mark.parametrize("inject", [False, True], ids=["plain", "early-thread-slow-link"])
+def test_sigterm_while_loading_exits_0_and_answers_queued(spawn, tmp_path, inject):
+    env = None
+    if inject:
+        (tmp_path / "sitecustomize.py").write_text(_EARLY_THREAD_SLOW_LINK)
+        env = {"PYTHONPATH": f"{REPO}:{tmp_path}"}
     # Building the random demo model in a fresh state dir takes about a second: time enough.
-    w = spawn("demo-random", state_dir=tmp_path / "fresh")
+    w = spawn("demo-random", state_dir=tmp_path / "fresh", env=env)
     w.send(generate(rid="early", prompt="Hi", max_tokens=3))
     w.send(StatusRequest(qid=1))  # answered after the Generate was queued (same thread)
     status = w.recv(timeout=30)
@@ -282,6 +301,32 @@ def test_sigterm_while_loading_exits_0_and_answers_queued(spawn, tmp_path):
     assert (done.kind, done.rid, done.finish_reason) == ("done", "early", "cancelled")
     with pytest.raises(TimeoutError):
         w.recv(timeout=0.5)  # and nothing else: no Ready, no Started
+
+
+def test_a_link_closed_before_it_started_still_sends_what_was_queued():
+    # The SIGTERM handler can run between its install and link.start(): its Done must leave.
+    from protocol import decode_up
+    from worker.link import Link
+    from worker.status import WorkerStatus
+
+    runtime = sockets.make_runtime_dir()
+    ep = sockets.Endpoints.for_worker(runtime, "early")
+    ctx = zmq.Context()
+    try:
+        evt = sockets.pull(ctx, ep.events, bind=True)
+        sockets.push(ctx, ep.commands, bind=True)
+        link = Link(zmq.Context(), ep.commands, ep.events, WorkerStatus(7), 60.0)
+        link.send(Done(epoch=7, rid="r", finish_reason=FinishReason.CANCELLED))
+        link.close()
+        got = []
+        while evt.poll(1000):
+            got.append(decode_up(evt.recv()))
+        assert [(m.kind, getattr(m, "rid", None)) for m in got if m.kind != "heartbeat"] \
+            == [("done", "r")]
+        assert not (link._sender.is_alive() or link._receiver.is_alive())
+    finally:
+        ctx.destroy(linger=0)
+        sockets.remove_runtime_dir(runtime)
 
 
 def test_unknown_model_is_a_load_error(spawn):

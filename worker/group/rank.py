@@ -66,14 +66,14 @@ def serve(args) -> int:
     keys = group_keys.load(os.environ.get(KEYS_ENV) or group_keys.folder(args.state_dir))
     if rank == 0:
         link = Link(ctx, args.commands, args.events, status, args.heartbeat_interval)
-        link.start()
-        control = LeaderControl(ctx, endpoint, size - 1, keys)
 
         def on_sigterm(signum, frame):
             log.error("terminated: another rank of the group failed")
             os._exit(leave(EXIT_GROUP_LOST))
 
-        signal.signal(signal.SIGTERM, on_sigterm)
+        signal.signal(signal.SIGTERM, on_sigterm)  # before the link answers (worker/__main__)
+        link.start()
+        control = LeaderControl(ctx, endpoint, size - 1, keys)
     else:
         control = FollowerControl(ctx, endpoint, rank, keys)
 
