@@ -23,9 +23,10 @@ import logging
 import os
 import signal
 import sys
-from protocol.settings import worker_parser
 
-from worker.startup import EXIT_BROKEN, EXIT_LOAD_FAILED, make_batch, set_wired_limit
+from protocol.exits import EXIT_BROKEN, EXIT_LOAD_FAILED
+from protocol.settings import worker_parser
+from worker.startup import make_batch, set_wired_limit
 
 LOG_LINE_LIMIT = 2000  # characters
 

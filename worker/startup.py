@@ -1,6 +1,6 @@
 """What a worker process builds before it serves, shared by the one-process worker
 (worker/__main__.py) and each rank of a worker group (worker/group/rank.py): the batch
-within its KV budget, Metal's wired memory, and the exit codes the supervisor reads."""
+within its KV budget, and Metal's wired memory."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ log = logging.getLogger("worker")
 # Prefill chunks grow from --prefill-step up to this (mlx-lm's own default) while steps are
 # fast (worker/batch.py ChunkSizer).
 PREFILL_LARGEST = 2048
-EXIT_LOAD_FAILED = 3
-EXIT_BROKEN = 4       # MLX cannot run a step after a failed request: replace this worker
-EXIT_GROUP_LOST = 5   # a worker group lost a rank (or its link): the group is replaced
 
 
 def make_batch(engine, args, path, shard: str = ""):

@@ -50,6 +50,7 @@ from supervisor.workers.link import LinkFactory, ProcessLink
 from supervisor.memory.probe import CRITICAL, Probe, probe_for
 from supervisor.workers.handle import RequestHandle
 from supervisor.workers.observer import Observer
+from supervisor.workers.report import runner_report
 from supervisor.workers.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, STARTING, STOPPED,
                                ModelRunner)
 
@@ -484,8 +485,8 @@ class Pool:
     # ---- health ----------------------------------------------------------------------
     def health(self) -> tuple[int, dict]:
         """(status, body): 200 while a worker is ready, 503 with a reason otherwise."""
-        workers = [r.snapshot() for r in self.all_runners()]
-        routed = [r.snapshot() for r in self.runners.values() if r.state != STOPPED]
+        workers = [runner_report(r) for r in self.all_runners()]
+        routed = [runner_report(r) for r in self.runners.values() if r.state != STOPPED]
         ready = [w for w in routed if w["state"] == READY]
         if not routed:
             reason = "no model loaded"

@@ -38,7 +38,8 @@ from supervisor.workers.handle import RequestHandle
 from supervisor.workers.link import LinkClosed, LinkFactory, WorkerLink
 from supervisor.workers.liveness import Liveness
 from supervisor.workers.observer import Observer
-from supervisor.workers.states import SERVING, ExitCause, RunnerState, Verdict, check
+from supervisor.workers.states import (SERVING, ExitCause, RunnerState, Verdict, check,
+                                       exit_verdict)
 from supervisor.workers.throughput import TokenRate
 
 log = logging.getLogger("mlxd.runner")
@@ -48,11 +49,6 @@ WAITING, STARTING, READY = RunnerState.WAITING, RunnerState.STARTING, RunnerStat
 RESTARTING, DRAINING = RunnerState.RESTARTING, RunnerState.DRAINING
 BROKEN, STOPPED = RunnerState.BROKEN, RunnerState.STOPPED
 DRAIN, FORCE = "drain", "force"
-
-# A worker that found itself unable to run a step after a request failed exits with this
-# code, asking to be replaced (worker/__main__.py): not a crash of its own making.
-EXIT_UNHEALTHY = 4
-EXIT_GROUP_LOST = 5   # worker/__main__.py
 
 Admit = Callable[["ModelRunner"], Awaitable[None]]
 
@@ -67,7 +63,7 @@ class ModelRunner:
         self.id = model_id
         self.config = config
         self._factory = link_factory
-        self._clock = clock
+        self.clock = clock                # injected: tests drive time
         self._admit = admit
         self._on_refused = on_refused
         self.observer = observer or Observer()
@@ -210,9 +206,9 @@ class ModelRunner:
 
     async def wait_idle(self, timeout: float) -> bool:
         """Until nothing is queued or running (True), or `timeout` passes (False)."""
-        deadline = self._clock() + timeout
+        deadline = self.clock() + timeout
         while not self.is_idle():
-            if self._clock() >= deadline:
+            if self.clock() >= deadline:
                 return False
             await asyncio.sleep(0.05)
         return True
@@ -262,7 +258,7 @@ class ModelRunner:
             link = self._factory(self.epoch)
             self.link = link
             self._verdict = None
-            now = self._clock()
+            now = self.clock()
             self.live = Liveness(heartbeat_at=now, steps_changed_at=now)
             self._worker_alive = True
             self._to(STARTING if self.restarts == 0 else RESTARTING)
@@ -280,10 +276,10 @@ class ModelRunner:
                 reader.cancel()
                 await asyncio.gather(reader, monitor, return_exceptions=True)
                 await self._drain(link)
-                ended = self._verdict or _exit_verdict(code)
+                ended = self._verdict or exit_verdict(code)
             self._worker_alive = False
             link.close()
-            was_ready_for = (self._clock() - self.ready_at) if self.ready_at else 0.0
+            was_ready_for = (self.clock() - self.ready_at) if self.ready_at else 0.0
             self._ready.clear()
             self.ready_at = None
             self.dispatch.on_worker_gone(ended.reason)
@@ -303,7 +299,7 @@ class ModelRunner:
             self.observer.worker_restarted(self, ended.cause.value)
             if ended.cause in (ExitCause.ADMIN, ExitCause.MEMORY):  # asked for: not a crash
                 continue
-            now = self._clock()
+            now = self.clock()
             self._crashes.append(now)
             while self._crashes and now - self._crashes[0] > self.config.crash_window:
                 self._crashes.popleft()
@@ -368,7 +364,7 @@ class ModelRunner:
         while True:
             await asyncio.sleep(self.MONITOR_INTERVAL)
             verdict = self.live.verdict(
-                self._clock(), self.config,
+                self.clock(), self.config,
                 busy=bool(self.inflight) and self.state in SERVING,
                 cancels_sent_at=[h.cancel_sent_at for h in self.inflight.values()],
                 memory_limit=self.memory_limit() if self.state in SERVING else None)
@@ -411,25 +407,25 @@ class ModelRunner:
 
     def _on_event(self, link: WorkerLink, msg) -> None:
         if isinstance(msg, Delta):
-            now = self._clock()
+            now = self.clock()
             self.live.steps_changed_at = now
             self.tokens.add(msg.n_tokens, now)
             self.dispatch.on_delta(msg)
         elif isinstance(msg, Audio):  # speech as it is synthesised: streamed like Deltas
-            self.live.steps_changed_at = self._clock()
+            self.live.steps_changed_at = self.clock()
             self.dispatch.on_delta(msg)
         elif isinstance(msg, (Tokens, Pooled, Transcript)):
             self.dispatch.on_result(msg)
         elif isinstance(msg, Done):
             h = self.dispatch.on_done(msg)
             if h is not None:
-                self.last_used = self._clock()
+                self.last_used = self.clock()
                 self.observer.request_done(self, h, msg)
         elif isinstance(msg, Started):
-            self.live.steps_changed_at = self._clock()  # prefill began: progress
+            self.live.steps_changed_at = self.clock()  # prefill began: progress
             self.dispatch.on_started(msg)
         elif isinstance(msg, Heartbeat):
-            self.live.on_heartbeat(msg, self._clock())
+            self.live.on_heartbeat(msg, self.clock())
         elif isinstance(msg, Ready):
             d = self.dispatch
             d.slots = max(1, msg.slots)
@@ -440,7 +436,7 @@ class ModelRunner:
             self.voices, self.translates = list(msg.voices), msg.translates
             self.random_weights = msg.random_weights
             self.group = msgspec.to_builtins(msg.group) if msg.group is not None else None
-            self.ready_at = self._clock()
+            self.ready_at = self.clock()
             self.live.active_bytes, self.live.peak_bytes = msg.active_bytes, msg.peak_bytes
             self._to(DRAINING if self._retiring else READY)
             self._ready.set()
@@ -468,14 +464,14 @@ class ModelRunner:
         if self._retiring:
             raise WorkerFailed(f"Model `{self.id}` is being unloaded; please retry.")
         h = self.dispatch.admit(request, params or {})
-        self.last_used = self._clock()
+        self.last_used = self.clock()
         return h
 
     def adopt(self, h: RequestHandle) -> None:
         """Take over a request that another runner of this model never started (it was
         retired): it joins the queue and cancels through this runner from now on."""
         self.dispatch.adopt(h)
-        self.last_used = self._clock()
+        self.last_used = self.clock()
 
     async def worker_status(self, timeout: float = 2.0) -> Status:
         return await self._query(lambda qid: StatusRequest(qid=qid), timeout)
@@ -513,67 +509,3 @@ class ModelRunner:
             self._verdict = Verdict(ExitCause.ADMIN, reason)
             self.link.kill()
         return ended
-
-    def snapshot(self) -> dict:
-        """State for /health and status: cached, never asks the worker."""
-        lv = self.live
-        return {
-            "model": self.id, "state": self.state.value, "epoch": self.epoch,
-            "pid": self.link.pid if self.link else None,
-            "context_length": self.context_length, "random_weights": self.random_weights,
-            "queued": len(self.queue), "in_flight": len(self.inflight),
-            # Accepted and not started, here or on the worker: what --max-queue counts.
-            "waiting": self.dispatch.waiting(),
-            "worker_active": lv.active, "worker_waiting": lv.waiting, "steps": lv.steps,
-            "active_bytes": lv.active_bytes, "peak_bytes": lv.peak_bytes,
-            "restarts": self.restarts, "restart_causes": dict(self.restart_causes),
-            "last_error": self.last_error,
-            "uptime_s": round(self._clock() - self.ready_at, 1) if self.ready_at else None,
-            "pinned": self.pinned, "need_bytes": self.need_bytes,
-            # A worker group (worker/group/): its ranks, hosts, memory and link; None: one
-            # process.
-            "group": _live_group(self.group, lv),
-            "idle_s": round(self._clock() - self.last_used, 1) if self.is_idle() else 0.0,
-            "tokens_per_s": round(self.tokens.per_second(self._clock(), self.ready_at), 2),
-            # Every completion token since this runner began: the dashboard's live chart
-            # takes the rate between two polls from it (tokens_per_s is a minute's mean).
-            "tokens_total": self.tokens.total,
-            "slots": self.dispatch.slots,
-            # What the model does (text | vision | embed | rerank | stt | tts), once a
-            # worker was ready.
-            "kind": self.kind,
-            "dimensions": self.dimensions,
-            "voices": self.voices or None,
-            # The running request's share done, where known (a transcription's audio).
-            "progress": lv.progress,
-            # While a GGUF converts at load: the share done (None otherwise).
-            "load_progress": (lv.load_progress
-                              if self.state in (RunnerState.STARTING, RunnerState.RESTARTING)
-                              else None),
-            # The worker's prompt-prefix cache, as its last heartbeat said (None: none).
-            "prompt_cache": msgspec.to_builtins(lv.prompt_cache) if lv.prompt_cache else None,
-        }
-
-
-def _live_group(group: dict | None, live: Liveness) -> dict | None:
-    """Ready.group with each rank's MLX memory as the last heartbeat said (the leader's
-    own, and the others' from their beats)."""
-    if group is None:
-        return None
-    memory = {0: (live.active_bytes, live.peak_bytes)}
-    memory.update({rank: (active, peak) for rank, active, peak in live.group_memory})
-    ranks = []
-    for r in group["ranks"]:
-        active, peak = memory.get(r["rank"], (r["active_bytes"], r["peak_bytes"]))
-        ranks.append({**r, "active_bytes": active, "peak_bytes": peak})
-    return {**group, "ranks": ranks}
-
-
-def _exit_verdict(code: int | None) -> Verdict:
-    """Why a worker ended that nobody here asked to end: by its exit code."""
-    if code == EXIT_GROUP_LOST:
-        return Verdict(ExitCause.CRASH, "the worker group lost a rank (or its link)")
-    if code == EXIT_UNHEALTHY:
-        return Verdict(ExitCause.UNHEALTHY,
-                       "the worker could not run a step after a request failed and was recycled")
-    return Verdict(ExitCause.CRASH, f"exited with code {code}")

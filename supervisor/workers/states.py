@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from protocol.exits import EXIT_BROKEN, EXIT_GROUP_LOST
+
 
 class RunnerState(str, Enum):
     WAITING = "waiting"         # for the memory gate, before the first spawn
@@ -78,3 +80,13 @@ class Verdict:
 
     def __str__(self) -> str:
         return self.reason
+
+
+def exit_verdict(code: int | None) -> Verdict:
+    """Why a worker ended that nobody here asked to end: by its exit code."""
+    if code == EXIT_GROUP_LOST:
+        return Verdict(ExitCause.CRASH, "the worker group lost a rank (or its link)")
+    if code == EXIT_BROKEN:
+        return Verdict(ExitCause.UNHEALTHY,
+                       "the worker could not run a step after a request failed and was recycled")
+    return Verdict(ExitCause.CRASH, f"exited with code {code}")

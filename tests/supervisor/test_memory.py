@@ -191,7 +191,7 @@ def test_a_silent_rank_of_a_worker_group_condemns_the_group_even_when_idle():
 
 
 def test_a_groups_ranks_show_their_memory_as_the_last_heartbeat_said():
-    from supervisor.workers.runner import _live_group
+    from supervisor.workers.report import live_group as _live_group
 
     lv = Liveness()
     lv.on_heartbeat(Heartbeat(epoch=1, state="busy", active_bytes=10, peak_bytes=11,

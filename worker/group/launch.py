@@ -35,11 +35,11 @@ import sys
 import threading
 from pathlib import Path
 
+from protocol.exits import EXIT_LOAD_FAILED
 from protocol.hosts import is_local, read_hostfile
 from worker import lifeline
 from worker.group import keys
 from worker.group.rank import BACKEND_ENV, CONTROL_ENV, EXIT_FILE_ENV, KEYS_ENV
-from worker.startup import EXIT_LOAD_FAILED
 
 log = logging.getLogger("worker.group.launch")
 

@@ -6,7 +6,7 @@ this rank's shard, build and warm the batch, probe the link. Then rank 0 (the le
 speaks the protocol to the supervisor and runs the ordinary scheduler over a
 `LeaderBatch`; the others replay its batch (worker/group/follower.py).
 
-Exit codes are the worker's (worker/startup.py), plus EXIT_GROUP_LOST: a collective
+Exit codes are the worker's (protocol/exits.py), plus EXIT_GROUP_LOST: a collective
 failed (a rank died, the link broke) or a follower diverged. The leader also writes its
 code to $MLXD_GROUP_EXIT_FILE, because the process the supervisor waits on is the
 launcher (`mlx.launch` exits 0 whatever its ranks did). A SIGTERM reaching the leader
@@ -45,8 +45,8 @@ def serve(args) -> int:
     import zmq
 
     from protocol.messages import LOAD_FAILED, Done, Error, FinishReason, Generate, Ready
-    from worker.startup import (EXIT_BROKEN, EXIT_GROUP_LOST, EXIT_LOAD_FAILED, make_batch,
-                                set_wired_limit)
+    from protocol.exits import EXIT_BROKEN, EXIT_GROUP_LOST, EXIT_LOAD_FAILED
+    from worker.startup import make_batch, set_wired_limit
     from worker.group import keys as group_keys
     from worker.group import setup
     from worker.group.control import FollowerControl, LeaderControl
