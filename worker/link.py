@@ -59,8 +59,11 @@ class Link:
         self._sender = threading.Thread(target=self._send_loop, name="link-send", daemon=True)
 
     def start(self) -> None:
-        self._receiver.start()
-        self._sender.start()
+        """Start the threads not started yet (close() calls it too: a SIGTERM handler may
+        close the link before, or while, main() starts it)."""
+        for thread in (self._receiver, self._sender):
+            if thread.ident is None:
+                thread.start()
 
     def send(self, msg) -> None:
         """Queue a message (or already encoded bytes) for the sender thread."""
@@ -68,8 +71,7 @@ class Link:
 
     def close(self, timeout: float = 3.0) -> None:
         """Send everything queued so far, stop both threads and flush the sockets."""
-        if self._sender.ident is None:  # a SIGTERM just before start(): the threads own
-            self.start()                # the sockets, so they send what is queued and close
+        self.start()  # the threads own the sockets: they send what is queued, then close them
         self.outbound.put(_STOP)
         self._sender.join(timeout)
         self._stop.set()

@@ -303,8 +303,10 @@ def test_sigterm_while_loading_exits_0_and_answers_queued(spawn, tmp_path, injec
         w.recv(timeout=0.5)  # and nothing else: no Ready, no Started
 
 
-def test_a_link_closed_before_it_started_still_sends_what_was_queued():
-    # The SIGTERM handler can run between its install and link.start(): its Done must leave.
+@pytest.mark.parametrize("started", [0, 1], ids=["unstarted", "half-started"])
+def test_a_link_closed_before_it_started_still_sends_what_was_queued(started):
+    # The SIGTERM handler can run before link.start() or inside it (between its two
+    # threads' starts): its Done must leave all the same.
     from protocol import decode_up
     from worker.link import Link
     from worker.status import WorkerStatus
@@ -316,6 +318,8 @@ def test_a_link_closed_before_it_started_still_sends_what_was_queued():
         evt = sockets.pull(ctx, ep.events, bind=True)
         sockets.push(ctx, ep.commands, bind=True)
         link = Link(zmq.Context(), ep.commands, ep.events, WorkerStatus(7), 60.0)
+        if started:
+            link._receiver.start()
         link.send(Done(epoch=7, rid="r", finish_reason=FinishReason.CANCELLED))
         link.close()
         got = []
