@@ -49,6 +49,7 @@ class Dispatcher:
         self.slots = 1
         self.epoch = 0
         self.link: WorkerLink | None = None  # the worker requests go to, while it serves
+        self.busy_since = 0.0  # when the worker was last given work while it had none
         self.context_length: int | None = None
         self.vocab_size: int | None = None
         self.model_kind: ModelKind | None = None  # known once a worker was ready
@@ -95,6 +96,8 @@ class Dispatcher:
             return
         while self.queue:
             h = self.queue.popleft()
+            if not self.inflight:
+                self.busy_since = self._clock()  # the hang clock starts with the work
             rid = h.new_attempt()
             self.inflight[rid] = h
             try:

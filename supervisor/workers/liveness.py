@@ -50,16 +50,20 @@ class Liveness:
 
     def verdict(self, now: float, config: Config, *, busy: bool,
                 cancels_sent_at: Iterable[float | None],
-                memory_limit: int | None = None) -> Verdict | None:
+                memory_limit: int | None = None,
+                busy_since: float = 0.0) -> Verdict | None:
         """Why the worker must be killed now, or None. `busy`: it has requests and is
-        serving (a worker still loading makes no steps and is not hung). `memory_limit`:
-        the MLX memory it may hold while idle (None: no limit)."""
+        serving (a worker still loading makes no steps and is not hung). `busy_since`:
+        when it was last given work while it had none: the hang clock starts there, not
+        at its last step before it went idle, which may be any time ago (an idle worker
+        given work would otherwise be "hung" before it could take its first step).
+        `memory_limit`: the MLX memory it may hold while idle (None: no limit)."""
         if now - self.heartbeat_at > config.heartbeat_timeout:
             return Verdict(ExitCause.HEARTBEAT, f"no heartbeat for {config.heartbeat_timeout:g} s")
         if self.group_silence is not None and self.group_silence > config.heartbeat_timeout:
             return Verdict(ExitCause.HEARTBEAT, f"a rank of the worker group sent no heartbeat "
                                                 f"for {config.heartbeat_timeout:g} s")
-        if busy and now - self.steps_changed_at > config.hang_timeout:
+        if busy and now - max(self.steps_changed_at, busy_since) > config.hang_timeout:
             return Verdict(ExitCause.HUNG,
                            f"hung: busy with no progress for {config.hang_timeout:g} s")
         for sent in cancels_sent_at:

@@ -367,7 +367,8 @@ class ModelRunner:
                 self.clock(), self.config,
                 busy=bool(self.inflight) and self.state in SERVING,
                 cancels_sent_at=[h.cancel_sent_at for h in self.inflight.values()],
-                memory_limit=self.memory_limit() if self.state in SERVING else None)
+                memory_limit=self.memory_limit() if self.state in SERVING else None,
+                busy_since=self.dispatch.busy_since)
             if verdict is not None:
                 log.warning("model %s: killing worker pid %s: %s", self.id, link.pid, verdict)
                 self._verdict = Verdict(verdict.cause, "killed: " + verdict.reason)

@@ -31,6 +31,7 @@ class FakeBehaviour:
     tokens: int = 5
     step_s: float = 0.01
     load_s: float = 0.0
+    start_s: float = 0.0                   # from taking a request to its Started (prefill)
     crash_after_tokens: int | None = None  # exit(1) after this many tokens of a request
     hang_after_tokens: int | None = None   # stop everything (incl. heartbeats)
     ignore_cancel: bool = False
@@ -179,6 +180,7 @@ class FakeLink(WorkerLink):
                              message="too long", param="messages"))
             self._emit(Done(epoch=self.epoch, rid=g.rid, finish_reason="error"))
             return
+        await asyncio.sleep(b.start_s)
         self._emit(Started(epoch=self.epoch, rid=g.rid, prompt_tokens=prompt_tokens))
         limit = b.tokens if max_tokens is None else min(b.tokens, max_tokens)
         n = 0

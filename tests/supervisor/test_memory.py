@@ -179,6 +179,17 @@ def test_liveness_verdicts():
     assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[105.0]) is None
 
 
+def test_the_hang_clock_starts_when_an_idle_worker_is_given_work():
+    cfg = Config(heartbeat_timeout=1000, hang_timeout=5)
+    lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)  # last step at 100, then idle
+    assert lv.verdict(300.0, cfg, busy=True, cancels_sent_at=[], busy_since=299.0) is None
+    assert lv.verdict(304.0, cfg, busy=True, cancels_sent_at=[], busy_since=299.0) is None
+    assert lv.verdict(304.5, cfg, busy=True, cancels_sent_at=[],
+                      busy_since=299.0).cause is ExitCause.HUNG
+    lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=1), 304.0)  # it stepped: progress
+    assert lv.verdict(308.0, cfg, busy=True, cancels_sent_at=[], busy_since=299.0) is None
+
+
 def test_a_silent_rank_of_a_worker_group_condemns_the_group_even_when_idle():
     """The leader's own heartbeats flow; one of its ranks has been quiet too long."""
     cfg = Config(heartbeat_timeout=2, hang_timeout=5)

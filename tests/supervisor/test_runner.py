@@ -98,6 +98,51 @@ async def test_hung_worker_is_killed_by_heartbeat_timeout_and_replaced():
         await runner.stop()
 
 
+class Clock:
+    """Time the test moves by hand (the runner's injected clock)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def ticks(runner: ModelRunner, n: int = 3) -> None:
+    """Let the liveness monitor look `n` times."""
+    await asyncio.sleep(n * runner.MONITOR_INTERVAL + 0.05)
+
+
+async def test_an_idle_worker_given_work_is_not_hung_before_its_first_step():
+    """The hang clock starts when an idle worker is given work: its last step, however
+    long ago, is not a hang. (The race an outside tester saw: the first request after
+    `--hang-timeout` of idleness killed the worker within 100 ms.) Its start (the
+    prefill) takes longer than one look of the monitor, so the monitor sees it busy
+    without progress."""
+    clock = Clock()
+    world = FakeWorld(FakeBehaviour(tokens=2, start_s=4 * ModelRunner.MONITOR_INTERVAL))
+    runner = ModelRunner("fake", Config(**{**FAST, "heartbeat_timeout": 10_000,
+                                             "hang_timeout": 5}), world.factory("fake"),
+                         clock=clock)
+    runner.start()
+    try:
+        assert await runner.wait_ready(5)
+        clock.now += 100  # idle far past the hang timeout
+        await ticks(runner)
+        assert await collect(runner.submit(generate(prompt="a"))) == "w1 w2 "
+        assert runner.restarts == 0 and runner.epoch == 1
+        # ... and a worker that makes no progress once busy is still hung.
+        world.default.start_s = 10.0
+        h = runner.submit(generate(prompt="b"))
+        await ticks(runner, 1)
+        clock.now += 6
+        with raises_api() as err:
+            await h.started(5)
+        assert err.value.status == 503 and runner.restart_causes["hung"] == 1
+    finally:
+        await runner.stop()
+
+
 async def test_ignored_cancel_is_killed_after_grace():
     world = FakeWorld(per_epoch={1: FakeBehaviour(tokens=1000, ignore_cancel=True)},
                       behaviour=FakeBehaviour(tokens=2))
