@@ -1,11 +1,17 @@
 """KV snapshot files and the disk tier (worker/snapshots/files.py, disk.py): every cache
-kind round-trips (bf16, recurrent, quantized), mlx-lm reads the files, a damaged file is
-deleted and counted and never loaded, the byte budget drops the least recently used."""
+kind round-trips (bf16, recurrent, quantized), mlx-lm reads the files, a damaged file
+(its data or anything its header says: the tensor table, the name, identity and tokens)
+is deleted and counted and never loaded, as is a file of the older format or one in
+another snapshot's or model's place; the byte budget drops the least recently used."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
 import stat
+import struct
 
 import mlx.core as mx
 import pytest
@@ -36,11 +42,32 @@ def same_state(a, b) -> bool:
         for (ka, va), (kb, vb) in zip(fa, fb))
 
 
-def write(tmp_path, name="resp_1", tokens=7, **kw):
+def write(tmp_path, name="resp_1", tokens=7, identity=None, **kw):
     cache = a_cache(tokens, **kw)
     path = tmp_path / _file_name(name)
-    size = files.write(files.encode(name, list(range(100, 100 + tokens)), cache), path)
+    size = files.write(files.encode(name, list(range(100, 100 + tokens)), cache), path,
+                       identity or tmp_path.name)  # a tier's identity: its directory's name
     return cache, path, size
+
+
+def edit_header(path, edit) -> None:
+    """Rewrite a snapshot file's JSON header through `edit(header)`, its data untouched
+    (the keys stay in their order, so the stored digest stays where it was)."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", raw)
+    header = json.loads(raw[8:8 + n])
+    edit(header)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + raw[8 + n:])
+
+
+def swap_offsets(header) -> None:
+    """The outside tester's edit: the first two tensors (a layer's keys and values, the
+    same dtype and shape) trade places."""
+    a, b = [k for k in header if k != "__metadata__"][:2]
+    header[a]["data_offsets"], header[b]["data_offsets"] = (header[b]["data_offsets"],
+                                                            header[a]["data_offsets"])
 
 
 def test_every_cache_kind_round_trips_and_mlx_lm_reads_the_file(tmp_path):
@@ -55,7 +82,71 @@ def test_every_cache_kind_round_trips_and_mlx_lm_reads_the_file(tmp_path):
     assert back[0].keys.dtype == mx.bfloat16
     theirs, meta = load_prompt_cache(str(path), return_metadata=True)
     assert same_state(cache, theirs) and meta["mlxd_name"] == "resp_1"
-    assert files.read_info(path) == files.Info("resp_1", 7, size)
+    assert files.read_info(path) == files.Info("resp_1", tmp_path.name, 7, size)
+    assert snap.identity == tmp_path.name
+
+
+def _meta(field, value):
+    def edit(header):
+        header["__metadata__"][field] = value
+    return edit
+
+
+def _tensor(field, change):
+    def edit(header):
+        spec = header["0.0"]  # the KV cache's keys: bf16 [1, 2, 7, 16]
+        spec[field] = change(spec[field])
+    return edit
+
+
+def _rename(header):
+    header["0.9"] = header.pop("0.0")
+
+
+TOKENS = base64.b64encode(struct.pack("<7I", *range(200, 207))).decode()
+
+EDITS = {
+    "swap two tensors' offsets": swap_offsets,
+    "change a dtype": _tensor("dtype", lambda _: "F16"),
+    "change a shape": _tensor("shape", lambda s: [s[0], s[1], s[3], s[2]]),
+    "rename a tensor": _rename,
+    "change the name": _meta("0.mlxd_name", "resp_2"),
+    "change the identity": _meta("0.mlxd_identity", "another-model"),
+    "change the tokens": _meta("0.mlxd_tokens", TOKENS),
+    "change a cache class": _meta("1.0", "RotatingKVCache"),
+}
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_an_edited_header_fails_the_checksum(tmp_path, edit):
+    _, path, size = write(tmp_path)
+    data = path.read_bytes()[-1000:]
+    edit_header(path, EDITS[edit])
+    assert path.read_bytes()[-1000:] == data  # the data untouched
+    with pytest.raises(files.CorruptFile, match="checksum"):
+        files.read(path)
+
+
+def test_a_file_of_the_older_format_is_a_miss_never_loaded(tmp_path):
+    """mlxd-kv-1: the metadata last, a checksum over the tokens and the data only."""
+    d = tmp_path / "kv"
+    d.mkdir()
+    _, path, _ = write(d)
+    raw = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", raw)
+    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    meta = header.pop("__metadata__")
+    del meta["0.mlxd_identity"]
+    meta.update({"0.mlxd_format": "mlxd-kv-1", "0.mlxd_sha256": hashlib.sha256(
+        base64.b64decode(meta["0.mlxd_tokens"]) + data).hexdigest()})
+    head = json.dumps({**header, "__metadata__": meta}, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + data)
+    with pytest.raises(files.CorruptFile, match="older format"):
+        files.read(path)
+    tier = DiskTier(d, 1 << 30)
+    tier.start()
+    assert tier.corrupt == 1 and not path.exists() and tier.load("resp_1") is None
 
 
 @pytest.mark.parametrize("damage", ["flip a data byte", "truncate", "garble the header",
@@ -136,5 +227,40 @@ def test_the_identity_changes_with_the_weights_and_the_cache_layout(tmp_path):
     first = model_identity(model)
     assert model_identity(model) == first
     assert model_identity(model, max_kv_size=256) != first
-    (model / "model.safetensors").write_bytes(b"12345")
-    assert model_identity(model) != first
+    weights = model / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # the same size, rewritten
+    second = model_identity(model)
+    assert second != first
+    weights.write_bytes(b"12345")
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # another size only
+    assert model_identity(model) not in (first, second)
+
+
+def test_a_file_in_another_snapshots_place_is_refused_at_start(tmp_path):
+    d = tmp_path / "kv"
+    d.mkdir()
+    _, path, _ = write(d, "resp_a")
+    path.rename(d / _file_name("resp_b"))  # resp_a's file under resp_b's name
+    tier = DiskTier(d, 1 << 30)
+    tier.start()
+    assert tier.corrupt == 1 and tier.entries() == {} and not list(d.iterdir())
+
+
+@pytest.mark.parametrize("swap", ["another snapshot", "another model"])
+def test_a_file_replaced_after_start_is_refused_at_load(tmp_path, swap):
+    d = tmp_path / "kv"
+    d.mkdir()
+    _, a, _ = write(d, "resp_a")
+    _, b, _ = write(d, "resp_b")
+    tier = DiskTier(d, 1 << 30)
+    tier.start()
+    if swap == "another snapshot":
+        b.write_bytes(a.read_bytes())
+    else:  # resp_b as the model next door wrote it
+        (tmp_path / "other").mkdir()
+        write(tmp_path / "other", "resp_b")
+        b.write_bytes((tmp_path / "other" / _file_name("resp_b")).read_bytes())
+    assert tier.load("resp_b") is None
+    assert tier.corrupt == 1 and not b.exists() and not tier.has("resp_b")
+    assert tier.load("resp_a").name == "resp_a"

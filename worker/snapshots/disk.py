@@ -4,7 +4,10 @@ A snapshot on disk outlives the worker: a chain of agent turns resumes after the
 was killed or recycled, after the model was swapped out and back, after mlxd restarted.
 One directory per model identity (worker/snapshots/identity.py), so a file is never read
 by another model; one file per snapshot name, named by a hash of it (a client's
-prompt_cache_key never becomes a path).
+prompt_cache_key never becomes a path). Every file claims, under its checksum, the name
+and the identity it was written for, and a file is used only where both are what its
+place says (the directory's name is the identity: `snapshot_dir`): a file copied or
+renamed into another's place is refused like a damaged one.
 
 Writes happen on this tier's own thread, never on the MLX thread: `put` queues an
 encoded snapshot and returns. Reads happen on the caller's thread (the preparation
@@ -47,6 +50,7 @@ class DiskTier:
     def __init__(self, directory: Path, max_bytes: int, *, max_pending: int = 2 << 30,
                  clock: Callable[[], float] = time.time):
         self.dir = Path(directory)
+        self.identity = self.dir.name  # the model identity (snapshot_dir lays them out so)
         self.max_bytes = max_bytes
         self.max_pending = max_pending  # bytes queued for writing at most (held in memory)
         self._clock = clock
@@ -76,8 +80,7 @@ class DiskTier:
                 continue
             try:
                 info = files.read_info(path)
-                if path.name != _file_name(info.name):
-                    raise files.CorruptFile("named for another snapshot")
+                self._check(info, path, info.name)
             except (OSError, files.CorruptFile) as e:
                 self._discard(path, e)
                 continue
@@ -125,7 +128,7 @@ class DiskTier:
             path = self.dir / _file_name(enc.name)
             t0 = time.perf_counter()
             try:
-                nbytes = files.write(enc, path)
+                nbytes = files.write(enc, path, self.identity)
             except OSError as e:
                 log.warning("could not write a KV snapshot (%s); it stays in memory only", e)
                 nbytes = 0
@@ -170,8 +173,7 @@ class DiskTier:
         t0 = time.perf_counter()
         try:
             snap = files.read(entry.path)
-            if snap.name != name:
-                raise files.CorruptFile("holds another snapshot")
+            self._check(snap, entry.path, name)
         except FileNotFoundError:
             with self._lock:
                 self._forget(name, unlink=False)
@@ -234,6 +236,14 @@ class DiskTier:
         self.nbytes -= entry.nbytes
         if unlink:
             entry.path.unlink(missing_ok=True)
+
+    def _check(self, claims, path: Path, name: str) -> None:
+        """Refuse a file (`claims`: what its header says) that is not the snapshot `name`
+        of this model: named for another snapshot, or written by another model."""
+        if path.name != _file_name(name) or claims.name != name:
+            raise files.CorruptFile("holds another snapshot than it is named for")
+        if claims.identity != self.identity:
+            raise files.CorruptFile("written by another model")
 
     def _discard(self, path: Path, why: Exception) -> None:
         log.warning("deleted a corrupt KV snapshot file %s (%s)", path.name, why)
