@@ -9,9 +9,11 @@ possible partial marker and strips the markers it matches):
 
 Text in "tool" is collected per call and parsed, when the call's end marker arrives,
 with the family's parser (worker/tool_formats.py) into ToolCall items. Calls are sent
-whole: an OpenAI stream may carry a call's arguments in one fragment. Markup never
-reaches the answer; a call that does not parse (a model's malformed output, or one cut
-off by max_tokens) is logged and dropped, as mlx-lm's server does.
+whole: an OpenAI stream may carry a call's arguments in one fragment. Their arguments are
+the model's own JSON text where it wrote JSON (tool_formats.arguments_text), never
+re-serialised. Markup never reaches the answer; a call that does not parse (a model's
+malformed output, one cut off by max_tokens, or arguments no strict JSON parser takes,
+such as a number beyond a double) is logged and dropped, as mlx-lm's server does.
 
 Llama 3 marks nothing: an answer that starts with "{" is held back and, at the end,
 is a call if it parses as one, else plain text.
@@ -140,9 +142,10 @@ class OutputSplitter:
         return content
 
     def _parse(self, text: str, quiet: bool = False) -> tuple:
+        text = text.strip()
         try:
-            parsed = normalize_calls(self._fmt.parse(text.strip(), self._tools))
-        except (ValueError, SyntaxError, KeyError, TypeError, AttributeError,
+            parsed = normalize_calls(self._fmt.parse(text, self._tools), text)
+        except (ValueError, SyntaxError, KeyError, TypeError, AttributeError, OverflowError,
                 json.JSONDecodeError) as e:
             if not quiet:
                 log.warning("dropped a tool call that does not parse (%s: %s)",
@@ -151,6 +154,6 @@ class OutputSplitter:
         out = []
         for c in parsed:
             out.append(ToolCall(self._calls, c["id"] or new_call_id(), c["name"],
-                                json.dumps(c["arguments"], ensure_ascii=False)))
+                                c["arguments"]))
             self._calls += 1
         return tuple(out)

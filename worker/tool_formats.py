@@ -22,6 +22,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from protocol import jsontext
+
 log = logging.getLogger("worker.tools")
 
 # JSON the grammar lets a model write: compact separators as json.dumps writes them
@@ -228,10 +230,12 @@ def detect(tokenizer) -> Optional[ToolFormat]:
     return None
 
 
-def normalize_calls(parsed) -> list[dict]:
-    """A parser's result (one dict or a list) as a list of {"name", "arguments", "id"?}."""
+def normalize_calls(parsed, text: str = "") -> list[dict]:
+    """A parser's result (one dict or a list) for the call text `text`, as a list of
+    {"name", "arguments" (JSON text), "id"?}. Raises ValueError for junk, and for arguments
+    a strict JSON parser would refuse (NaN, or a number beyond a double)."""
     calls = parsed if isinstance(parsed, list) else [parsed]
-    out = []
+    out, pos = [], 0
     for c in calls:
         if not (isinstance(c, dict) and isinstance(c.get("name"), str)):
             raise ValueError("a tool call without a name")
@@ -240,5 +244,30 @@ def normalize_calls(parsed) -> list[dict]:
             args = json.loads(args)
         if not isinstance(args, dict):
             raise ValueError("tool call arguments are not an object")
-        out.append({"name": c["name"], "arguments": args, "id": c.get("id")})
+        args_text, pos = arguments_text(args, text, pos)
+        out.append({"name": c["name"], "arguments": args_text, "id": c.get("id")})
     return out
+
+
+def arguments_text(args: dict, text: str, pos: int = 0) -> tuple[str, int]:
+    """(the arguments as JSON text, where to look for the next call's). Where the model
+    wrote them as a strict JSON object (JSON formats: json_tools, Mistral, Llama 3, Kimi),
+    that text exactly, found in `text` from `pos` on as the first object holding the
+    parsed value; else (key=value, XML or Python-like formats) compact JSON. Either is
+    strict JSON: ValueError where it cannot be (a number beyond a double)."""
+    want = _same_value(args)
+    start = text.find("{", pos)
+    while start >= 0:
+        try:
+            value, end = jsontext.DECODER.raw_decode(text, start)
+        except ValueError:
+            value = end = None
+        if isinstance(value, dict) and _same_value(value) == want:
+            return text[start:end], end
+        start = text.find("{", start + 1)
+    return jsontext.dumps(args), pos
+
+
+def _same_value(value) -> str:
+    """A key for comparing parsed JSON values exactly (1, 1.0 and true differ)."""
+    return json.dumps(value, sort_keys=True)

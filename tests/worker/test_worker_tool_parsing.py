@@ -153,7 +153,69 @@ def test_llama3_plain_answers_stay_text():
 
 def test_normalize_calls_rejects_junk():
     assert normalize_calls({"name": "f", "arguments": '{"a": 1}'}) == [
-        {"name": "f", "arguments": {"a": 1}, "id": None}]
+        {"name": "f", "arguments": '{"a":1}', "id": None}]
     for bad in ({"arguments": {}}, {"name": "f", "arguments": "[1]"}, "text"):
         with pytest.raises((ValueError, TypeError)):
             normalize_calls(bad)
+
+
+# The model's JSON arguments leave exactly as written: spacing, key order, number spelling.
+AS_WRITTEN = '{"when": 1.50e1,  "city":"Paris", "nested": {"z": [1.0, -0E0]}}'
+VERBATIM = {
+    "hermes_qwen": (mlx_lm_format("json_tools"),
+                    f'<tool_call>\n{{"name": "get_weather", "arguments": {AS_WRITTEN}}}\n'
+                    "</tool_call>"),
+    "mistral": (mlx_lm_format("mistral", "[ARGS]"),
+                f"[TOOL_CALLS]get_weather[ARGS]{AS_WRITTEN}"),
+    "mistral_json_list": (mlx_lm_format("mistral"),
+                          f'[TOOL_CALLS] [{{"name": "get_weather", "arguments": {AS_WRITTEN}}}]'),
+    "llama3_json": (LLAMA3_JSON, f'{{"name": "get_weather", "parameters": {AS_WRITTEN}}}'),
+}
+
+
+@pytest.mark.parametrize("family", sorted(VERBATIM))
+def test_json_arguments_leave_as_the_model_wrote_them(family):
+    fmt, text = VERBATIM[family]
+    _, _, calls = run(fmt, [text])
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", AS_WRITTEN)]
+
+
+def test_parallel_json_calls_each_keep_their_own_text():
+    fmt = mlx_lm_format("mistral", "[ARGS]")
+    _, _, calls = run(fmt, ['[TOOL_CALLS]get_time[ARGS]{"zone":"UTC"}'
+                            '[TOOL_CALLS]get_time[ARGS]{ "zone" : "UTC" }'])
+    assert [c.arguments for c in calls] == ['{"zone":"UTC"}', '{ "zone" : "UTC" }']
+
+
+def test_arguments_of_formats_that_are_not_json_are_compact_json():
+    _, _, calls = run(FIXTURES["pythonic"][0], ['<|tool_call_start|>[get_weather(city="Paris", '
+                                                'days=3)]<|tool_call_end|>'])
+    assert calls[0].arguments == '{"city":"Paris","days":3}'
+
+
+# Numbers no strict JSON parser takes back (Python reads 1e999 as inf and would write
+# `Infinity`): such a call is dropped like any other that does not parse.
+NOT_FINITE = {
+    "json 1e999": (mlx_lm_format("json_tools"),
+                   '<tool_call>\n{"name": "get_weather", "arguments": {"days": 1e999}}\n'
+                   "</tool_call>"),
+    "json NaN": (mlx_lm_format("json_tools"),
+                 '<tool_call>\n{"name": "get_weather", "arguments": {"days": NaN}}\n</tool_call>'),
+    "json -Infinity": (LLAMA3_JSON, '{"name": "get_weather", "parameters": {"days": -Infinity}}'),
+    "json huge integer": (mlx_lm_format("json_tools"),
+                          '<tool_call>\n{"name": "get_weather", "arguments": {"days": 1'
+                          + "0" * 400 + "}}\n</tool_call>"),
+    "pythonic 1e999": (FIXTURES["pythonic"][0],
+                       "<|tool_call_start|>[get_weather(days=1e999)]<|tool_call_end|>"),
+    "qwen3_coder 1e999": (mlx_lm_format("qwen3_coder"),
+                          "<tool_call>\n<function=get_weather>\n<parameter=days>\n1e999\n"
+                          "</parameter>\n</function>\n</tool_call>"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_FINITE))
+def test_a_call_with_a_number_beyond_a_double_is_dropped(case):
+    fmt, text = NOT_FINITE[case]
+    content, _, calls = run(fmt, [text])
+    assert calls == []
+    assert content == ("" if fmt.start else text)  # Llama 3: an answer, not a call

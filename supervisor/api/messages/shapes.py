@@ -17,11 +17,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import secrets
 import uuid
 
-from protocol import FinishReason
+from protocol import FinishReason, jsontext
 
 _SIGNING_KEY = secrets.token_bytes(32)
 
@@ -53,11 +52,24 @@ def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
 def tool_input(arguments: str) -> dict:
     """A call's arguments (JSON text from the worker's tool parser) as the object
     Anthropic's `input` is."""
+    value = _object(arguments)
+    return {} if value is None else value
+
+
+def tool_input_json(arguments: str) -> str:
+    """A call's arguments as `input_json_delta` text: the worker's text as it came (the
+    model's own JSON), "{}" where it is not a strict JSON object."""
+    return "{}" if _object(arguments) is None else arguments
+
+
+def _object(arguments: str) -> dict | None:
+    """Strict: NaN, Infinity or a number beyond a double would be written back as
+    `Infinity`, which no strict JSON parser takes (protocol/jsontext.py)."""
     try:
-        value = json.loads(arguments or "{}")
+        value = jsontext.loads(arguments or "{}")
     except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def tool_use_block(call) -> dict:

@@ -14,8 +14,6 @@ ends the stream with an `error` event (http/errors.py renders it in this API's s
 
 from __future__ import annotations
 
-import json
-
 from supervisor.api.messages import shapes
 from supervisor.http import sse
 
@@ -46,7 +44,7 @@ class BlockWriter:
                 "type": "content_block_start", "index": self.index,
                 "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
                                   "input": {}}}))
-            args = json.dumps(shapes.tool_input(call.arguments), ensure_ascii=False)
+            args = shapes.tool_input_json(call.arguments)
             for i in range(0, len(args), FRAGMENT_CHARS):
                 out.append(self._delta({"type": "input_json_delta",
                                         "partial_json": args[i:i + FRAGMENT_CHARS]}))
