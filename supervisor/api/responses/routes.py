@@ -26,7 +26,7 @@ from supervisor.api.responses.request import ResponsesRequest, parse_responses_r
 from supervisor.api.stream import Generation
 from supervisor.api.responses.runs import Run
 from supervisor.http.errors import SERVER_ERROR, APIError, read_json
-from supervisor.workers.errors import WorkerError
+from supervisor.workers.errors import Internal, WorkerError
 from supervisor.keys import CONFIG, POOL
 from supervisor.api.responses.store import ChainError, ResponseStore, SchemaTooNew, StoreUnavailable
 
@@ -182,6 +182,11 @@ async def _background(svc: Responses, run: Run, headers: dict) -> web.Response:
         except (APIError, WorkerError) as e:
             run.handle.close()
             await run.fail_before_start(e)
+            return
+        except Exception:  # a bug: the response must still end, never stay `queued`
+            log.exception("response %s: failed before it started", run.id)
+            run.handle.close()
+            await run.fail_before_start(Internal())
             return
         run.builder.status = "in_progress"
         await run.generate()

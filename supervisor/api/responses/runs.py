@@ -20,7 +20,7 @@ from typing import AsyncIterator
 
 from supervisor.api.responses.builder import ResponseBuilder, usage
 from supervisor.api.stream import Generation
-from supervisor.http.errors import APIError
+from supervisor.http.errors import APIError, api_error
 from supervisor.workers.errors import BadRequest, WorkerError
 from supervisor.api.responses.store import ResponseStore, StoredResponse, StoreUnavailable
 
@@ -40,6 +40,7 @@ class Run:
         self._changed = asyncio.Event()
         self.task: asyncio.Task | None = None
         self._final_written = False
+        self.cancelled = False  # by its client (POST .../cancel, or gone), not by the server
 
     @property
     def id(self) -> str:
@@ -58,7 +59,7 @@ class Run:
         mislead)."""
         try:
             return await self.gen.started()
-        except WorkerError as e:
+        except BadRequest as e:  # only the client's faults name a field
             if e.param and e.param.startswith("messages"):
                 e.param = "input"
             raise
@@ -127,11 +128,13 @@ class Run:
 
     async def fail_before_start(self, error: APIError | WorkerError) -> None:
         """A background run that never started: cancelled while queued, or refused
-        (context too long, ...): the response says so rather than an HTTP error nobody
+        (context too long, waited too long in the queue, ...): the response says so rather than an HTTP error nobody
         is there to read."""
-        if self.handle.cancel_requested:
+        if self.cancelled:  # the handle's own cancel_requested is also set by a timeout
             self._emit(self.builder.finish("cancelled"))
         else:
+            log.warning("background response %s failed before it started: %s", self.id,
+                        error.message)
             self._emit(self.builder.finish("failed", error=response_error(error)))
         await self._final_save()
 
@@ -150,11 +153,13 @@ class Run:
             await self._changed.wait()
 
     def cancel(self) -> None:
+        self.cancelled = True
         self.handle.cancel()
 
 
 def response_error(e: APIError | WorkerError) -> dict:
     """A failure as a response's `error` (the spec's ResponseErrorCode): the request's
     own fault is `invalid_prompt`, anything else `server_error`."""
-    own = isinstance(e, BadRequest) or (isinstance(e, APIError) and e.status < 500)
-    return {"code": "invalid_prompt" if own else "server_error", "message": e.message}
+    e = api_error(e)  # the one map: the same message and status as on the HTTP path
+    return {"code": "invalid_prompt" if e.status < 500 else "server_error",
+            "message": e.message}
