@@ -173,8 +173,9 @@ class Dispatcher:
             if h.cancel_requested:
                 h.fail(WorkerFailed("The request was cancelled."))
             elif h.state == STARTED:
+                doing = "generating" if h.first_token_at else "reading the prompt"
                 h.fail(WorkerFailed(
-                    f"The model worker stopped while generating ({cause}); please retry."))
+                    f"The model worker stopped while {doing} ({cause}); please retry."))
             else:
                 h.requeue()
                 requeue.append(h)

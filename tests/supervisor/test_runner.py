@@ -68,6 +68,19 @@ async def test_crash_mid_stream_fails_started_and_requeues_waiting():
         await runner.stop()
 
 
+@pytest.mark.parametrize("tokens_first,doing", [(0, "reading the prompt"), (2, "generating")])
+async def test_a_death_says_whether_the_request_had_output_yet(tokens_first, doing):
+    world = FakeWorld(per_epoch={1: FakeBehaviour(tokens=50, crash_after_tokens=tokens_first)},
+                      behaviour=FakeBehaviour(tokens=3))
+    runner = make(world)
+    try:
+        with raises_api() as err:
+            await collect(runner.submit(generate(prompt="a")))
+        assert f"stopped while {doing} (exited with code 1)" in err.value.message
+    finally:
+        await runner.stop()
+
+
 async def test_dispatched_but_not_started_is_requeued_after_death():
     # Epoch 1 dies 50 ms after Ready while the first request runs; the second request
     # was never started and must survive on epoch 2.
