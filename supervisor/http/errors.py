@@ -378,6 +378,18 @@ async def read_json(request: web.BaseRequest) -> dict:
     except asyncio.TimeoutError:
         raise APIError(408, f"The request body did not arrive within {timeout:g} s.",
                        code="request_timeout", headers={"Connection": "close"}) from None
+    if len(raw) > INLINE_PARSE_BYTES:
+        # Parsing and checking a body of megabytes takes seconds of Python: on a thread,
+        # the event loop keeps serving everyone else meanwhile.
+        return await asyncio.to_thread(_parse_body, raw)
+    return _parse_body(raw)
+
+
+# Bodies up to this size are parsed on the event loop: a few milliseconds at most.
+INLINE_PARSE_BYTES = 256 << 10
+
+
+def _parse_body(raw: bytes) -> dict:
     try:
         body = json.loads(raw, parse_constant=_reject_constant)  # bytes: UTF-8/16/32
     except (ValueError, UnicodeDecodeError, RecursionError):

@@ -43,7 +43,7 @@ import msgspec
 from protocol.messages import Generate, Task
 from supervisor.api.parse import generate as build
 from supervisor.api.parse import tools as tooling
-from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_stop
+from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_parts, check_stop
 from supervisor.api.parse.media import base64_image, last_user_index, media_part, resolve
 from supervisor.api.parse.media import content as media_content
 from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
@@ -138,6 +138,7 @@ def _messages(value, images: list) -> list[dict]:
     if not value:
         raise invalid_value("messages", "expected at least one message.", "empty_array")
     check_length("messages", value, MAX_MESSAGES)
+    check_parts("messages", value)
     last_user = last_user_index(value)
     out: list[dict] = []
     for i, msg in enumerate(value):

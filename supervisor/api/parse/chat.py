@@ -114,6 +114,7 @@ def _parse_messages(body: dict) -> tuple:
         raise invalid_value("messages", "empty array. Expected an array with minimum "
                             "length 1, but got an empty array instead.", "empty_array")
     limits.check_length("messages", value, limits.MAX_MESSAGES)
+    limits.check_parts("messages", value)
     last_user = last_user_index(value)
     images: list[bytes] = []
     messages = tuple(_parse_message(i, m, i == last_user, images) for i, m in enumerate(value))

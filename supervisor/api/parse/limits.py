@@ -13,6 +13,10 @@ from __future__ import annotations
 from supervisor.http.errors import APIError
 
 MAX_MESSAGES = 10_000     # chat and Anthropic messages, Responses input items
+# Content parts or blocks of all messages together, a tool result's own blocks included:
+# one message may otherwise carry any number (an outside tester sent one Anthropic user
+# message of 270,000 tool_result blocks; refusing it took 24 s).
+MAX_PARTS = 10_000
 MAX_TOOLS = 512
 MAX_LOGIT_BIAS = 1024     # token ids biased
 MAX_METADATA = 64         # keys (OpenAI allows 16; clients that send more lose nothing here)
@@ -47,3 +51,23 @@ def check_length(param: str, value, limit: int) -> None:
             f"Invalid value for '{param}': array too long. Expected an array with maximum "
             f"length {limit}, but got an array with length {len(value)} instead.", param,
             "array_above_max_length")
+
+
+def check_parts(param: str, messages: list) -> None:
+    """Refuse messages holding more than MAX_PARTS content parts in all, counted before
+    any of them is parsed. The parts of a list are looked into only once the list's own
+    length is counted and within the limit, so the work is bounded by the limit, not by
+    what was sent. `messages`: the request's list as sent (anything that is not an
+    object is the parser's to refuse)."""
+    n = 0
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            n += len(content)
+            if n <= MAX_PARTS:
+                n += sum(len(p["content"]) for p in content
+                         if isinstance(p, dict) and isinstance(p.get("content"), list))
+        if n > MAX_PARTS:
+            raise APIError.bad_request(
+                f"Invalid value for '{param}': the messages hold more than {MAX_PARTS} "
+                "content parts in all.", param, "array_above_max_length")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 
-from supervisor.api.parse.limits import MAX_MESSAGES, check_length
+from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_parts
 from supervisor.api.parse.media import image_part, last_user_index, media_part, placeholder
 from supervisor.api.parse.params import invalid_type, invalid_value, unsupported
 
@@ -34,6 +34,7 @@ def normalize_input(value) -> list[dict]:
     if not isinstance(value, list):
         raise invalid_type("input", "a string or an array", value)
     check_length("input", value, MAX_MESSAGES)
+    check_parts("input", value)
     items = [_item(i, item) for i, item in enumerate(value)]
     last = last_user_index(items)
     if last >= 0:  # audio and files in the turn being answered: no model here reads them
