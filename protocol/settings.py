@@ -122,9 +122,18 @@ def _at_least_0(number):
     return number
 
 
+def _port(number: int) -> int:
+    """A TCP port; 0 asks the system for a free one."""
+    if not 0 <= number <= 65535:
+        raise ValueError(f"not a port number (0 to 65535): {number!r}")
+    return number
+
+
 STR = Kind("a string", str, str, _strict(str))
 INT = Kind("an integer >= 0", int, lambda t: _at_least_0(int(t)),
            lambda v: _at_least_0(_strict(int)(v)))
+PORT = Kind("a port number (0 to 65535)", int, lambda t: _port(int(t)),
+            lambda v: _port(_strict(int)(v)))
 FLOAT = Kind("a number >= 0", float, lambda t: _at_least_0(float(t)),
              lambda v: _at_least_0(float(_strict(int, float)(v))))
 SIZE = Kind('a size (bytes, or a string such as "2G")', int, size, _size_toml, show=format_size)
@@ -197,7 +206,7 @@ SETTINGS: tuple[Setting, ...] = (
       "repeatable", flag="--model"),
     S("host", STR, "127.0.0.1", "address to listen on (another than loopback needs "
       "--api-key, or --insecure-no-auth)"),
-    S("port", INT, 8080, "port to listen on"),
+    S("port", PORT, 8080, "port to listen on"),
     # Who may call the API (supervisor/http/guard.py).
     S("api_key", STRS, (), "an API key every API route then requires (Authorization: Bearer; "
       "x-api-key on Anthropic routes); repeatable. Prefer --api-key-file: flags show in "

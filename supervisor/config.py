@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import sys
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
@@ -99,6 +100,11 @@ def read_file(path: Path) -> dict[str, Any]:
             raise ConfigError(f"{path}: {key} must be {setting.kind.what}, "
                               f"not {_toml_repr(raw)}") from None
         values[key] = _relative_to(path.parent, value)
+    secrets = [key for key in values if BY_NAME[key].secret]
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if secrets and mode & 0o077:  # as --api-key-file refuses a file others may read
+        raise ConfigError(f"{path} sets {', '.join(secrets)} but is readable by others "
+                          f"(mode {mode:o}): run `chmod 600 {path}`")
     return values
 
 

@@ -60,7 +60,8 @@ def test_bad_environment_value_is_a_clear_exit():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--port", "x"], "argument --port: not an integer >= 0: 'x'"),
+    (["--port", "x"], "argument --port: not a port number (0 to 65535): 'x'"),
+    (["--port", "70000"], "argument --port: not a port number (0 to 65535): '70000'"),
     (["--kv-budget", "2Q"], "argument --kv-budget: not a size"),
     (["--log-level", "loud"], "argument --log-level: not one of debug, info, warning, error"),
 ])
@@ -191,10 +192,13 @@ def test_an_unknown_key_is_an_error_naming_it(tmp_path):
 
 
 @pytest.mark.parametrize("line,message", [
-    ('port = "80"', "port must be an integer >= 0, not '80'"),
-    ("port = 8.5", "port must be an integer >= 0, not 8.5"),
-    ("port = true", "port must be an integer >= 0, not True"),   # a bool is no int here
-    ("port = -1", "port must be an integer >= 0, not -1"),
+    ('port = "80"', "port must be a port number (0 to 65535), not '80'"),
+    ("port = 8.5", "port must be a port number (0 to 65535), not 8.5"),
+    ("port = true", "port must be a port number (0 to 65535), not True"),  # no int here
+    ("port = -1", "port must be a port number (0 to 65535), not -1"),
+    ("port = 70000", "port must be a port number (0 to 65535), not 70000"),
+    (f"port = {2**70}", f"port must be a port number (0 to 65535), not {2**70}"),
+    ("queue_timeout = 1e400", "queue_timeout must be a number >= 0, not inf"),
     ("queue_timeout = nan", "queue_timeout must be a number >= 0, not nan"),
     ('kv_budget = "lots"', "kv_budget must be a size"),
     ('log_prompts = "yes"', "log_prompts must be true or false, not 'yes'"),
@@ -208,6 +212,22 @@ def test_a_wrong_type_is_an_error_naming_key_and_type(tmp_path, line, message):
     with pytest.raises(ConfigError) as e:
         cfg(["--config", str(path)])
     assert e.value.message.startswith(f"{path}: {message}")
+
+
+def test_a_file_that_sets_an_api_key_must_be_private(tmp_path):
+    """As --api-key-file refuses a key file others may read, so the config file that
+    holds `api_key` itself."""
+    path = write(tmp_path / "c.toml", 'api_key = ["sk-local"]\n')
+    path.chmod(0o644)
+    with pytest.raises(ConfigError) as e:
+        cfg(["--config", str(path)])
+    assert e.value.message == (f"{path} sets api_key but is readable by others (mode 644): "
+                               f"run `chmod 600 {path}`")
+    path.chmod(0o600)
+    assert cfg(["--config", str(path)]).api_key == ("sk-local",)
+    public = write(tmp_path / "p.toml", "port = 9000\n")  # no secret: its mode is free
+    public.chmod(0o644)
+    assert cfg(["--config", str(public)]).port == 9000
 
 
 def test_invalid_toml_is_an_error_naming_the_file(tmp_path):
@@ -252,7 +272,8 @@ def test_print_config_names_the_source_of_every_value(tmp_path):
 
 @pytest.mark.parametrize("config,argv,env,words", [
     ("port = 1\nqueue_timout = 5\n", [], {}, ["unknown setting 'queue_timout'", "queue_timeout"]),
-    ("port = 'x'\n", [], {}, ["port must be an integer"]),
+    ("port = 'x'\n", [], {}, ["port must be a port number"]),
+    ("port = 70000\n", [], {}, ["port must be a port number (0 to 65535), not 70000"]),
     (None, ["--config", "/nonexistent/mlxd.toml"], {}, ["config file not found"]),
     ("", [], {"MLXD_PORT": "eighty"}, ["MLXD_PORT='eighty'"]),
     ("", [], {}, ["no model given"]),
