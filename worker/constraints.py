@@ -128,6 +128,7 @@ class Grammars:
         body = None
         tools = _allowed(out)
         forced = out.tool_choice == "required" and bool(out.tools)
+        auto = bool(tools) and out.tool_choice in (None, "auto") and self._can_force_calls()
         if forced:
             if not tools:
                 raise GrammarError("tool_choice names no tool of 'tools'", "tool_choice")
@@ -138,11 +139,17 @@ class Grammars:
                 raise GrammarError("response_format json_schema needs a schema object",
                                    "response_format")
             body = json_rule(closed(schema))
-            if tools and out.tool_choice in (None, "auto") and self._can_force_calls():
+            if auto:
                 body = f"{body} | {self._calls_rule(tools, out.parallel_tool_calls)}"
+        elif auto:
+            body = self._auto_rule(tools, out.parallel_tool_calls)
         if body is None:
             return None
-        return f"start: {self._thinking(reasoning_first, may_think)} ({body})\n"
+        # Where calls may be made, the marker that opens one (matched on text by the
+        # splitter) comes only from the call rule: free text and thinking cannot spell it.
+        marker = self.tool_format.start if forced or auto else ""
+        start = f"start: {self._thinking(reasoning_first, may_think, marker)} ({body})\n"
+        return start + _terminals(start, marker)
 
     def _can_force_calls(self) -> bool:
         return self.tool_format is not None and self.tool_format.call_grammar is not None
@@ -165,7 +172,23 @@ class Grammars:
         sep = json.dumps(fmt.separator) if fmt.separator else ""
         return f"({one}) ({sep} ({one}))*"
 
-    def _thinking(self, reasoning_first: bool, may_think: bool) -> str:
+    def _auto_rule(self, tools: list, parallel: bool) -> Optional[str]:
+        """tool_choice "auto": free text, and any call the model opens held to the tools'
+        schemas in the family's format. None (unconstrained, calls parsed as they come)
+        where the format cannot write one of these tools."""
+        try:
+            calls = self._calls_rule(tools, parallel)
+        except GrammarError:
+            return None
+        fmt = self.tool_format
+        if not fmt.start:  # Llama 3: an answer that opens with "{" is a call
+            return f"{calls} | {_PLAIN}?"
+        if not fmt.end:  # Mistral: the calls run to the end of the output
+            return f"{_TEXT}? ({calls})?"
+        one = fmt.call_grammar(tools, self.lit, fmt.start, fmt.end)
+        return f"{_TEXT}? ({one} {_TEXT}?){'*' if parallel else '?'}"
+
+    def _thinking(self, reasoning_first: bool, may_think: bool, marker: str = "") -> str:
         tok = self.tokenizer
         if not tok.has_thinking or not (reasoning_first or may_think):
             return ""
@@ -173,7 +196,8 @@ class Grammars:
             start, end = f"<[{tok.think_start_id}]>", f"<[{tok.think_end_id}]>"
         except ValueError:
             return ""
-        think = f'/(.|\\n)*/ {end} /\\n{{0,2}}/'
+        text = _THINK if marker else "/(.|\\n)*/"
+        think = f"{text} {end} /\\n{{0,2}}/"
         return think if reasoning_first else f"({start} {think})?"
 
     # ---- matchers -----------------------------------------------------------------
@@ -185,13 +209,29 @@ class Grammars:
         lark = self.grammar_for(out, reasoning_first, may_think)
         if lark is None:
             return None
-        return self.compile(lark, "tool_choice" if out.tool_choice == "required"
-                            else "response_format")
+        param = ("tool_choice" if out.tool_choice == "required" else
+                 "response_format" if out.response_format is not None else "tools")
+        return self.compile(lark, param)
 
     def compile(self, lark: str, param: str = "response_format") -> Constraint:
         """A Constraint at the start of `lark` (compiled once, then copied from the cache).
         Raises GrammarError: invalid, over budget, or admitting no output."""
         return Constraint(self.compiler.matcher(lark, param), self.vocab_size, param)
+
+
+_TEXT, _THINK, _PLAIN = "FREE_TEXT", "THINK_TEXT", "PLAIN_ANSWER"
+
+
+def _terminals(grammar: str, marker: str) -> str:
+    """Lark definitions of the free-text terminals `grammar` uses: text and thinking that
+    cannot hold `marker`, and (Llama 3) an answer that does not open with "{"."""
+    # The marker as a regex: each character by its code point (no escaping rules to get
+    # wrong between Python, Lark and Rust's regex syntax).
+    rx = "".join(f"\\x{{{ord(c):x}}}" for c in marker)
+    without = f" & ~/(?s:.*){rx}(?s:.*)/" if marker else ""
+    defs = {_TEXT: f"/(.|\\n)+/{without}", _THINK: f"/(.|\\n)*/{without}",
+            _PLAIN: "/[ \\t\\n]*[^{ \\t\\n](.|\\n)*|[ \\t\\n]+/"}
+    return "".join(f"{name}: {value}\n" for name, value in defs.items() if name in grammar)
 
 
 def closed(schema):

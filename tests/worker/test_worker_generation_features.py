@@ -146,9 +146,10 @@ def test_tool_choice_none_and_auto(family_engine):
     text, _, calls, finish, tokens, _ = run(engine, chat(tools=TOOLS, tool_choice="none",
                                                          logit_bias=[[start[0], 50.0]]))
     assert calls == [] and start[0] not in tokens and finish == "length"
-    # "auto": unconstrained; biasing the marker up makes the model open a call.
+    # "auto": free text, and a call once the model opens one (tests/worker/test_worker_tool_json.py);
+    # biasing the marker up makes the model open a call.
     prep = engine.prepare(chat(tools=TOOLS, tool_choice="auto"))
-    assert prep.constraint is None and prep.splitter is not None
+    assert prep.constraint is not None and prep.splitter is not None
     text, _, _, _, tokens, _ = run(engine, chat(tools=TOOLS, max_tokens=20,
                                                 logit_bias=[[start[0], 50.0]]))
     assert start[0] in tokens and "<tool_call>" not in text
@@ -241,3 +242,5 @@ def test_gemma_refuses_to_force_calls_its_format_cannot_carry(family_engine):
         engine.prepare(chat(tools=[tags], tool_choice="required"))
     assert e.value.code == INVALID_REQUEST and e.value.param == "tools"
     assert "tags" in e.value.message and "auto" in e.value.message
+    # "auto" serves it, unconstrained (its calls are parsed as they come).
+    assert engine.prepare(chat(tools=[tags], tool_choice="auto")).constraint is None
