@@ -146,3 +146,66 @@ def test_local_images_from_the_allowed_media_dir(vclient, vision_model, media_di
         vclient.chat.completions.create(model=model, messages=ask(str(tmp_path / "other.png")),
                                         max_tokens=2)
     assert e.value.body["param"] == "messages[0].content[1].image_url.url"
+
+
+def one_bit_png_url(w, h) -> str:
+    """A blank one-bit PNG as a data: URL: a few KB however many pixels."""
+    buf = io.BytesIO()
+    Image.new("1", (w, h)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def worker_peak_rss(srv, model) -> tuple[int, int | None]:
+    """The model's worker's pid (/health) and its peak resident memory (Linux's VmHWM;
+    None where /proc has none)."""
+    _, health = srv.get("/health")
+    pid = next(w["pid"] for w in health["workers"] if w["model"] == model)
+    try:
+        status = open(f"/proc/{pid}/status").read()
+    except OSError:
+        return pid, None
+    return pid, int(status.split("VmHWM:")[1].split()[0]) * 1024
+
+
+def test_an_image_bomb_is_a_400_on_every_surface_and_is_never_decoded(vserver, vclient,
+                                                                      vision_model):
+    # The outside tester's bomb (issue 30): 13,000 × 13,000 one-bit pixels in a 20 KB PNG,
+    # 169 MB decoded as PIL holds it and over 2 GB once the processor had made arrays of it.
+    import anthropic
+
+    model = str(vision_model)
+    bomb = one_bit_png_url(13000, 13000)
+    assert len(bomb) < 32 << 10
+    vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=1)
+    pid, peak_before = worker_peak_rss(vserver, model)
+    said = "image 1 of the request is 13000×13000 = 169,000,000 pixels, over this model's " \
+           "bound of 16,777,216 pixels per image"
+    with pytest.raises(openai.BadRequestError) as e:
+        vclient.chat.completions.create(model=model, messages=ask(bomb), max_tokens=2)
+    assert said in e.value.body["message"] and e.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as e:
+        vclient.responses.create(model=model, max_output_tokens=2, input=[
+            {"role": "user", "content": [{"type": "input_image", "image_url": bomb}]}])
+    assert said in e.value.body["message"]
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": bomb.split(",", 1)[1]}}
+    messages = anthropic.Anthropic(base_url=vserver.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        messages.messages.create(model=model, max_tokens=2,
+                                 messages=[{"role": "user", "content": [block]}])
+    assert e.value.body["type"] == "error" and said in e.value.body["error"]["message"]
+    # A request whose images are each within the bound and together over it: 5 × 16.8 M.
+    within = one_bit_png_url(4096, 4096)
+    with pytest.raises(openai.BadRequestError) as e:
+        vclient.chat.completions.create(model=model, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": within}}] * 5}])
+    assert "the request's 5 images hold 83,886,080 pixels together, over this model's " \
+           "bound of 67,108,864 pixels per request" in e.value.body["message"]
+    # Nothing was decoded: the worker's peak memory grew by far less than one bomb's
+    # 169 MB (decoded, it grew by over 2 GB), and the same worker serves on.
+    pid_after, peak_after = worker_peak_rss(vserver, model)
+    if peak_before is not None:
+        assert peak_after - peak_before < 64 << 20, (peak_before, peak_after)
+    assert pid_after == pid
+    r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=2)
+    assert r.usage.completion_tokens == 2

@@ -155,3 +155,85 @@ def test_a_text_model_reads_an_earlier_image_as_a_placeholder_and_refuses_one_no
     with pytest.raises(RequestError, match="cannot read images") as e:
         engine.prepare(generate(rid="t", messages=history[:1], images=(png(),), max_tokens=2))
     assert e.value.param == "messages[0].content"
+
+
+# Pixel bounds (worker/vision/images.py): from what the processor keeps, checked on the
+# headers before any pixel is decoded.
+
+def one_bit_png(w, h) -> bytes:
+    """A blank one-bit PNG: a few KB however many pixels (13,000² is 20 KB)."""
+    buf = io.BytesIO()
+    Image.new("1", (w, h)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("side, per_image", [
+    (112, 4096 * 4096),      # the demo's 112²: 64 × 112² is under the floor
+    (896, 64 * 896 * 896),   # 64 × side², between the floor and the ceiling
+    (3584, 8192 * 8192),     # Qwen2-VL's 12.8 M pixels: capped at the ceiling
+    (None, 8192 * 8192),     # a processor that names no size: the ceiling
+])
+def test_the_bounds_follow_the_kept_side_between_a_floor_and_a_ceiling(side, per_image):
+    from worker.vision.images import Limits
+
+    limits = Limits.for_side(side)
+    assert (limits.side, limits.per_image, limits.per_request) == (side, per_image, 4 * per_image)
+
+
+def test_the_kept_side_is_read_from_each_family_of_processor_config(vision_loaded):
+    from types import SimpleNamespace as NS
+
+    from transformers import Qwen2VLImageProcessor
+
+    from worker.vision.images import Limits, kept_side
+
+    assert kept_side(vision_loaded[1].image_processor) == 112  # mlx-vlm's: max_pixels 112²
+    assert Limits.of(vision_loaded[1].image_processor) == Limits.for_side(112)
+    # transformers' Qwen2-VL: size.longest_edge is max_pixels (1,003,520), an area
+    assert kept_side(Qwen2VLImageProcessor()) == 1001
+    clip = NS(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336})
+    assert kept_side(clip) == 336
+    assert kept_side(NS(size={"height": 896, "width": 896})) == 896            # Gemma 3
+    assert kept_side(NS(size={"longest_edge": 1456, "shortest_edge": 10})) == 1456
+    assert kept_side(NS(size={"shortest_edge": 336}, image_grid_pinpoints=[[336, 1008]])) == 1008
+    assert kept_side(NS(size={"height": 560, "width": 560}, max_image_tiles=4)) == 2240
+    assert kept_side(NS()) is None and kept_side(None) is None
+
+
+def test_an_image_over_the_bound_is_refused_from_its_header_naming_it_and_both_sizes(vengine):
+    bomb = one_bit_png(13000, 13000)  # 169 M pixels in 20 KB
+    assert len(bomb) < 64 << 10
+    with pytest.raises(RequestError) as e:
+        vengine.prepare(ask(images=(png(), bomb)))
+    assert "image 2 of the request is 13000×13000 = 169,000,000 pixels" in e.value.message
+    assert "bound of 16,777,216 pixels per image" in e.value.message
+    assert e.value.param == "messages"
+
+
+def test_a_request_over_the_bound_together_is_refused_before_any_decode(vengine, monkeypatch):
+    from worker.vision import images
+
+    monkeypatch.setattr(images, "decode", lambda *a: pytest.fail("decoded"))
+    five = (one_bit_png(4096, 4096),) * 5  # each at the per-image bound
+    with pytest.raises(RequestError, match=r"the request's 5 images hold 83,886,080 pixels "
+                                           r"together, over this model's bound of "
+                                           r"67,108,864 pixels per request"):
+        vengine.prepare(ask(images=five))
+
+
+@pytest.mark.parametrize("fmt, decoded", [("JPEG", (250, 188)),   # drafted at 1/8
+                                          ("PNG", (154, 116))])  # reduced by 13
+def test_a_large_image_is_decoded_no_larger_than_the_processor_keeps(vengine, fmt, decoded):
+    from worker.vision.images import Limits, decode_images
+
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    Image.fromarray((rng.random((1500, 2000, 3)) * 255).astype("uint8")).save(buf, format=fmt)
+    assert decode_images((buf.getvalue(),), vengine.limits)[0].size == decoded
+    # The processor then gives what it gives from the whole image: the same tokens, the
+    # same patch grid.
+    small = vengine.prepare(ask(images=(buf.getvalue(),)))
+    vengine.limits = Limits(None, vengine.limits.per_image, vengine.limits.per_request)
+    whole = vengine.prepare(ask(images=(buf.getvalue(),)))
+    assert small.ids == whole.ids
+    assert (small.media["image_grid_thw"] == whole.media["image_grid_thw"]).all()

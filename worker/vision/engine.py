@@ -6,39 +6,21 @@ stop strings, logprobs, tool and reasoning parsing): mlx-vlm's generation step t
 same samplers and processors as mlx-lm's. What differs is the prompt: the messages keep
 their {"type": "image"} parts for the template, and the model's own processor (its
 image processor and tokenizer, as mlx-vlm loads them) turns the rendered text and the
-decoded images into token ids, with one image token per patch the image is cut into,
+decoded images (worker/vision/images.py: bounded by the pixels their headers declare,
+then decoded no larger than the processor keeps) into token ids, with one image token per patch the image is cut into,
 and the pixel arrays. That runs on the preparation thread, in numpy, like the rest of
 `prepare`: the MLX thread only turns the arrays into MLX ones when the request starts.
 """
 
 from __future__ import annotations
 
-import io
-
 from protocol.messages import INVALID_REQUEST
 from worker import prompt as chat_prompt
 from worker.engine import Prepared, RequestError, TextEngine
+from worker.vision.images import Limits, decode_images
 
 # Keys of the processor's output that are not keyword arguments of the model's step.
 _NOT_KWARGS = ("input_ids", "pixel_values", "attention_mask")
-
-
-def decode_images(data: tuple[bytes, ...]) -> list:
-    """The request's images as RGB PIL images; a 400 naming the one that does not
-    decode (or that would decode to more pixels than PIL's decompression-bomb limit)."""
-    from PIL import Image
-
-    out = []
-    for i, raw in enumerate(data):
-        try:
-            img = Image.open(io.BytesIO(raw))
-            img.load()
-            out.append(img.convert("RGB"))
-        except Exception as e:  # PIL raises many types for bad input: all the client's
-            raise RequestError(INVALID_REQUEST, f"image {i + 1} of the request could not "
-                               f"be decoded as an image ({type(e).__name__})",
-                               "messages") from None
-    return out
 
 
 class VisionEngine(TextEngine):
@@ -54,6 +36,7 @@ class VisionEngine(TextEngine):
         self.vlm = vlm
         self.processor = processor
         self._media: dict[str, dict] = {}  # rid → processed images, prompt_ids → prepare
+        self.limits = Limits.of(getattr(processor, "image_processor", None))
 
     def prepare(self, gen):
         try:
@@ -69,14 +52,14 @@ class VisionEngine(TextEngine):
             return super().prompt_ids(gen, bound)
         from mlx_vlm.utils import prepare_inputs
 
-        images = decode_images(gen.images)
         text, _ = chat_prompt.chat_text(self.tokenizer, gen, images=True)
         placed = sum(isinstance(m.get("content"), list) and sum(
             isinstance(p, dict) and p.get("type") == "image" for p in m["content"])
             for m in gen.messages if isinstance(m, dict))
-        if placed != len(images):
+        if placed != len(gen.images):
             raise RequestError(INVALID_REQUEST, f"the messages place {placed} images and "
-                               f"{len(images)} were sent", "messages")
+                               f"{len(gen.images)} were sent", "messages")
+        images = decode_images(gen.images, self.limits)
         try:
             inputs = prepare_inputs(self.processor, images=images, prompts=[text],
                                     image_token_index=getattr(self.vlm.config,

@@ -9,8 +9,8 @@ loaded). An image comes inline (a base64 data: URL), as a local file (--allowed-
 read when the request is built, `resolve`) or, with --allow-remote-media, by http(s) URL
 (fetched by the supervisor before the request goes to a worker: `fetch_remote`, through
 remote_media.py). Limits: MAX_IMAGES per request (400) and MAX_IMAGE_BYTES per image
-(413); pixels are the worker's (PIL's decompression-bomb limit, then the model's
-processor resizes).
+(413). Pixels are the worker's (worker/vision/images.py): their bounds follow from the
+model's processor, which only the worker loads, so the supervisor reads no image.
 
 Media no model here reads (chat `input_audio` and `file` parts, Responses' `input_file`
 and `input_audio`, Messages' `document` blocks and the images inside `tool_result`s), and
