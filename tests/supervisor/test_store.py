@@ -431,3 +431,42 @@ async def test_reopening_happens_off_the_event_loop_thread(live, now):
     now[0] += RETRY_MIN_S
     assert (await live.get("a")).id == "a"
     assert seen and seen[0].startswith("store") and seen[0] != threading.current_thread().name
+
+
+async def test_a_full_disk_keeps_the_store_unavailable_until_a_write_succeeds(live, now,
+                                                                             monkeypatch):
+    """Opening and reading need no space, so a reopen proves nothing on a full disk: the
+    store stayed `available` (and /health `ok`) between writes that each failed with 503.
+    SQLite's max_page_count makes the file full, as a full disk does, for every
+    connection the store opens."""
+    real_connect = sqlite3.connect
+    full = {"pages": None}
+
+    def connect(*args, **kwargs):
+        db = real_connect(*args, **kwargs)
+        if full["pages"] is not None:
+            db.execute(f"PRAGMA max_page_count={full['pages']}")
+        return db
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+
+    def fill(db):
+        full["pages"] = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count={full['pages']}")
+
+    await on_store_thread(live, fill, live._db)
+    big = rec("big", text="x" * 100_000)
+    with pytest.raises(StoreUnavailable):
+        await live.put(big)
+    assert not live.available
+    now[0] += RETRY_MIN_S
+    assert (await live.get("a")).id == "a"  # reopened: reads are served ...
+    assert not live.available               # ... but the disk is still full
+    with pytest.raises(StoreUnavailable):
+        await live.put(big)
+    now[0] += 2 * RETRY_MIN_S
+    full["pages"] = None                    # space again
+    await live.check()
+    await on_store_thread(live, lambda: live._db.execute("PRAGMA max_page_count=1073741823"))
+    await live.put(big)
+    assert live.available and (await live.get("big")).response == big.response

@@ -144,17 +144,25 @@ class ResponseStore:
         self._failures = 0              # consecutive failures; 0 = healthy
         self._orphans_failed = False    # _fail_unfinished done (once, at the first open)
         self._retry_at = 0.0            # monotonic time of the next reopen attempt
+        # The last write failed and none has succeeded since: a reopen alone proves
+        # nothing on a full disk (opening and reading need no space; the next write fails).
+        self._write_failed = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def _guarded(self, fn, *args):
-        return await self._run(self._guard, fn, *args)
+        return await self._run(self._guard, fn, False, *args)
+
+    async def _written(self, fn, *args):
+        """_guarded for a write: its outcome decides whether the store is `available`."""
+        return await self._run(self._guard, fn, True, *args)
 
     @property
     def available(self) -> bool:
-        return self._failures == 0
+        """Open, and its last write (if the last one failed) succeeded since."""
+        return self._failures == 0 and not self._write_failed
 
     # ---- lifecycle -------------------------------------------------------------------
     async def open(self) -> int:
@@ -301,17 +309,22 @@ class ResponseStore:
         self._pool.shutdown(wait=True)
 
     # ---- failure and recovery (on the store thread) ----------------------------------
-    def _guard(self, fn, *args):
+    def _guard(self, fn, write: bool, *args):
         """Run `fn` against a healthy connection, or raise StoreUnavailable: reopening
         first when a retry is due, and marking the store failed when `fn` fails."""
         if self._db is None:
             self._recover()
         try:
             self._same_file()
-            return fn(*args)
+            result = fn(*args)
         except (sqlite3.Error, OSError) as e:
+            self._write_failed |= write
             self._failed(e)
             raise StoreUnavailable(self._retry_at - self._monotonic()) from None
+        if write and self._write_failed:
+            self._write_failed = False
+            log.warning("response store %s takes writes again", self.path)
+        return result
 
     def _same_file(self) -> None:
         """SQLite keeps writing to a file deleted or replaced underneath it, where nothing
@@ -352,7 +365,7 @@ class ResponseStore:
         await self._guarded(lambda: None)
 
     async def put(self, rec: StoredResponse) -> None:
-        await self._guarded(self._put, rec)
+        await self._written(self._put, rec)
 
     def _put(self, rec: StoredResponse) -> None:
         with self._db:
@@ -376,7 +389,7 @@ class ResponseStore:
                 cur = self._db.execute("UPDATE responses SET status=?, response=? WHERE id=?",
                                        (status, json.dumps(response), rid))
             return cur.rowcount > 0
-        return await self._guarded(_update)
+        return await self._written(_update)
 
     async def get(self, rid: str) -> StoredResponse | None:
         return await self._guarded(self._get, rid)
@@ -394,7 +407,7 @@ class ResponseStore:
         def _delete():
             with self._db:
                 return self._db.execute("DELETE FROM responses WHERE id=?", (rid,)).rowcount > 0
-        return await self._guarded(_delete)
+        return await self._written(_delete)
 
     async def count(self) -> int:
         return await self._guarded(
