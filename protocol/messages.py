@@ -572,6 +572,9 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     waiting: int = 0
     active_bytes: int = 0
     peak_bytes: int = 0
+    # MLX's buffer cache: freed buffers the process keeps for reuse, memory it holds all
+    # the same (active + cache is what it takes from the machine; 0 from older workers).
+    cache_bytes: int = 0
     prompt_cache: Optional[CacheStats] = None  # None: the worker has no prompt cache
     load_progress: Optional[float] = None  # 0..1 while a model is converted (GGUF) at load
     progress: Optional[float] = None       # as Status.progress

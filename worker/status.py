@@ -21,6 +21,7 @@ class View(NamedTuple):
     active_bytes: int = 0
     peak_bytes: int = 0
     prompt_cache: CacheStats | None = None
+    cache_bytes: int = 0       # MLX's buffer cache
 
 
 class WorkerStatus:
@@ -33,13 +34,15 @@ class WorkerStatus:
         self.group = None  # a group's leader: its control channel (`silence()`)
 
     def publish(self, state: str, active=(), waiting=(), active_bytes: int | None = None,
-                peak_bytes: int | None = None, prompt_cache: CacheStats | None = None) -> None:
+                peak_bytes: int | None = None, prompt_cache: CacheStats | None = None,
+                cache_bytes: int | None = None) -> None:
         """None for a figure: keep the last published one."""
         old = self.view
         self.view = View(state, tuple(active), tuple(waiting),
                          old.active_bytes if active_bytes is None else active_bytes,
                          old.peak_bytes if peak_bytes is None else peak_bytes,
-                         old.prompt_cache if prompt_cache is None else prompt_cache)
+                         old.prompt_cache if prompt_cache is None else prompt_cache,
+                         old.cache_bytes if cache_bytes is None else cache_bytes)
 
     def status(self, qid: int) -> Status:
         v, steps = self.view, self.steps
@@ -61,7 +64,8 @@ class WorkerStatus:
         v, steps = self.view, self.steps
         return Heartbeat(epoch=self.epoch, state=v.state, steps=steps, active=len(v.active),
                          waiting=len(v.waiting), active_bytes=v.active_bytes,
-                         peak_bytes=v.peak_bytes, prompt_cache=v.prompt_cache,
+                         peak_bytes=v.peak_bytes, cache_bytes=v.cache_bytes,
+                         prompt_cache=v.prompt_cache,
                          load_progress=self.load_progress if v.state == "loading" else None,
                          progress=self.progress, group_silence=self.group_silence(),
                          group_memory=self.group_memory())

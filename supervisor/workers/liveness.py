@@ -30,6 +30,7 @@ class Liveness:
     waiting: int = 0
     active_bytes: int = 0
     peak_bytes: int = 0
+    cache_bytes: int = 0                # MLX's buffer cache
     prompt_cache: CacheStats | None = None
     load_progress: float | None = None
     progress: float | None = None       # the running request's (Heartbeat.progress)
@@ -42,6 +43,7 @@ class Liveness:
             self.steps, self.steps_changed_at = msg.steps, now
         self.worker_state, self.active, self.waiting = msg.state, msg.active, msg.waiting
         self.active_bytes, self.peak_bytes = msg.active_bytes, msg.peak_bytes
+        self.cache_bytes = msg.cache_bytes
         self.prompt_cache = msg.prompt_cache
         self.load_progress = msg.load_progress
         self.progress = msg.progress
@@ -71,8 +73,14 @@ class Liveness:
                 return Verdict(ExitCause.CANCEL,
                                f"cancel unanswered for {config.cancel_grace:g} s")
         if (memory_limit and not busy and self.worker_state == "ready"
-                and self.active_bytes > memory_limit):
+                and self.held_bytes > memory_limit):
             return Verdict(ExitCause.MEMORY,
-                           f"recycled: {self.active_bytes / 2**30:.2f} GiB of MLX memory "
-                           f"held while idle, over its {memory_limit / 2**30:.2f} GiB limit")
+                           f"recycled: {self.held_bytes / 2**30:.2f} GiB of MLX memory "
+                           f"({self.cache_bytes / 2**30:.2f} GiB of it buffer cache) held "
+                           f"while idle, over its {memory_limit / 2**30:.2f} GiB limit")
         return None
+
+    @property
+    def held_bytes(self) -> int:
+        """The MLX memory the worker holds: in use plus its buffer cache."""
+        return self.active_bytes + self.cache_bytes

@@ -26,6 +26,8 @@ def runner_report(r: ModelRunner) -> dict:
         "waiting": r.dispatch.waiting(),
         "worker_active": lv.active, "worker_waiting": lv.waiting, "steps": lv.steps,
         "active_bytes": lv.active_bytes, "peak_bytes": lv.peak_bytes,
+        # MLX's buffer cache, and the idle size over which the worker is recycled.
+        "cache_bytes": lv.cache_bytes, "memory_limit_bytes": r.memory_limit(),
         "restarts": r.restarts, "restart_causes": dict(r.restart_causes),
         "last_error": r.last_error,
         "uptime_s": round(now - r.ready_at, 1) if r.ready_at else None,

@@ -1,7 +1,11 @@
 """A worker group over MLX's ring backend on loopback: one model served by 2 and 3 real
 rank processes (started by `python -m worker.group.launch` through `mlx.launch`), tensor
 and pipeline sharded, against the same model in one process, through the real supervisor
-and the official OpenAI client."""
+and the official OpenAI client.
+
+Timing: only the tests about silence shorten the heartbeat timeout (SHORT_HEARTBEAT:
+sixteen beats a window, which a loaded machine still sends); a busy machine's slow start
+is injected (`slow_ranks`), never hoped for or against."""
 
 from __future__ import annotations
 
@@ -14,12 +18,13 @@ import time
 import openai
 import pytest
 
-from tests.serverproc import ServerProcess
+from tests.serverproc import REPO, ServerProcess
 
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["hello there", "tell me about the sea", "1 2 3 4"]
 MAX_TOKENS = 16
+SHORT_HEARTBEAT = ("--heartbeat-timeout", "4", "--heartbeat-interval", "0.25")
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +47,17 @@ def group_server(model, tmp_path, ranks, sharding, *extra):
                       *extra)
     s.wait_healthy(180)
     return s
+
+
+def slow_ranks(tmp_path, ranks: set[str], delay: float) -> dict:
+    """The environment that makes the ranks `ranks` (MLX_RANK) start `delay` s late, as
+    their interpreters do on a loaded machine: a sitecustomize every process of the
+    server runs at start (the others ignore it)."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, time\n"
+        f"if os.environ.get('MLX_RANK') in {sorted(ranks)!r}:\n"
+        f"    time.sleep({delay})\n")
+    return {"PYTHONPATH": f"{REPO}:{tmp_path}"}
 
 
 def client(server):
@@ -90,8 +106,7 @@ def test_group_answers_as_one_process(shard_model, reference, tmp_path, ranks, s
 
 @pytest.fixture(scope="module")
 def tensor2(shard_model, tmp_path_factory):
-    with group_server(shard_model, tmp_path_factory.mktemp("g2"), 2, "tensor",
-                      "--heartbeat-timeout", "4") as s:
+    with group_server(shard_model, tmp_path_factory.mktemp("g2"), 2, "tensor") as s:
         yield s
 
 
@@ -128,6 +143,21 @@ def test_cancel_mid_stream_then_serve_again(shard_model, reference, tensor2):
     assert group_of(tensor2)["worker_active"] == 0
     assert complete(tensor2, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
     assert group_of(tensor2)["epoch"] == 1  # the same group: nothing was restarted
+
+
+def _settle(server, timeout=120) -> dict:
+    """The group once it is ready or broken (a server not listening yet counts as
+    neither)."""
+    deadline, w = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        try:
+            w = group_of(server)
+        except OSError:
+            w = {}
+        if w.get("state") in ("ready", "broken"):
+            return w
+        time.sleep(0.2)
+    raise AssertionError(f"neither ready nor broken: {w}\n{server.log()}")
 
 
 def _wait_epoch(server, epoch, timeout=120):
@@ -171,7 +201,7 @@ def test_killed_rank_fails_clients_retryably_and_the_group_respawns(shard_model,
 
 
 def test_hung_rank_is_detected_and_the_group_respawns(shard_model, reference, tmp_path):
-    with group_server(shard_model, tmp_path, 2, "tensor", "--heartbeat-timeout", "5") as s:
+    with group_server(shard_model, tmp_path, 2, "tensor", *SHORT_HEARTBEAT) as s:
         old = rank_pids(s)
         os.kill(old[1], signal.SIGSTOP)  # idle: only its heartbeats can tell
         try:
@@ -184,6 +214,20 @@ def test_hung_rank_is_detected_and_the_group_respawns(shard_model, reference, tm
         assert w["restart_causes"].get("heartbeat", 0) >= 1, w
         assert "heartbeat" in (w["last_error"] or ""), w
         assert not set(old) & set(rank_pids(s))
+        assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
+
+
+def test_a_group_whose_ranks_start_slowly_keeps_its_heartbeat(shard_model, reference,
+                                                              tmp_path):
+    """A loaded machine: rank 1 starts 10 s late, well past the heartbeat timeout, and the
+    leader waits for it in mx.distributed.init, unable to beat. The launcher beats until
+    the leader's link does: the first group comes up (a kill would have marked the model
+    broken: --crash-budget 0) and serves."""
+    env = slow_ranks(tmp_path, {"1"}, 10)
+    with ServerProcess([shard_model], "--hosts", hostfile(tmp_path, 2), "--crash-budget", "0",
+                       *SHORT_HEARTBEAT, env=env) as s:
+        w = _settle(s)
+        assert (w["state"], w["epoch"], w["restarts"]) == ("ready", 1, 0), w
         assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
 
 
@@ -279,15 +323,7 @@ def test_a_host_with_another_groups_keys_is_refused(shard_model, tmp_path, netns
            "MLXD_TEST_WRONG_KEYS": netns_host["ns"], "MLXD_TEST_OTHER_KEYS": str(other)}
     with ServerProcess([shard_model], "--hosts", netns_hostfile(tmp_path, netns_host),
                        env=env) as s:
-        deadline, w = time.monotonic() + 120, {}
-        while time.monotonic() < deadline:
-            try:
-                w = group_of(s)
-            except OSError:  # not listening yet
-                w = {}
-            if w.get("state") == "broken":
-                break
-            time.sleep(0.5)
+        w = _settle(s)
         assert w["state"] == "broken", w
         assert "did not reach the leader's control channel" in w["last_error"], w
         assert "group-keys" in w["last_error"]

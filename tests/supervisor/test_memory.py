@@ -179,9 +179,32 @@ def test_liveness_verdicts():
     assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[105.0]) is None
 
 
+def test_an_idle_worker_is_judged_by_its_mlx_memory_in_use_plus_its_buffer_cache():
+    """MLX's buffer cache is memory the process holds all the same: a worker whose active
+    memory alone is within its limit, but not with its cache, is recycled; a busy one
+    never is."""
+    cfg = Config(heartbeat_timeout=1000, hang_timeout=1000)
+    lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)
+    lv.on_heartbeat(Heartbeat(epoch=1, state="ready", active_bytes=600, cache_bytes=300), 100.0)
+    assert lv.held_bytes == 900
+    assert lv.verdict(100.0, cfg, busy=False, cancels_sent_at=[], memory_limit=1000) is None
+    lv.on_heartbeat(Heartbeat(epoch=1, state="ready", active_bytes=600, cache_bytes=500), 101.0)
+    verdict = lv.verdict(101.0, cfg, busy=False, cancels_sent_at=[], memory_limit=1000)
+    assert verdict.cause is ExitCause.MEMORY and "buffer cache" in verdict.reason
+    assert lv.verdict(101.0, cfg, busy=True, cancels_sent_at=[], memory_limit=1000) is None
+    # An older worker's heartbeat has no cache figure: it decodes, its cache as 0.
+    import msgpack
+    from protocol import decode_up
+
+    wire = msgpack.packb({"type": "heartbeat", "epoch": 1, "state": "ready",
+                          "active_bytes": 600})
+    assert decode_up(wire).cache_bytes == 0
+
+
 def test_the_hang_clock_starts_when_an_idle_worker_is_given_work():
     cfg = Config(heartbeat_timeout=1000, hang_timeout=5)
     lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)  # last step at 100, then idle
+    assert lv.verdict(299.0, cfg, busy=False, cancels_sent_at=[]) is None  # idle: never hung
     assert lv.verdict(300.0, cfg, busy=True, cancels_sent_at=[], busy_since=299.0) is None
     assert lv.verdict(304.0, cfg, busy=True, cancels_sent_at=[], busy_since=299.0) is None
     assert lv.verdict(304.5, cfg, busy=True, cancels_sent_at=[],

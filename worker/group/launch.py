@@ -1,8 +1,15 @@
 """`python -m worker.group.launch`: the process the supervisor spawns for a worker group.
 
 It starts the ranks with `mlx.launch` (which writes the backend's hostfile, sets each
-rank's MLX_RANK, and reaches other hosts over ssh) and stays as their parent, for three
+rank's MLX_RANK, and reaches other hosts over ssh) and stays as their parent, for four
 things `mlx.launch` does not do for a supervisor:
+- beat while the ranks start: the leader's link cannot beat before the group is joined
+  (`mx.distributed.init` holds the GIL while it waits for every rank: a thread beside it
+  stalls as long), and on a loaded machine starting every rank's interpreter and joining
+  takes longer than any heartbeat timeout. So this process sends heartbeats ("loading")
+  on the worker's events socket from its start until the leader's link beats (the leader
+  creates the file $MLXD_GROUP_LINK_UP: worker/group/rank.py), then stops: from then on
+  silence from the leader, or from any rank through it, kills the group as for any worker;
 - die with the supervisor: a lifeline watches the supervisor and kills this process group
   (the local ranks and `mlx.launch`; remote ranks lose their ssh session);
 - report why the group ended: `mlx.launch` exits 0 whatever its ranks did, so the leader
@@ -35,11 +42,16 @@ import sys
 import threading
 from pathlib import Path
 
+import zmq
+
+from protocol import encode, sockets
 from protocol.exits import EXIT_LOAD_FAILED
 from protocol.hosts import is_local, read_hostfile
+from protocol.settings import worker_parser
 from worker import lifeline
 from worker.group import keys
-from worker.group.rank import BACKEND_ENV, CONTROL_ENV, EXIT_FILE_ENV, KEYS_ENV
+from worker.group.rank import BACKEND_ENV, CONTROL_ENV, EXIT_FILE_ENV, KEYS_ENV, LINK_UP_ENV
+from worker.status import WorkerStatus
 
 log = logging.getLogger("worker.group.launch")
 
@@ -76,6 +88,11 @@ def backend_of(data: dict) -> str:
     return "nccl" if mx.cuda.is_available() else "ring"  # mlx.launch's own default
 
 
+def link_up_file(exit_file: str) -> Path:
+    """The file the leader creates once its link beats (beside the exit file)."""
+    return Path(exit_file + ".up")
+
+
 def launch_command(hostfile: Path, data: dict, exit_file: str, worker: list[str],
                    key_folder: Path) -> list:
     backend = backend_of(data)
@@ -94,7 +111,29 @@ def launch_command(hostfile: Path, data: dict, exit_file: str, worker: list[str]
     return [*launcher, "--hostfile", str(hostfile), "--backend", backend,
             "--starting-port", str(port), "--env", f"{EXIT_FILE_ENV}={exit_file}",
             "--env", f"{BACKEND_ENV}={backend}", "--env", f"{CONTROL_ENV}={control}",
-            "--env", f"{KEYS_ENV}={key_folder}", "--", *worker]
+            "--env", f"{KEYS_ENV}={key_folder}",
+            "--env", f"{LINK_UP_ENV}={link_up_file(exit_file)}", "--", *worker]
+
+
+def beat_until_up(worker: list[str], link_up: Path, done: threading.Event) -> int:
+    """Heartbeats ("loading") on the events socket of the rank command `worker`, with its
+    epoch, every --heartbeat-interval, until `link_up` exists (the leader's link beats
+    now) or `done` is set (mlx.launch ended). Returns how many were sent."""
+    opts, _ = worker_parser().parse_known_args(worker)
+    status = WorkerStatus(opts.epoch)
+    ctx = zmq.Context()
+    sock = sockets.push(ctx, opts.events, bind=False)
+    sent = 0
+    try:
+        while not link_up.exists():
+            sock.send(encode(status.heartbeat()))
+            sent += 1
+            if done.wait(opts.heartbeat_interval):
+                break
+    finally:
+        sock.close()
+        ctx.term()
+    return sent
 
 
 def _fill(fd: int) -> None:
@@ -125,18 +164,29 @@ def main(argv=None) -> int:
     # A polling lifeline (not PDEATHSIG): its `die` must run here, in this process.
     lifeline.install(args.parent_pid, platform="poll", die=die)
     signal.signal(signal.SIGTERM, lambda *_: log.info("SIGTERM: the leader stops the group"))
+    link_up = link_up_file(args.exit_file)
+    link_up.unlink(missing_ok=True)
+    done = threading.Event()
+    beats = threading.Thread(target=beat_until_up, args=(worker, link_up, done), name="beat",
+                             daemon=True)
+    beats.start()  # first: what follows may import MLX (backend_of), slow when loaded
     try:
-        data = read_hostfile(args.hostfile)
-        cmd = launch_command(args.hostfile, data, args.exit_file, worker,
-                             keys.ensure(args.state_dir))
-    except (ValueError, RuntimeError, OSError) as e:
-        log.error("%s", e)
-        return EXIT_LOAD_FAILED  # nothing was started
-    stdin, feed = os.pipe()
-    proc = subprocess.Popen(cmd, stdin=stdin)
-    os.close(stdin)
-    threading.Thread(target=_fill, args=(feed,), name="fill", daemon=True).start()
-    proc.wait()
+        try:
+            data = read_hostfile(args.hostfile)
+            cmd = launch_command(args.hostfile, data, args.exit_file, worker,
+                                 keys.ensure(args.state_dir))
+        except (ValueError, RuntimeError, OSError) as e:
+            log.error("%s", e)
+            return EXIT_LOAD_FAILED  # nothing was started
+        stdin, feed = os.pipe()
+        proc = subprocess.Popen(cmd, stdin=stdin)
+        os.close(stdin)
+        threading.Thread(target=_fill, args=(feed,), name="fill", daemon=True).start()
+        proc.wait()
+    finally:
+        done.set()
+        beats.join(5.0)
+        link_up.unlink(missing_ok=True)
     try:
         code = int(Path(args.exit_file).read_text().strip())
         os.unlink(args.exit_file)

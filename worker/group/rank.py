@@ -9,7 +9,9 @@ speaks the protocol to the supervisor and runs the ordinary scheduler over a
 Exit codes are the worker's (protocol/exits.py), plus EXIT_GROUP_LOST: a collective
 failed (a rank died, the link broke) or a follower diverged. The leader also writes its
 code to $MLXD_GROUP_EXIT_FILE, because the process the supervisor waits on is the
-launcher (`mlx.launch` exits 0 whatever its ranks did). A SIGTERM reaching the leader
+launcher (`mlx.launch` exits 0 whatever its ranks did). The launcher also beats for the
+group while its ranks start, until the leader's link beats (the leader creates
+$MLXD_GROUP_LINK_UP: worker/group/launch.py says why). A SIGTERM reaching the leader
 comes from `mlx.launch` after another rank failed: the leader leaves at once with
 EXIT_GROUP_LOST, so its clients get a retryable error, not a "cancelled" ending.
 """
@@ -26,6 +28,7 @@ EXIT_FILE_ENV = "MLXD_GROUP_EXIT_FILE"
 BACKEND_ENV = "MLXD_GROUP_BACKEND"
 CONTROL_ENV = "MLXD_GROUP_CONTROL"   # tcp://HOST:PORT of the leader's control channel
 KEYS_ENV = "MLXD_GROUP_KEYS"         # the folder of its CURVE keys (worker/group/keys.py)
+LINK_UP_ENV = "MLXD_GROUP_LINK_UP"   # a file the leader creates once its link beats
 HELLO_TIMEOUT = 30.0    # s after the leader's load: the followers said hello as they started
 
 
@@ -39,6 +42,16 @@ def leave(code: int) -> int:
         except OSError:
             log.warning("could not write the exit file %s", path)
     return code
+
+
+def link_up() -> None:
+    """The leader's link beats from now on: the launcher stops beating for the group."""
+    path = os.environ.get(LINK_UP_ENV)
+    if path:
+        try:
+            open(path, "w").close()
+        except OSError:
+            log.warning("could not write %s: the launcher beats on for the group", path)
 
 
 def serve(args) -> int:
@@ -73,6 +86,7 @@ def serve(args) -> int:
 
         signal.signal(signal.SIGTERM, on_sigterm)  # before the link answers (worker/__main__)
         link.start()
+        link_up()
         control = LeaderControl(ctx, endpoint, size - 1, keys)
     else:
         control = FollowerControl(ctx, endpoint, rank, keys)
@@ -90,10 +104,13 @@ def serve(args) -> int:
             link.close()
         return leave(EXIT_LOAD_FAILED) if rank == 0 else EXIT_LOAD_FAILED
 
+    def progress(done: int, total: int) -> None:  # a GGUF's conversion: the leader's beats
+        status.load_progress = done / total if total else None
+
     log.info("rank %d of %d: loading %s", rank, size, args.model)
     try:
         setup.share_seed(chan)
-        loaded, sharding, rows = setup.load(args, group, chan)
+        loaded, sharding, rows = setup.load(args, group, chan, progress)
         set_wired_limit()
         from worker.engine import TextEngine
 
