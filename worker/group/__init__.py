@@ -22,7 +22,8 @@ and a follower that disagrees stops the group rather than serve from a diverged 
 - `follower.py`: the loop of ranks > 0.
 - `setup.py`: joining the group, the per-host memory check, shard loading, the link probe.
 - `launch.py`: `python -m worker.group.launch`: the process the supervisor spawns; it
-  starts the ranks with `mlx.launch` and dies with the supervisor.
+  starts the ranks with `mlx.launch`, beats for the group until the leader's link does,
+  and dies with the supervisor.
 
 A rank that dies makes the others' next collective fail (and `mlx.launch` stops the
 rest): the leader exits, and the supervisor respawns the whole group, nothing half-alive.
