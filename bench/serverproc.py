@@ -5,6 +5,12 @@ It lives in bench/ because both need it and the dependency may only point one wa
 benchmarks run as `python -m bench.…` from the repository root and must not reach into
 tests/ (test code is not a library), while tests may use this package like any other
 module of the repository. tests/serverproc.py re-exports it under its old name.
+
+What it starts it ends: `stop` ends mlxd and every process mlxd had started (its workers
+run in sessions of their own, so no process group holds them all: the tree as psutil saw
+it before the stop), and a server that does not become healthy is stopped before
+`wait_healthy` raises (a fixture that fails in its setup gets no teardown: its mlxd would
+outlive the test run).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -28,6 +36,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def running(p: psutil.Process) -> bool:
+    """Still running: a zombie has ended (only its exit status waits for its parent)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def still_running(procs: list[psutil.Process], wait: float = 0.0) -> list[psutil.Process]:
+    """Those of `procs` still running after up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = [p for p in procs if running(p)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
 
 
 class ServerProcess:
@@ -62,20 +88,26 @@ class ServerProcess:
             return e.code, json.load(e)
 
     def wait_healthy(self, timeout: float = 120.0) -> dict:
+        """/health's body once it says ok; else mlxd and what it started are stopped, and
+        RuntimeError (it exited) or TimeoutError is raised with its log."""
         deadline = time.monotonic() + timeout
         last = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlxd exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                code, body = self.get("/health", timeout=2)
-                last = body
-                if code == 200 and body.get("status") == "ok":
-                    return body
-            except (urllib.error.URLError, OSError, ValueError):
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"mlxd not healthy after {timeout}s: {last}\n{self.log()}")
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"mlxd exited with {self.proc.returncode}:\n{self.log()}")
+                try:
+                    code, body = self.get("/health", timeout=2)
+                    last = body
+                    if code == 200 and body.get("status") == "ok":
+                        return body
+                except (urllib.error.URLError, OSError, ValueError):
+                    pass
+                time.sleep(0.1)
+            raise TimeoutError(f"mlxd not healthy after {timeout}s: {last}\n{self.log()}")
+        except BaseException:
+            self.stop()
+            raise
 
     def log(self) -> str:
         try:
@@ -87,7 +119,18 @@ class ServerProcess:
         _, body = self.get("/health")
         return [w["pid"] for w in body.get("workers", []) if w.get("pid")]
 
+    def descendants(self) -> list[psutil.Process]:
+        """Every process mlxd started that is still its child (workers, a group's launcher,
+        mlx.launch and its ranks)."""
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
     def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM (mlxd stops its workers), SIGKILL after `timeout`; then what mlxd had
+        started and left behind (it was killed, or a worker ignored it) is killed too."""
+        started = self.descendants() if self.proc.poll() is None else []
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -95,6 +138,12 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        for p in still_running(started, wait=5.0):  # (their lifelines take a moment)
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        still_running(started, wait=5.0)
         self._log.close()
         if self._tmp is not None:
             self._tmp.cleanup()

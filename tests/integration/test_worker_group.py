@@ -18,6 +18,7 @@ import time
 import openai
 import pytest
 
+from bench.serverproc import still_running
 from tests.serverproc import REPO, ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -229,6 +230,27 @@ def test_a_group_whose_ranks_start_slowly_keeps_its_heartbeat(shard_model, refer
         w = _settle(s)
         assert (w["state"], w["epoch"], w["restarts"]) == ("ready", 1, 0), w
         assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
+
+
+def test_a_server_that_never_gets_healthy_leaves_no_process_behind(shard_model, tmp_path):
+    """A fixture whose server fails to become healthy gets no teardown: wait_healthy
+    stops mlxd and what it started (the launcher, mlx.launch, the ranks) before it
+    raises."""
+    env = slow_ranks(tmp_path, {"0", "1"}, 600)
+    s = ServerProcess([shard_model], "--hosts", hostfile(tmp_path, 2), "--cancel-grace", "1",
+                      env=env)
+    try:
+        deadline, started = time.monotonic() + 60, []
+        while len(started) < 4 and time.monotonic() < deadline:  # launcher, mlx.launch, ranks
+            time.sleep(0.2)
+            started = s.descendants()
+        assert len(started) >= 4, (started, s.log())
+        with pytest.raises(TimeoutError, match="not healthy"):
+            s.wait_healthy(1)
+        assert s.proc.returncode is not None
+        assert still_running(started) == []
+    finally:
+        s.stop()
 
 
 # ---- "hosts" in network namespaces: the TCP and CURVE path --------------------------
