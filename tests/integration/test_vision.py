@@ -178,7 +178,7 @@ def test_an_image_bomb_is_a_400_on_every_surface_and_is_never_decoded(vserver, v
     assert len(bomb) < 32 << 10
     vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=1)
     pid, peak_before = worker_peak_rss(vserver, model)
-    said = "image 1 of the request is 13000×13000 = 169,000,000 pixels, over this model's " \
+    said = "image 1 of the request is 13000x13000 = 169,000,000 pixels, over this model's " \
            "bound of 16,777,216 pixels per image"
     with pytest.raises(openai.BadRequestError) as e:
         vclient.chat.completions.create(model=model, messages=ask(bomb), max_tokens=2)

@@ -205,7 +205,7 @@ def test_an_image_over_the_bound_is_refused_from_its_header_naming_it_and_both_s
     assert len(bomb) < 64 << 10
     with pytest.raises(RequestError) as e:
         vengine.prepare(ask(images=(png(), bomb)))
-    assert "image 2 of the request is 13000×13000 = 169,000,000 pixels" in e.value.message
+    assert "image 2 of the request is 13000x13000 = 169,000,000 pixels" in e.value.message
     assert "bound of 16,777,216 pixels per image" in e.value.message
     assert e.value.param == "messages"
 

@@ -120,8 +120,9 @@ def open_images(data: tuple[bytes, ...], limits: Limits) -> list:
             raise _undecodable(i, e) from None
         w, h = img.size
         if w * h > limits.per_image:
-            kept = f"; its processor keeps at most {limits.side}×{limits.side}" if limits.side else ""
-            raise RequestError(INVALID_REQUEST, f"image {i + 1} of the request is {w}×{h} = "
+            kept = (f"; its processor keeps at most {limits.side}x{limits.side}"
+                    if limits.side else "")
+            raise RequestError(INVALID_REQUEST, f"image {i + 1} of the request is {w}x{h} = "
                                f"{w * h:,} pixels, over this model's bound of "
                                f"{limits.per_image:,} pixels per image{kept}: send it smaller",
                                "messages")
