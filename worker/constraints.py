@@ -2,8 +2,8 @@
 
 `Grammars` (one per engine) turns a request's OutputSpec into a Lark grammar and a
 `Constraint`:
-- response_format json_object / json_schema → the JSON (whitespace bounded, see
-  tool_formats.JSON_OPTIONS);
+- response_format json_object / json_schema → the JSON (whitespace bounded, numbers
+  finite as doubles: worker/json_grammar.py);
 - tool_choice "required" / a named function → one or more calls written in the model
   family's own call format (tool_formats), so the family's parser reads them back;
 - tool_choice "auto" with a JSON response_format → either;
@@ -31,7 +31,9 @@ import numpy as np
 
 from protocol.messages import OutputSpec
 from worker.grammar_compile import Compiler, GrammarError, clean
-from worker.tool_formats import JSON_OPTIONS, ToolFormat, json_rule
+from worker import json_grammar
+from worker.json_grammar import json_rule
+from worker.tool_formats import ToolFormat
 
 log = logging.getLogger("worker.constraints")
 
@@ -149,7 +151,7 @@ class Grammars:
         # splitter) comes only from the call rule: free text and thinking cannot spell it.
         marker = self.tool_format.start if forced or auto else ""
         start = f"start: {self._thinking(reasoning_first, may_think, marker)} ({body})\n"
-        return start + _terminals(start, marker)
+        return start + _terminals(start, marker) + json_grammar.definitions(start)
 
     def _can_force_calls(self) -> bool:
         return self.tool_format is not None and self.tool_format.call_grammar is not None
@@ -268,4 +270,4 @@ def _allowed(out: OutputSpec) -> list[tuple[str, dict]]:
     return allowed
 
 
-__all__ = ["Grammars", "Constraint", "GrammarError", "JSON_OPTIONS"]
+__all__ = ["Grammars", "Constraint", "GrammarError"]

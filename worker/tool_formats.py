@@ -6,8 +6,9 @@ them: the tokenizer config's `tool_parser_type`, else inferred from the chat tem
 name in the tokenizer's init_kwargs). mlx-lm has no parser for Llama 3's JSON calls
 (`{"name": ..., "parameters": {...}}`, no markers), so that one lives here.
 
-Grammars (for tool_choice "required" or a named function) write the call exactly the
-way the family's template renders one, so the same parser reads it back. Each builder
+Grammars (for tool_choice "required" or a named function, and for a call the model opens
+under "auto") write the call exactly the way the family's template renders one, so the
+same parser reads it back; its JSON values come from worker/json_grammar.py. Each builder
 returns Lark (llguidance's dialect) for ONE call to any of the given tools; the caller
 (worker/constraints.py) repeats it for parallel calls. Families without a builder here
 (Gemma 4's, Kimi's, GLM's, MiniMax's argument syntaxes) still parse; forcing calls on
@@ -23,23 +24,14 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from protocol import jsontext
+from worker.json_grammar import json_rule, ordered_args
 
 log = logging.getLogger("worker.tools")
-
-# JSON the grammar lets a model write: compact separators as json.dumps writes them
-# (what chat templates render) and no free whitespace, so a weak model cannot pad a
-# valid object with blanks forever (DESIGN.md, Constraints).
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 # (tool name, its parameters schema)
 ToolSpec = tuple[str, dict]
 # lit(marker) -> a Lark expression for a marker (a token id when it is one token)
 Literal = Callable[[str], str]
-
-
-def json_rule(schema: dict) -> str:
-    """An inline Lark %json rule with the server's JSON options."""
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
 
 
 def _object_schema(params) -> dict:
@@ -81,23 +73,6 @@ def _mistral_list_call(tools: list[ToolSpec], lit: Literal, start: str, end: str
     return f'{lit(start)} " " {json_rule(body)}'
 
 
-def _ordered_args(items: list[tuple[str, bool]], sep: str = "") -> str:
-    """Lark for an ordered subsequence of `items` (expressions, required?) holding every
-    required one, joined by `sep` (a Lark literal, or "" for none). Built right to left:
-    `rest` is the tail once something was written (each item then needs `sep` first),
-    `first` the tail before anything was."""
-    rest = first = ""
-    for expr, required in reversed(items):
-        joined = f"{sep} {expr}" if sep else expr
-        if required:
-            first = f"{expr} {rest}"
-            rest = f"{joined} {rest}"
-        else:
-            first = f"({expr} {rest} | {first})" if first.strip() else f"({expr} {rest})?"
-            rest = f"({joined})? {rest}"
-    return first.strip()
-
-
 def _properties(params: dict) -> list[tuple[str, dict, bool]]:
     params = _object_schema(params)
     required = set(params.get("required") or ())
@@ -111,7 +86,7 @@ def _pythonic_call(tools: list[ToolSpec], lit: Literal, start: str, end: str) ->
     alts = []
     for name, params in tools:
         args = [(f'"{k}=" {json_rule(s)}', req) for k, s, req in _properties(params)]
-        alts.append(f'"{name}(" {_ordered_args(args, json.dumps(", "))} ")"')
+        alts.append(f'"{name}(" {ordered_args(args, json.dumps(", "))} ")"')
     return f'{lit(start)} "[" ({" | ".join(alts)}) "]" {lit(end)}'
 
 
@@ -132,7 +107,7 @@ def _qwen3_coder_call(tools: list[ToolSpec], lit: Literal, start: str, end: str)
     for name, params in tools:
         args = [(f'"<parameter={k}>\\n" {_xml_value(s)} "\\n</parameter>\\n"', req)
                 for k, s, req in _properties(params)]
-        alts.append(f'"<function={name}>\\n" {_ordered_args(args)} "</function>"')
+        alts.append(f'"<function={name}>\\n" {ordered_args(args)} "</function>"')
     return f'{lit(start)} "\\n" ({" | ".join(alts)}) "\\n" {lit(end)}'
 
 
@@ -159,7 +134,7 @@ def _gemma_call(tools: list[ToolSpec], lit: Literal, start: str, end: str) -> st
     alts = []
     for name, params in tools:
         args = [(f'"{k}:" {_gemma_value(name, k, s, esc)}', req) for k, s, req in _properties(params)]
-        alts.append(f'"call:{name}{{" {_ordered_args(args, json.dumps(","))} "}}"')
+        alts.append(f'"call:{name}{{" {ordered_args(args, json.dumps(","))} "}}"')
     return f'{lit(start)} ({" | ".join(alts)}) {lit(end)}'
 
 
