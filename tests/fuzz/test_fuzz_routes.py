@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from supervisor.admin.token import read_token
 from tests.fuzz.conftest import SEED, TALLY
-from tests.fuzz.hostile import hostile_values, mutate, places, serialize
+from tests.fuzz.hostile import hostile_values, mutate, nested, places, serialize
 from tests.serverproc import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -82,7 +82,7 @@ def assert_model_serves(srv, model: str) -> None:
 
 
 def check(srv, http, model: str, label: str, method: str, url: str, *, content=None,
-          headers=None, what=None) -> int:
+          headers=None, what=None) -> httpx.Response:
     """Send one request and assert the properties; every CHECK_EVERY, a normal request."""
     where = f"seed {SEED}; {method} {url}; {what!r}"[:2000]
     try:
@@ -114,7 +114,7 @@ def check(srv, http, model: str, label: str, method: str, url: str, *, content=N
     http.sent += 1
     if http.sent % CHECK_EVERY == 0:
         assert_model_serves(srv, model)
-    return r.status_code
+    return r
 
 
 # ---- POST bodies ------------------------------------------------------------------------
@@ -310,3 +310,67 @@ def test_a_request_line_too_long_for_http_is_refused_and_served_after(srv, tiny_
     TALLY[("GET v1/responses/{id} (line > 8 KiB)", r.status_code)] += 1
     assert 400 <= r.status_code < 500 and "Traceback" not in r.text
     assert_model_serves(srv, str(tiny_model))
+
+
+# ---- limits at their edge, and many small parts (issue 30) --------------------------------
+
+NEST_BODIES = {
+    "/v1/chat/completions": lambda m, deep: (
+        f'{{"model": {json.dumps(m)}, "max_tokens": 2, "x_nested": {deep}, '
+        '"messages": [{"role": "user", "content": "hi"}]}'),
+    "/v1/responses": lambda m, deep: (
+        f'{{"model": {json.dumps(m)}, "max_output_tokens": 2, "store": false, '
+        f'"x_nested": {deep}, "input": "hi"}}'),
+    "/v1/messages": lambda m, deep: (
+        f'{{"model": {json.dumps(m)}, "max_tokens": 2, "x_nested": {deep}, '
+        '"messages": [{"role": "user", "content": "hi"}]}'),
+}
+
+
+@pytest.mark.parametrize("route", sorted(NEST_BODIES))
+@pytest.mark.parametrize("brackets", [("[", "]", "1"), ('{"a":', "}", "1")])
+def test_nesting_is_served_at_64_levels_and_refused_at_65(srv, http, tiny_model, route,
+                                                           brackets):
+    """supervisor/http/values.py's MAX_DEPTH at its edge, through each surface: a top-level
+    value nesting 64 objects or arrays is served; 65 are refused with a 400 in the
+    surface's envelope that says why (OpenAI's names the parameter). The random deep
+    values above (200 levels and more) cannot tell a limit of 64 from one of 100."""
+    model = str(tiny_model)
+    for depth, expected in ((64, 200), (65, 400)):
+        raw = NEST_BODIES[route](model, nested(depth, *brackets).text)
+        r = check(srv, http, model, f"POST {route} (nesting {depth})", "POST", route,
+                  content=raw.encode(), headers={"Content-Type": "application/json"},
+                  what=f"nesting {depth} {brackets[0]}")
+        assert r.status_code == expected, f"nesting {depth}: {r.status_code} {r.text[:300]}"
+        if expected == 400:
+            err = r.json()["error"]
+            assert "nest" in err["message"], err
+            assert route == "/v1/messages" or err["param"].startswith("x_nested"), err
+
+
+def tool_results(model: str, n: int) -> dict:
+    """One Anthropic user turn of `n` tool_result blocks, after the tool_use they answer."""
+    return {"model": model, "max_tokens": 2, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
+                                           "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                                      "content": "1"}] * n}]}
+
+
+@pytest.mark.xfail(strict=True, reason="issue 30, not fixed yet: the blocks are walked, "
+                   "converted and rendered by the chat template in full (about 10 s on 2 "
+                   "cores, the worker busy meanwhile) before the context-length 400")
+def test_a_message_of_many_tool_results_is_refused_before_rendering(srv, http, tiny_model):
+    """100,000 tool_result blocks in one user message (6 MB, under --max-body-bytes) can
+    never fit a context: it must be refused at once for its size or count (400 or 413 in
+    Anthropic's envelope), not parsed, converted and rendered for seconds first, which a
+    refusal for context length (found only after rendering) shows."""
+    model = str(tiny_model)
+    raw = json.dumps(tool_results(model, 100_000))
+    r = check(srv, http, model, "POST /v1/messages (100k tool_result)", "POST", "/v1/messages",
+              content=raw.encode(), headers={"Content-Type": "application/json"},
+              what="100k tool_result")
+    assert r.status_code in (400, 413), r.text[:300]
+    assert "context length" not in r.json()["error"]["message"], r.text[:300]
+    assert_model_serves(srv, model)
