@@ -25,13 +25,14 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 
 NUMBER, INTEGER, ANY = "FINITE_NUMBER", "FINITE_INTEGER", "finite_json_any"
 # Below 1e308, so finite: up to 308 integer digits; or one digit, a fraction and an
-# exponent up to 307 (1.6e308 at most with 308); negative exponents only shrink a value.
+# exponent up to 307 (1.6e308 at most with 308); a negative exponent only shrinks a value.
+# Exponents have three digits at most, so a model cannot write one forever.
 _INT = "-?(0|[1-9][0-9]{0,307})"
 _DEFS = {
     INTEGER: f"/{_INT}/",
-    NUMBER: (f"/{_INT}(\\.[0-9]+)?([eE]-[0-9]+)?"
-             "|-?[0-9](\\.[0-9]+)?[eE]\\+?0*([0-9]{1,2}|[12][0-9]{2}|30[0-7])"
-             "|-?1(\\.[0-6][0-9]*)?[eE]\\+?0*308/"),
+    NUMBER: (f"/{_INT}(\\.[0-9]+)?([eE]-[0-9]{{1,3}})?"
+             "|-?[0-9](\\.[0-9]+)?[eE]\\+?([0-9]{1,2}|[0-2][0-9]{2}|30[0-7])"
+             "|-?1(\\.[0-6][0-9]*)?[eE]\\+?308/"),
 }
 _ANNOTATIONS = {"title", "description", "default", "examples", "$comment", "deprecated",
                 "readOnly", "writeOnly", "$schema", "$id", "$defs", "definitions"}
