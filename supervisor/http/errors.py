@@ -298,6 +298,10 @@ async def _fail_started(request, response: web.StreamResponse, exc: BaseExceptio
     """The status line already went out. An SSE stream can still end with an error event
     (what OpenAI does; the SDK raises it as APIError). Any other body cannot be amended:
     re-raise so aiohttp drops the connection rather than end a truncated body cleanly."""
+    if isinstance(exc, ConnectionError):  # the client left: nothing failed, no one to tell
+        log.info("request %s: %s %s: the client went away mid-response", request[REQUEST_ID],
+                 request.method, request.path)
+        return response
     if isinstance(exc, APIError):
         log.warning("request %s: stream ended with %s %s", request[REQUEST_ID],
                     err.status, err.message)

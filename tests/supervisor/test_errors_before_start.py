@@ -152,3 +152,25 @@ async def test_a_background_response_its_client_cancels_while_queued_ends_cancel
         await client.post(f"/v1/responses/{(await busy.json())['id']}/cancel", json={})
     finally:
         await client.close()
+
+
+async def test_cancel_answers_even_when_the_run_outlasts_its_wait(monkeypatch):
+    """A worker slow to honour the cancel (it is killed only after --cancel-grace) must
+    not turn POST .../cancel into a 500: it answers with the response as it stands."""
+    from supervisor.api.responses import routes
+
+    monkeypatch.setattr(routes, "CANCEL_WAIT_S", 0.2)
+    client = await client_for(FakeWorld(FakeBehaviour(tokens=200, ignore_cancel=True)),
+                              cancel_grace=30)
+    try:
+        r = await client.post("/v1/responses", json={"model": "fake", "input": "a",
+                                                     "background": True})
+        rid = (await r.json())["id"]
+        deadline = time.monotonic() + 5
+        while (await (await client.get(f"/v1/responses/{rid}")).json())["status"] == "queued":
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        r = await client.post(f"/v1/responses/{rid}/cancel", json={})
+        assert r.status == 200 and (await r.json())["status"] == "in_progress"
+    finally:
+        await client.close()

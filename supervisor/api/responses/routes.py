@@ -31,6 +31,7 @@ from supervisor.keys import CONFIG, POOL
 from supervisor.api.responses.store import ChainError, ResponseStore, SchemaTooNew, StoreUnavailable
 
 log = logging.getLogger("mlxd.responses")
+CANCEL_WAIT_S = 10.0  # how long POST .../cancel waits for the run to end before answering
 
 
 @dataclass
@@ -281,5 +282,8 @@ async def cancel(request: web.Request) -> web.Response:
     if run is None:  # already finished: cancelling is a no-op
         return web.json_response(rec.response)
     run.cancel()
-    await asyncio.wait_for(asyncio.shield(run.finished.wait()), 10)
+    try:
+        await asyncio.wait_for(asyncio.shield(run.finished.wait()), CANCEL_WAIT_S)
+    except asyncio.TimeoutError:
+        pass  # the cancel is on its way (a kill, past --cancel-grace): answer as it stands
     return web.json_response(run.builder.response())
