@@ -1,8 +1,9 @@
 """KV snapshots end to end (worker/snapshots/): a Responses chain with the official client
 prefills only each turn's new items, from memory, from the disk tier after `mlxctl kill`
-and after mlxd itself restarted, with the output a cold run gives; a template that
-rewrites history falls back, counted, to the right output; mlxctl cache lists, saves,
-drops and clears.
+and after mlxd itself restarted, with the output a cold run gives; a snapshot file whose
+tensor table was edited on disk is not resumed (deleted, counted) and the answer is the
+cold one; a template that rewrites history falls back, counted, to the right output;
+mlxctl cache lists, saves, drops and clears.
 
 The chain runs on the real SmolLM2 (a real tokenizer: its replies, rendered back into
 the next prompt, tokenize as they were generated); the rewriting template is the tiny
@@ -19,6 +20,7 @@ import pytest
 from tests.integration.test_faults import wait_for
 from tests.integration.test_mlxctl import mlxctl, ok
 from tests.serverproc import ServerProcess
+from tests.worker.test_snapshot_files import edit_header, swap_offsets
 
 pytestmark = pytest.mark.integration
 
@@ -100,6 +102,31 @@ def test_a_chain_resumes_from_memory_from_disk_and_after_a_restart(real_model_di
         assert cold.usage.input_tokens_details.cached_tokens == 0
         assert cold.usage.input_tokens == resumed.usage.input_tokens
         assert cold.output_text == resumed.output_text
+
+
+def test_an_edited_snapshot_file_is_not_resumed_and_the_answer_is_the_cold_one(
+        real_model_dir, tmp_path):
+    model = str(real_model_dir)
+    # A prompt cache too small for any state: a snapshot is on disk only, and the next
+    # turn can only resume from the file.
+    with ServerProcess([model], "--prompt-cache-bytes", "1024", state_dir=tmp_path) as srv:
+        srv.wait_healthy(300)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+        first = ask(client, model, QUESTIONS[0])
+        stats(srv, disk_entries=1, named=0)
+        (path,) = (tmp_path / "kv").glob("*/*.safetensors")
+        edit_header(path, swap_offsets)  # the outside tester's edit: the data untouched
+        second = ask(client, model, QUESTIONS[1], first.id)
+        stats(srv, disk_corrupt=1, hits_disk=0, misses=1)
+        assert second.usage.input_tokens_details.cached_tokens == 0 and not path.exists()
+        cold = client.responses.create(model=model, input=[
+            {"role": "user", "content": QUESTIONS[0]},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": QUESTIONS[1]}], max_output_tokens=24, temperature=0,
+            store=False, extra_body={"prompt_cache_key": "cold"})
+        assert cold.usage.input_tokens_details.cached_tokens == 0
+        assert cold.usage.input_tokens == second.usage.input_tokens
+        assert cold.output_text == second.output_text
 
 
 def test_a_history_rewriting_template_falls_back_counted(family_model, tmp_path):
