@@ -50,16 +50,25 @@ def write(tmp_path, name="resp_1", tokens=7, identity=None, **kw):
     return cache, path, size
 
 
+def split(path) -> tuple[dict, bytes]:
+    """A safetensors file's JSON header and data."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack_from("<Q", raw)
+    return json.loads(raw[8:8 + n]), raw[8 + n:]
+
+
+def join(path, header: dict, data: bytes) -> None:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(struct.pack("<Q", len(head)) + head + data)
+
+
 def edit_header(path, edit) -> None:
     """Rewrite a snapshot file's JSON header through `edit(header)`, its data untouched
     (the keys stay in their order, so the stored digest stays where it was)."""
-    raw = path.read_bytes()
-    (n,) = struct.unpack_from("<Q", raw)
-    header = json.loads(raw[8:8 + n])
+    header, data = split(path)
     edit(header)
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    path.write_bytes(struct.pack("<Q", len(head)) + head + raw[8 + n:])
+    join(path, header, data)
 
 
 def swap_offsets(header) -> None:
@@ -132,16 +141,12 @@ def test_a_file_of_the_older_format_is_a_miss_never_loaded(tmp_path):
     d = tmp_path / "kv"
     d.mkdir()
     _, path, _ = write(d)
-    raw = path.read_bytes()
-    (n,) = struct.unpack_from("<Q", raw)
-    header, data = json.loads(raw[8:8 + n]), raw[8 + n:]
+    header, data = split(path)
     meta = header.pop("__metadata__")
     del meta["0.mlxd_identity"]
     meta.update({"0.mlxd_format": "mlxd-kv-1", "0.mlxd_sha256": hashlib.sha256(
         base64.b64decode(meta["0.mlxd_tokens"]) + data).hexdigest()})
-    head = json.dumps({**header, "__metadata__": meta}, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    path.write_bytes(struct.pack("<Q", len(head)) + head + data)
+    join(path, {**header, "__metadata__": meta}, data)
     with pytest.raises(files.CorruptFile, match="older format"):
         files.read(path)
     tier = DiskTier(d, 1 << 30)
