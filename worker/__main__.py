@@ -26,7 +26,7 @@ import sys
 
 from protocol.exits import EXIT_BROKEN, EXIT_LOAD_FAILED
 from protocol.settings import worker_parser
-from worker.startup import make_batch, set_wired_limit
+from worker.startup import bound_memory, make_batch, set_wired_limit
 
 LOG_LINE_LIMIT = 2000  # characters
 
@@ -135,6 +135,7 @@ def main(argv=None) -> int:
 
                 pinned = pin_warm_prompt(batch, args.warm_prompt, max(1, args.prefill_step))
                 log.info("--warm-prompt: %d tokens prefilled and pinned", pinned)
+        bound_memory(loaded.path, args, getattr(batch, "kv_budget", 0))
         loading[0] = False
     except Exception as e:
         loading[0] = False

@@ -1,6 +1,7 @@
 """What a worker process builds before it serves, shared by the one-process worker
 (worker/__main__.py) and each rank of a worker group (worker/group/rank.py): the batch
-within its KV budget, and Metal's wired memory."""
+within its KV budget, MLX's buffer cache within what the memory gate admitted, and
+Metal's wired memory."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def make_batch(engine, args, path, shard: str = ""):
     what the budget holds for one sequence, so that one always fits alone. With a prompt
     cache, named KV snapshots too (on disk under STATE_DIR/kv/MODEL-IDENTITY; a group's
     ranks, each with its own shard of every state, under MODEL-IDENTITY-`shard`)."""
-    from worker.batch import Batch, ChunkSizer, KVSize
+    from worker.batch import Batch, ChunkSizer, KVSize, StepMemory
     from worker.models import LoadError
     from worker.prefix_cache import PrefixCache
 
@@ -44,7 +45,8 @@ def make_batch(engine, args, path, shard: str = ""):
     return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
                  prefix=prefix, kv=kv, max_kv_size=args.max_kv_size,
-                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)), snapshots=snapshots)
+                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)), snapshots=snapshots,
+                 step_memory=StepMemory.measure(engine.model, engine.vocab_size or 0))
 
 
 def _snapshots(prefix, args, path, shard: str = ""):
@@ -71,3 +73,31 @@ def set_wired_limit() -> None:
             maybe_set_recommended_wired_limit()
     except Exception:  # an optimisation; never a reason to fail a load
         log.warning("could not set the wired memory limit", exc_info=True)
+
+
+def cache_limit(admitted: int, resident: int, kv_budget: int) -> int:
+    """MLX's buffer cache may hold what the admitted size leaves once the resident
+    memory (the weights, as loaded) and the KV budget (the batch's KV, its transients and
+    the prompt cache: worker/batch.py) are counted; none when nothing is left."""
+    return max(0, admitted - resident - kv_budget)
+
+
+def bound_memory(path, args, kv_budget: int) -> int:
+    """Keep the process within what the memory gate admitted it at (protocol/models.py
+    `need_bytes`, from the same settings): MLX keeps freed buffers for reuse, up to a
+    cache limit that by default is the device's whole memory limit (on a Mac, 1.5 x the
+    recommended working set), memory the user's other programs then do not have. Call
+    once loaded and warmed, before anything is cached; `kv_budget`: what the engine's
+    batch may hold beyond the weights (0 for an engine without one: its activations are
+    then what the cache serves). Returns the limit set."""
+    import mlx.core as mx
+
+    from protocol.models import need_bytes
+
+    admitted = need_bytes(path, args.memory_factor, args.kv_budget)
+    limit = cache_limit(admitted, mx.get_active_memory(), kv_budget)
+    mx.set_cache_limit(limit)
+    mx.clear_cache()
+    log.info("MLX buffer cache limited to %d MiB (admitted %d MiB, %d MiB resident)",
+             limit >> 20, admitted >> 20, mx.get_active_memory() >> 20)
+    return limit

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol import models
 from supervisor.memory import catalog
 from supervisor.config import Config
 from supervisor.memory.probe import CRITICAL, MemoryReading, Probe
@@ -40,10 +41,8 @@ class MemoryGate:
         disk). `share`: (ranks here, ranks in all) of a worker group, each rank holding
         its part of the weights and a KV budget of its own (each other host is checked by
         its ranks before they load: worker/group/setup.py)."""
-        weights = catalog.weights_bytes(catalog.resolve(model, Path(self.config.state_dir)))
-        here, total = share
-        return int(weights * self.config.memory_factor * here / total) + \
-            self.config.kv_budget * here
+        return models.need_bytes(catalog.resolve(model, Path(self.config.state_dir)),
+                                 self.config.memory_factor, self.config.kv_budget, share)
 
     def judge(self, need: int, reading: MemoryReading, *, reserved: int = 0,
               committed: int = 0) -> Verdict:

@@ -95,7 +95,7 @@ def check_memory(chan: Broadcast, need: int) -> list[dict]:
 def rank_need(path: Path, size: int, memory_factor: float, kv_budget: int) -> int:
     """What one rank takes: its share of the weights (times the gate's factor) plus its
     KV budget."""
-    return int(shared.weights_bytes(path) / max(1, size) * memory_factor) + kv_budget
+    return shared.need_bytes(path, memory_factor, kv_budget, (1, max(1, size)))
 
 
 def load_shard(path: Path, config: dict, chan: Broadcast, sharding: str):

@@ -1,0 +1,36 @@
+"""A worker keeps MLX's buffer cache within what the memory gate admitted it at
+(worker/startup.py): the arithmetic, and the limit really set in MLX."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import mlx.core as mx
+
+from protocol.models import need_bytes
+from worker.startup import bound_memory, cache_limit
+
+
+def test_the_cache_gets_what_the_admitted_size_leaves_after_the_weights_and_the_kv():
+    assert cache_limit(admitted=1000, resident=300, kv_budget=500) == 200
+    assert cache_limit(admitted=1000, resident=600, kv_budget=500) == 0  # nothing left
+
+
+def test_the_admitted_size_is_the_gates_own_figure(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    assert need_bytes(tmp_path, 1.5, 100) == 1600
+    assert need_bytes(tmp_path, 1.5, 100, share=(1, 4)) == 475   # a rank of four
+
+
+def test_bound_memory_sets_mlxs_cache_limit(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 1000)
+    resident = mx.get_active_memory()
+    args = SimpleNamespace(memory_factor=1.0, kv_budget=(64 << 20) + resident)
+    old = mx.set_cache_limit(1 << 40)
+    try:
+        limit = bound_memory(tmp_path, args, kv_budget=resident)
+        assert limit == cache_limit(1000 + args.kv_budget, mx.get_active_memory(), resident)
+        assert 0 < limit <= (64 << 20) + 1000
+        assert mx.set_cache_limit(old) == limit
+    finally:
+        mx.set_cache_limit(old)
