@@ -54,9 +54,12 @@ class Tally:
             self.examples[outcome] = detail[:300]
 
 
-def body_for(kind: str, model: str, rng: random.Random) -> tuple[str, dict | bytes]:
+def body_for(kind: str, model: str, rng: random.Random,
+             words_in: tuple[int, int] = (3, 40)) -> tuple[str, dict | bytes]:
+    """A request of `kind` (KINDS, or "messages": Anthropic's) whose prompt is a number of
+    words drawn from `words_in`."""
     words = " ".join(rng.choice(("alpha", "beta", "gamma", "delta", "mlx", "metal", "cache"))
-                     for _ in range(rng.randint(3, 40)))
+                     for _ in range(rng.randint(*words_in)))
     chat = {"model": model, "messages": [{"role": "user", "content": words}],
             "max_tokens": rng.randint(2, 12), "temperature": 0.7}
     if kind == "chat":
@@ -66,6 +69,9 @@ def body_for(kind: str, model: str, rng: random.Random) -> tuple[str, dict | byt
                                         else chat["max_tokens"], "stream": True}
     if kind == "completion":
         return "/v1/completions", {"model": model, "prompt": words, "max_tokens": 6}
+    if kind == "messages":
+        return "/v1/messages", {"model": model, "max_tokens": chat["max_tokens"],
+                                "messages": chat["messages"]}
     if kind in ("response", "response_stream"):
         return "/v1/responses", {"model": model, "input": words, "store": True,
                                  "max_output_tokens": rng.randint(2, 12),
@@ -77,8 +83,9 @@ def body_for(kind: str, model: str, rng: random.Random) -> tuple[str, dict | byt
 
 
 async def one(client: httpx.AsyncClient, kind: str, model: str, rng: random.Random,
-              tally: Tally) -> None:
-    path, body = body_for(kind, model, rng)
+              tally: Tally, words_in: tuple[int, int] = (3, 40),
+              timeout: float = TIMEOUT_S) -> None:
+    path, body = body_for(kind, model, rng, words_in)
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     stream = isinstance(body, dict) and body.get("stream")
     async def send():
@@ -89,7 +96,7 @@ async def one(client: httpx.AsyncClient, kind: str, model: str, rng: random.Rand
             _judge(r.status_code, r.headers, r.content, kind, tally)
 
     try:
-        await asyncio.wait_for(send(), TIMEOUT_S)
+        await asyncio.wait_for(send(), timeout)
     except asyncio.TimeoutError:
         tally.add("hung", f"{kind} {path}")
     except httpx.TransportError as e:

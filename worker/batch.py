@@ -8,11 +8,15 @@ for the sequences generating and ONE prefill chunk (at most `prefill_batch` prom
 streams already running for longer than one chunk.
 
 What this module adds around it:
-- admission against the KV budget: each sequence reserves the KV bytes of its prompt
-  plus its token budget (`KVSize`); one that would overflow what is running waits
-  (FIFO: the scheduler admits in order and stops at the first that does not fit). The
-  worker caps its context so that one sequence alone always fits
-  (worker/__main__.py), so nothing waits forever;
+- admission against the KV budget by what the batch really holds (`Batch.holds`):
+  mlx-lm's batch cache is one array per layer whose every row is as long as the longest
+  (left padding) and grows 256 tokens at a time, so N sequences hold N times the KV of
+  the longest prompt plus token budget (`KVSize`), not the sum of their own; a step also
+  needs working memory (`StepMemory`: a prefill chunk's activations, the logits at the
+  batch's width). One that would overflow what is running waits (FIFO: the scheduler
+  admits in order and stops at the first that does not fit). The worker caps its
+  context so that one sequence alone always fits (worker/startup.py), so nothing waits
+  forever;
 - the prompt-prefix cache (worker/prefix_cache.py): a sequence starts from the longest
   cached prefix of its prompt; the batch stores the state at the end of each prompt
   (only for models whose cache cannot be trimmed: for the others the final state,
@@ -36,7 +40,7 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, can_trim_prompt_cache, make_prompt_cache
 
 from protocol.messages import CacheStats, Generate, SamplingParams, pack_ids
 from worker import batch_fixes
@@ -50,6 +54,8 @@ log = logging.getLogger("worker.batch")
 # exactly at a prefix; long prompts get one every this many tokens, so a prompt that
 # shares only the first part of a long earlier one still finds a recent snapshot.
 SNAPSHOT_EVERY = 4096
+# The smallest prefill chunk a tight KV budget may bring a chunk down to.
+MIN_CHUNK = 32
 
 batch_fixes.apply()
 
@@ -90,6 +96,42 @@ class KVSize:
             else:
                 fixed += layer.nbytes
         return cls(per_token, fixed, window)
+
+
+@dataclass
+class StepMemory:
+    """Working memory of one batched step beyond the KV it keeps. A prefill chunk of c
+    tokens after o cached ones takes `per_token` x c (the layers' activations) plus
+    `per_pair` x c x (c + o) (attention scores, where the backend materializes them: a
+    long chunk's scores outweigh its KV); a decode step, three float32 rows of the
+    vocabulary per sequence (logits, log-probabilities, processed logits)."""
+    per_token: float
+    per_pair: float
+    vocab: int
+
+    def prefill(self, rows: int, chunk: int, offset: int = 0) -> int:
+        return int(rows * chunk * (self.per_token + self.per_pair * (chunk + offset)))
+
+    def logits(self, rows: int) -> int:
+        return rows * self.vocab * 4 * 3
+
+    @classmethod
+    def measure(cls, model, vocab: int, short: int = 32, long: int = 128) -> "StepMemory":
+        """From MLX's peak over prefills of two lengths, less the KV they leave: the
+        linear and the quadratic part of a chunk's working memory."""
+        def working(n: int) -> float:
+            cache = make_prompt_cache(model)
+            mx.reset_peak_memory()
+            model(mx.zeros((1, n), dtype=mx.int32), cache=cache)
+            mx.eval([c.state for c in cache])
+            held = mx.get_peak_memory() - mx.get_active_memory()  # (the KV stays)
+            del cache
+            mx.clear_cache()
+            return max(0, held) / n
+
+        w_short, w_long = working(short), working(long)
+        per_pair = max(0.0, (w_long - w_short) / (long - short))
+        return cls(max(0.0, w_short - per_pair * short), per_pair, vocab)
 
 
 class _Warm:
@@ -140,7 +182,7 @@ class Member:
     seq: Any                    # the scheduler's Sequence
     decoding: Decoding
     namespace: str              # prefix-cache namespace
-    reserved: int               # KV bytes reserved
+    tokens: int                 # KV tokens reserved: its prompt plus its token budget
     snapshots: list = field(default_factory=list)  # prompt lengths to snapshot at, in order
     name: Optional[str] = None  # the name its final state is kept under (a named snapshot)
     first_read: bool = False    # its first token was read early (`_first_tokens`)
@@ -163,6 +205,7 @@ class Batch:
                  max_kv_size: Optional[int] = None, snapshot_every: int = SNAPSHOT_EVERY,
                  chunks: Optional[ChunkSizer] = None,
                  snapshots: Optional[SnapshotStore] = None,
+                 step_memory: Optional[StepMemory] = None,
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.max_size = max(1, max_size)
@@ -172,6 +215,7 @@ class Batch:
         self.prefix = prefix
         self.snapshots = snapshots if prefix is not None else None  # (its RAM tier)
         self.kv = kv
+        self.step_memory = step_memory or StepMemory(0.0, 0.0, 0)
         self.max_kv_size = max_kv_size
         self.snapshot_every = snapshot_every
         self.chunks = chunks or ChunkSizer(prefill_step, prefill_step)  # default: fixed
@@ -202,15 +246,35 @@ class Batch:
 
     # ---- admission -------------------------------------------------------------------
 
+    def tokens(self, prep) -> int:
+        """The KV tokens `prep` may come to hold: its prompt plus its token budget."""
+        return len(prep.ids) + self.engine.budget(prep)
+
     def need(self, prep) -> int:
-        return self.kv.of(len(prep.ids) + self.engine.budget(prep))
+        """`prep`'s own KV (what it holds alone, unpadded)."""
+        return self.kv.of(self.tokens(prep))
+
+    def holds(self, tokens: list[int]) -> int:
+        """What the batch holds for sequences of these KV lengths: every row of mlx-lm's
+        batch cache as long as the longest, grown BatchKVCache.step tokens at a time,
+        and the logits of a step for each. (A prefill chunk's working memory is bounded
+        by its size: `_fit_chunk`.)"""
+        if not tokens:
+            return 0
+        step = BatchKVCache.step
+        longest = -(-max(tokens) // step) * step
+        return len(tokens) * self.kv.of(longest) + self.step_memory.logits(len(tokens))
 
     def fits(self, prep) -> bool:
-        """Room for `prep` now: a free slot and its KV within the budget (a sequence
-        alone always fits: the context is capped to the budget)."""
+        """Room for `prep` now: a free slot, and what the batch holds with it within the
+        budget (a sequence alone always fits: the context is capped to the budget)."""
         if len(self.members) >= self.max_size:
             return False
-        return not self.members or self.reserved + self.need(prep) <= self.kv_budget
+        return not self.members or self.holds(
+            [m.tokens for m in self.members.values()] + [self.tokens(prep)]) <= self.kv_budget
+
+    def _reserve(self) -> None:
+        self.reserved = self.holds([m.tokens for m in self.members.values()])
 
     def add(self, seq, prep) -> int:
         """Start `prep` (after `fits`); returns the prompt tokens the prefix cache
@@ -235,11 +299,10 @@ class Batch:
             segments=[segments], max_tokens=[decoding.budget],
             caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
-        reserved = self.need(prep)
-        self.members[uid] = Member(seq, decoding, namespace, reserved, snapshots,
+        self.members[uid] = Member(seq, decoding, namespace, self.tokens(prep), snapshots,
                                    prep.gen.snapshot if self.snapshots is not None else None)
-        self.reserved += reserved
         seq.uid = uid
+        self._reserve()
         self._bound_prefix()
         return cached
 
@@ -256,9 +319,28 @@ class Batch:
                 hit = found
         return hit
 
+    def _fit_chunk(self) -> None:
+        """The next prefill chunk within the budget the running sequences leave: halved
+        from the size its speed allows (ChunkSizer) until `prefill_batch` prompts' chunk
+        fits, however long the prompts it follows (MIN_CHUNK at least, so a prompt always
+        advances); the prompt cache gives way to it."""
+        if not self.members:
+            return
+        room = self.kv_budget - self.reserved
+        offset = max(m.tokens for m in self.members.values())
+        chunk = self.chunks.size
+        while chunk > MIN_CHUNK and self.step_memory.prefill(
+                self.prefill_batch, chunk, offset) > room:
+            chunk = max(MIN_CHUNK, chunk // 2)
+        if chunk != self.gen.prefill_step_size:
+            self._set_chunk(chunk)
+        if self.prefix is not None:
+            self.prefix.trim_to(min(self.prefix.max_bytes, room - self.step_memory.prefill(
+                self.prefill_batch, chunk, offset)))
+
     def _bound_prefix(self) -> None:
-        """The prefix cache gives way to running sequences: together they stay within
-        the KV budget."""
+        """The prefix cache gives way to what the running sequences hold: together they
+        stay within the KV budget."""
         if self.prefix is not None:
             self.prefix.trim_to(min(self.prefix.max_bytes, self.kv_budget - self.reserved))
 
@@ -268,6 +350,7 @@ class Batch:
         """One batched step: [(seq, outcome)] for each sequence that produced a token,
         where outcome is `Decoding.feed`'s tuple or the exception it raised (the
         sequence is then out of the batch). Raises if the step itself failed."""
+        self._fit_chunk()
         t0 = self._clock()
         prompt_responses, token_responses = self.gen.next()
         if any(not r.end_of_prompt for r in prompt_responses):  # it prefilled a chunk:
@@ -363,7 +446,7 @@ class Batch:
 
     def _leave(self, uid: int, in_gen: bool, store: bool) -> None:
         m = self.members.pop(uid)
-        self.reserved -= m.reserved
+        self._reserve()
         if in_gen:
             caches = self.gen.remove([uid], return_prompt_caches=store)
             if store:

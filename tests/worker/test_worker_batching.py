@@ -8,6 +8,8 @@ import pytest
 from protocol.messages import pack_ids
 from tests.generates import generate
 from tests.worker.batchrun import make_batch, run_all, steps
+from worker.batch import ChunkSizer, StepMemory
+from worker.prefix_cache import PrefixCache
 
 PROMPTS = {
     "a": "Once upon a time there was a little model",
@@ -67,7 +69,8 @@ def test_cancelling_one_of_four_leaves_the_others_intact(engine):
             out[seq.rid].append(o)
     assert out["b"], "b was running"
     batch.remove(seqs["b"])
-    assert len(batch) == 3 and batch.reserved == sum(batch.need(preps[n]) for n in "acd")
+    assert len(batch) == 3 and batch.reserved == batch.holds(
+        [batch.tokens(preps[n]) for n in "acd"])
     while batch.members:
         for seq, o in batch.step():
             out[seq.rid].append(o)
@@ -152,24 +155,71 @@ def test_a_long_prefill_does_not_stall_running_streams(engine):
 
 
 def test_the_kv_budget_bounds_what_joins(engine):
-    """Each sequence reserves the KV of its prompt plus its token budget; the next one
-    waits while the sum would pass the budget, and one alone always runs."""
+    """Each sequence reserves the KV of its prompt plus its token budget, in a batch
+    whose rows are all as long as the longest; the next one waits while what the batch
+    would hold passes the budget, and one alone always runs."""
     probe = make_batch(engine)
     p1, p2 = engine.prepare(gen("a", max_tokens=100)), engine.prepare(gen("c", max_tokens=100))
-    need = probe.need(p1)
-    assert need == probe.kv.of(len(p1.ids) + 100) > 0
-    batch = make_batch(engine, kv_budget=need + probe.need(p2) - 1)
+    assert probe.need(p1) == probe.kv.of(len(p1.ids) + 100) > 0
+    both = probe.holds([probe.tokens(p1), probe.tokens(p2)])
+    assert both > probe.need(p1) + probe.need(p2)  # padded to the longest, 256 at a time
+    batch = make_batch(engine, kv_budget=both - 1, prefix=PrefixCache(1 << 20))
     from tests.worker.batchrun import Seq
 
     assert batch.fits(p1)
     batch.add(Seq("1"), p1)
     assert not batch.fits(p2)  # one byte short
-    roomy = make_batch(engine, kv_budget=need + probe.need(p2))
+    # The prompt cache gives way to what the running sequence holds, not only its KV.
+    assert batch.prefix.max_bytes == 1 << 20 and batch.reserved == probe.holds([probe.tokens(p1)])
+    roomy = make_batch(engine, kv_budget=both)
     roomy.add(Seq("1"), p1)
     assert roomy.fits(p2)
     full = make_batch(engine, max_size=1)
     full.add(Seq("1"), p1)
     assert not full.fits(p2)  # no free slot
+
+
+def test_a_batch_holds_every_row_as_long_as_its_longest_and_a_steps_logits(engine):
+    """mlx-lm's batch cache pads each row to the longest and grows 256 tokens at a time;
+    a decode step adds three float32 rows of logits per sequence."""
+    batch = make_batch(engine, step_memory=StepMemory(10.0, 1.0, 1000))
+    kv, logits = batch.kv, 1000 * 4 * 3
+    assert batch.holds([]) == 0
+    assert batch.holds([100]) == kv.of(256) + logits
+    assert batch.holds([10, 300, 20]) == 3 * kv.of(512) + 3 * logits
+    assert batch.holds([10, 300, 20]) > sum(kv.of(n) for n in (10, 300, 20))
+
+
+def test_a_prefill_chunk_fits_what_the_running_sequences_leave_of_the_budget(engine):
+    """A chunk's attention scores grow with its size times what it attends to: the chunk
+    is halved until `prefill_batch` prompts' working memory fits beside the batch's KV,
+    down to MIN_CHUNK, and the prompt cache gives way to it."""
+    from tests.worker.batchrun import Seq
+    from worker.batch import MIN_CHUNK
+
+    memory = StepMemory(0.0, 1.0, 0)   # one byte a (query, key) pair: c x (c + offset)
+    p1 = engine.prepare(gen("c", max_tokens=100))
+    probe = make_batch(engine, step_memory=memory)
+    held, offset = probe.holds([probe.tokens(p1)]), probe.tokens(p1)
+
+    def chunk_within(budget):
+        batch = make_batch(engine, prefill_batch=2, kv_budget=budget, step_memory=memory,
+                           chunks=ChunkSizer(1024, 1024), prefix=PrefixCache(1 << 20))
+        batch.add(Seq("1"), p1)
+        batch._fit_chunk()
+        return batch
+
+    roomy = chunk_within(held + memory.prefill(2, 1024, offset))
+    assert roomy.gen.prefill_step_size == 1024
+    tight = chunk_within(held + memory.prefill(2, 256, offset))
+    assert tight.gen.prefill_step_size == tight.gen._prompt_batch.prefill_step_size == 256
+    assert chunk_within(held + 1).gen.prefill_step_size == MIN_CHUNK
+
+
+def test_step_memory_is_measured_from_two_prefills(engine):
+    m = StepMemory.measure(engine.model, engine.vocab_size)
+    assert m.per_token > 0 and m.per_pair >= 0 and m.vocab == engine.vocab_size
+    assert m.prefill(2, 512, 1000) == int(2 * 512 * (m.per_token + m.per_pair * 1512))
 
 
 def test_prefill_chunks_grow_while_steps_are_fast_and_shrink_when_slow():
