@@ -183,6 +183,7 @@ class Member:
     decoding: Decoding
     namespace: str              # prefix-cache namespace
     tokens: int                 # KV tokens reserved: its prompt plus its token budget
+    prompt: int                 # its prompt's tokens (what a prefill chunk may follow)
     snapshots: list = field(default_factory=list)  # prompt lengths to snapshot at, in order
     name: Optional[str] = None  # the name its final state is kept under (a named snapshot)
     first_read: bool = False    # its first token was read early (`_first_tokens`)
@@ -299,7 +300,8 @@ class Batch:
             segments=[segments], max_tokens=[decoding.budget],
             caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
-        self.members[uid] = Member(seq, decoding, namespace, self.tokens(prep), snapshots,
+        self.members[uid] = Member(seq, decoding, namespace, self.tokens(prep), len(ids),
+                                   snapshots,
                                    prep.gen.snapshot if self.snapshots is not None else None)
         seq.uid = uid
         self._reserve()
@@ -327,7 +329,7 @@ class Batch:
         if not self.members:
             return
         room = self.kv_budget - self.reserved
-        offset = max(m.tokens for m in self.members.values())
+        offset = max(m.prompt for m in self.members.values())
         chunk = self.chunks.size
         while chunk > MIN_CHUNK and self.step_memory.prefill(
                 self.prefill_batch, chunk, offset) > room:

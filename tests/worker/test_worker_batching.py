@@ -200,7 +200,7 @@ def test_a_prefill_chunk_fits_what_the_running_sequences_leave_of_the_budget(eng
     memory = StepMemory(0.0, 1.0, 0)   # one byte a (query, key) pair: c x (c + offset)
     p1 = engine.prepare(gen("c", max_tokens=100))
     probe = make_batch(engine, step_memory=memory)
-    held, offset = probe.holds([probe.tokens(p1)]), probe.tokens(p1)
+    held, offset = probe.holds([probe.tokens(p1)]), len(p1.ids)
 
     def chunk_within(budget):
         batch = make_batch(engine, prefill_batch=2, kv_budget=budget, step_memory=memory,
