@@ -325,8 +325,9 @@ class Batch:
         """The next prefill chunk within the budget the running sequences leave: halved
         from the size its speed allows (ChunkSizer) until `prefill_batch` prompts' chunk
         fits, however long the prompts it follows (MIN_CHUNK at least, so a prompt always
-        advances); the prompt cache gives way to it."""
-        if not self.members:
+        advances); the prompt cache gives way to it. Not measured (a worker group's rank:
+        every rank must step the chunk the leader's timing chose), nothing to fit."""
+        if not self.members or not (self.step_memory.per_token or self.step_memory.per_pair):
             return
         room = self.kv_budget - self.reserved
         offset = max(m.prompt for m in self.members.values())

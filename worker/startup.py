@@ -46,7 +46,10 @@ def make_batch(engine, args, path, shard: str = ""):
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
                  prefix=prefix, kv=kv, max_kv_size=args.max_kv_size,
                  chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)), snapshots=snapshots,
-                 step_memory=StepMemory.measure(engine.model, engine.vocab_size or 0))
+                 # (Not a group's rank: each would measure its own shard, and every rank
+                 # must run the chunk the leader chose: worker/group/follower.py.)
+                 step_memory=None if shard else StepMemory.measure(engine.model,
+                                                                   engine.vocab_size or 0))
 
 
 def _snapshots(prefix, args, path, shard: str = ""):

@@ -214,6 +214,11 @@ def test_a_prefill_chunk_fits_what_the_running_sequences_leave_of_the_budget(eng
     tight = chunk_within(held + memory.prefill(2, 256, offset))
     assert tight.gen.prefill_step_size == tight.gen._prompt_batch.prefill_step_size == 256
     assert chunk_within(held + 1).gen.prefill_step_size == MIN_CHUNK
+    # A group's rank measures nothing: it runs the chunk the leader chose, whatever.
+    rank = make_batch(engine, kv_budget=1, chunks=ChunkSizer(1024, 1024))
+    rank.add(Seq("1"), p1)
+    rank._fit_chunk()
+    assert rank.gen.prefill_step_size == 1024
 
 
 def test_step_memory_is_measured_from_two_prefills(engine):
