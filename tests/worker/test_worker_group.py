@@ -224,11 +224,23 @@ def test_group_keys_are_made_once_and_kept_private(tmp_path):
         keys.load(tmp_path / "elsewhere")
 
 
+def until(done, timeout=30.0) -> bool:
+    """Polls `done` until it holds (True) or `timeout` real seconds pass (False): the
+    beats' threads run when a loaded machine lets them."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def test_control_channel_carries_operations_and_heartbeats(group_keys):
     ctx = zmq.Context()
     port = launch.free_ports(2)
     endpoint = f"tcp://127.0.0.1:{port}"
-    leader = LeaderControl(ctx, endpoint, followers=2, keys=group_keys)
+    now = [100.0]   # the leader's clock: silence is measured on it
+    leader = LeaderControl(ctx, endpoint, followers=2, keys=group_keys, clock=lambda: now[0])
     followers = [FollowerControl(ctx, endpoint, r, group_keys) for r in (1, 2)]
     try:
         leader.wait_hellos(10)
@@ -236,14 +248,17 @@ def test_control_channel_carries_operations_and_heartbeats(group_keys):
         leader.send(b"ops")
         assert [f.receive() for f in followers] == [b"ops", b"ops"]
         followers[0].memory = (5 << 20, 7 << 20)   # what its MLX thread last published
-        time.sleep(1.2)
-        assert leader.silence() < 1.0   # both beat
+        now[0] = 200.0
+        assert leader.silence() == 100.0
+        assert until(lambda: leader.silence() == 0.0)   # both beat since
         # Rank 2 published nothing yet: no figure, rather than a zero that would hide
         # what its Ready said.
-        assert leader.memory == {1: (5 << 20, 7 << 20)}
-        followers[1].close()            # one rank goes quiet
-        time.sleep(1.5)
-        assert leader.silence() >= 1.0
+        assert until(lambda: leader.memory == {1: (5 << 20, 7 << 20)})
+        followers[1].close()            # one rank goes quiet; rank 1 beats on
+        for t in (250.0, 300.0):   # (a beat rank 2 sent before it closed lands by 250)
+            now[0] = t
+            assert until(lambda: leader.seen[1] == t)
+        assert leader.seen[2] <= 250.0 and leader.silence() >= 50.0
     finally:
         followers[0].close()
         leader.close()
