@@ -329,13 +329,16 @@ class Batch:
         every rank must step the chunk the leader's timing chose), nothing to fit."""
         if not self.members or not (self.step_memory.per_token or self.step_memory.per_pair):
             return
+        gen = self.gen
+        if not (len(gen._prompt_batch) or gen._unprocessed_sequences):
+            return  # only decoding: no chunk, and the prompt cache keeps its room
         room = self.kv_budget - self.reserved
         offset = max(m.prompt for m in self.members.values())
         chunk = self.chunks.size
         while chunk > MIN_CHUNK and self.step_memory.prefill(
                 self.prefill_batch, chunk, offset) > room:
             chunk = max(MIN_CHUNK, chunk // 2)
-        if chunk != self.gen.prefill_step_size:
+        if chunk != gen.prefill_step_size:
             self._set_chunk(chunk)
         if self.prefix is not None:
             self.prefix.trim_to(min(self.prefix.max_bytes, room - self.step_memory.prefill(
