@@ -11,7 +11,9 @@ import json
 
 from pathlib import Path
 
+import httpx
 import jsonschema
+import pytest
 
 from tests.integration.test_generation_features import (  # noqa: F401 (fixtures)
     MESSAGES, NO_THINKING, PARAMS, TOOLS, model, raw, stream)
@@ -69,3 +71,22 @@ def test_a_forced_number_pushed_toward_huge_exponents_stays_finite(raw, model):
         assert r.status_code == 200, r.text
         call = r.json()["choices"][0]["message"]["tool_calls"][0]["function"]
         jsonschema.validate(strict(call["arguments"]), HOURS["function"]["parameters"])
+
+
+@pytest.mark.integration
+def test_the_real_model_pushed_toward_huge_exponents_writes_finite_json(real_server,
+                                                                        real_model_dir):
+    """SmolLM2 (`demo`) has no tool-call format: its JSON schema replies share the grammar."""
+    schema = {"type": "object", "properties": {"hours": {"type": "number"}},
+              "required": ["hours"]}
+    # Greedy, this makes it write 9E+99, where the grammar before wrote 9E+9999… on.
+    bias = {str(i): 12 for i in ids_of(str(real_model_dir), "e", "E", "+")}
+    bias[str(ids_of(str(real_model_dir), "9")[0])] = 4
+    r = httpx.post(real_server.url + "/v1/chat/completions", timeout=300, json={
+        "model": "demo", "temperature": 0, "max_tokens": 30, "logit_bias": bias,
+        "messages": [{"role": "user", "content": "How many hours is a light year of walking?"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "h", "schema": schema}}})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    jsonschema.validate(strict(choice["message"]["content"]), schema)
