@@ -47,11 +47,10 @@ class _Unsupported(Exception):
 def json_rule(schema) -> str:
     """A Lark expression for JSON that validates against `schema` (server's options),
     every number in it finite as a double where the schema is translatable."""
-    defs = _defs_of(schema)
     try:
-        return _expr(schema, defs, ())
-    except _Unsupported:
-        return _llg(schema, defs)
+        return _expr(schema, _defs_of(schema), ())
+    except Exception:  # _Unsupported, or a malformed schema: llguidance's compile says why
+        return _llg(schema, {})
 
 
 def definitions(grammar: str) -> str:

@@ -87,3 +87,10 @@ def test_what_the_schema_says_still_holds():
     # Keywords the translation does not follow leave the schema to llguidance whole.
     assert accepts({"allOf": [{"type": "integer"}]}, "3")
     assert accepts({"type": "integer", "minimum": 10 ** 17}, "1" + "0" * 18)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": [], "required": "x"}, {"type": "array", "minItems": "a"},
+    {"$defs": [], "anyOf": 3}, {"type": "number", "maximum": "big"}])
+def test_a_malformed_schema_is_left_to_llguidance_to_refuse(schema):
+    assert json_rule(schema).startswith("%json ")  # compiled there: a 400, not a crash
