@@ -70,6 +70,19 @@ def test_multiple_stops_earliest_wins():
     assert run(["ab", "abc"], ["zab", "c"]) == ("z", True)
 
 
+def test_the_earliest_start_wins_in_whatever_order_the_stops_are_listed():
+    """Not the last one found nor merely one that starts elsewhere: both orders of each
+    pair give the text before the earliest."""
+    for stops in (["lo w", "world"], ["world", "lo w"]):
+        m = StopMatcher(stops)
+        assert m.feed("hello world") == ("hel", True) and m.matched == "lo w"
+    for stops in (["ab", "b"], ["b", "ab"]):
+        assert run(stops, ["x", "a", "b"]) == ("x", True)
+    for stops in (["c", "ab", "bc"], ["bc", "ab", "c"]):
+        m = StopMatcher(stops)
+        assert m.feed("zabc") == ("z", True) and m.matched == "ab"
+
+
 def test_the_matched_stop_is_named():
     """Done.stop_sequence (Anthropic's `stop_sequence`) comes from here."""
     m = StopMatcher(["world", "lo w", "zz"])
