@@ -156,7 +156,8 @@ class Grammars:
     def _can_force_calls(self) -> bool:
         return self.tool_format is not None and self.tool_format.call_grammar is not None
 
-    def _calls_rule(self, tools: list, parallel: bool) -> str:
+    def _calls_rule(self, tools: list, parallel: bool, one: str = "") -> str:
+        """Lark for the calls of a request (one, or one and more when parallel)."""
         fmt = self.tool_format
         if fmt is None:
             raise GrammarError("this model has no tool-call format, so tool calls cannot be "
@@ -165,29 +166,32 @@ class Grammars:
             raise GrammarError(f"tool_choice 'required' or a named function is not supported "
                                f"for this model's tool-call format ({fmt.name}); use 'auto'",
                                "tool_choice")
-        try:
-            one = fmt.call_grammar(tools, self.lit, fmt.start, fmt.end)
-        except ValueError as e:  # a tool this format cannot express (a builder says why)
-            raise GrammarError(str(e), "tools") from None
+        one = one or self._one_call(tools)
         if not parallel:
             return one
         sep = json.dumps(fmt.separator) if fmt.separator else ""
         return f"({one}) ({sep} ({one}))*"
+
+    def _one_call(self, tools: list) -> str:
+        fmt = self.tool_format
+        try:
+            return fmt.call_grammar(tools, self.lit, fmt.start, fmt.end)
+        except ValueError as e:  # a tool this format cannot express (a builder says why)
+            raise GrammarError(str(e), "tools") from None
 
     def _auto_rule(self, tools: list, parallel: bool) -> Optional[str]:
         """tool_choice "auto": free text, and any call the model opens held to the tools'
         schemas in the family's format. None (unconstrained, calls parsed as they come)
         where the format cannot write one of these tools."""
         try:
-            calls = self._calls_rule(tools, parallel)
+            one = self._one_call(tools)
         except GrammarError:
             return None
         fmt = self.tool_format
         if not fmt.start:  # Llama 3: an answer that opens with "{" is a call
-            return f"{calls} | {_PLAIN}?"
+            return f"{self._calls_rule(tools, parallel, one)} | {_PLAIN}?"
         if not fmt.end:  # Mistral: the calls run to the end of the output
-            return f"{_TEXT}? ({calls})?"
-        one = fmt.call_grammar(tools, self.lit, fmt.start, fmt.end)
+            return f"{_TEXT}? ({self._calls_rule(tools, parallel, one)})?"
         return f"{_TEXT}? ({one} {_TEXT}?){'*' if parallel else '?'}"
 
     def _thinking(self, reasoning_first: bool, may_think: bool, marker: str = "") -> str:
