@@ -1,6 +1,7 @@
 """The memory gate's verdicts at their edges (supervisor/memory/gate.py): under a budget a
 load that needs less than what is left fits; what is left is never negative, however far
-reservations or the budget are overdrawn; and the line the pool logs while a load waits."""
+reservations or the budget are overdrawn; no pressure signal is not a critical one; and
+the line the pool logs while a load waits."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ def test_under_a_budget_less_than_what_is_left_fits(tmp_path):
     v = budget.judge(1 * GiB, FREE, committed=5 * GiB)
     assert v.fits and v.free_bytes == 3 * GiB
     assert budget.judge(8 * GiB, FREE).fits  # nothing committed: the whole budget
+
+
+def test_no_pressure_signal_is_not_critical(tmp_path):
+    """Where the OS gives no pressure level (None) the bytes alone decide."""
+    assert gate(tmp_path).judge(1 * GiB, MemoryReading(10 * GiB, 16 * GiB)).fits
 
 
 def test_what_is_left_is_never_negative(tmp_path):
