@@ -1,9 +1,12 @@
 """What the memory gate unloads to make room (pool.py `_victim`, `_eviction_could_help`):
 a swap unloads the model it replaces before any other (the least recently used idle model
 is the victim of last resort, and a swap must not take a model it was not asked to
-replace); and an eviction that frees exactly enough is made."""
+replace); and an eviction that frees exactly enough is made, then the gate looks again,
+with or without a pressure level from the OS."""
 
 from __future__ import annotations
+
+import pytest
 
 from supervisor.workers.runner import DRAIN, READY
 from tests.generates import generate
@@ -30,17 +33,20 @@ async def test_a_swap_unloads_what_it_replaces_not_the_least_recently_used(tmp_p
         await pool.stop()
 
 
-async def test_an_eviction_that_frees_exactly_the_need_is_made(tmp_path):
+@pytest.mark.parametrize("pressure", ["normal", None])  # None: the OS gives no level
+async def test_an_eviction_that_frees_exactly_the_need_is_made(tmp_path, pressure):
     a = model_dir(tmp_path, "a", 4 * GiB)
     b = model_dir(tmp_path, "b", 6 * GiB)
     # kv_budget 1000 each: b needs 6 GiB + 1000, and 2 GiB free + a's 4 GiB + 1000 is that.
-    pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)),
-                     Memory(capacity=6 * GiB + 1000), memory_wait=0.3)
+    memory = Memory(capacity=6 * GiB + 1000)
+    memory.pressure = pressure
+    pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), memory, memory_wait=0.3)
     try:
         first = await pool.get(a)
         assert await collect(first.submit(generate(prompt="x"))) == "w1 "
         second = await pool.get(b)
         assert await collect(second.submit(generate(prompt="x"))) == "w1 "
         assert list(pool.runners) == [b] and first.state == "stopped"
+        assert second.need_bytes == 6 * GiB + 1000  # admitted by the gate, once room was made
     finally:
         await pool.stop()
