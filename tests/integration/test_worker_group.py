@@ -4,8 +4,8 @@ and pipeline sharded, against the same model in one process, through the real su
 and the official OpenAI client.
 
 Timing: only the tests about silence shorten the heartbeat timeout (SHORT_HEARTBEAT:
-sixteen beats a window, which a loaded machine still sends); a busy machine's slow start
-is injected (`slow_ranks`), never hoped for or against."""
+24 beats a window, and room for a process's start on a loaded machine before its first);
+a busy machine's slow start is injected (`slow_ranks`), never hoped for or against."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 PROMPTS = ["hello there", "tell me about the sea", "1 2 3 4"]
 MAX_TOKENS = 16
-SHORT_HEARTBEAT = ("--heartbeat-timeout", "4", "--heartbeat-interval", "0.25")
+SHORT_HEARTBEAT = ("--heartbeat-timeout", "6", "--heartbeat-interval", "0.25")
 
 
 @pytest.fixture(scope="module")
@@ -146,19 +146,19 @@ def test_cancel_mid_stream_then_serve_again(shard_model, reference, tensor2):
     assert group_of(tensor2)["epoch"] == 1  # the same group: nothing was restarted
 
 
-def _settle(server, timeout=120) -> dict:
-    """The group once it is ready or broken (a server not listening yet counts as
-    neither)."""
+def _settle(server, states=("ready", "broken"), timeout=120) -> dict:
+    """The group once it is in one of `states` (a server not listening yet is in
+    none)."""
     deadline, w = time.monotonic() + timeout, {}
     while time.monotonic() < deadline:
         try:
             w = group_of(server)
         except OSError:
             w = {}
-        if w.get("state") in ("ready", "broken"):
+        if w.get("state") in states:
             return w
         time.sleep(0.2)
-    raise AssertionError(f"neither ready nor broken: {w}\n{server.log()}")
+    raise AssertionError(f"not {' or '.join(states)}: {w}\n{server.log()}")
 
 
 def _wait_epoch(server, epoch, timeout=120):
@@ -220,16 +220,27 @@ def test_hung_rank_is_detected_and_the_group_respawns(shard_model, reference, tm
 
 def test_a_group_whose_ranks_start_slowly_keeps_its_heartbeat(shard_model, reference,
                                                               tmp_path):
-    """A loaded machine: rank 1 starts 10 s late, well past the heartbeat timeout, and the
+    """A loaded machine: rank 1 starts 12 s late, well past the heartbeat timeout, and the
     leader waits for it in mx.distributed.init, unable to beat. The launcher beats until
     the leader's link does: the first group comes up (a kill would have marked the model
-    broken: --crash-budget 0) and serves."""
-    env = slow_ranks(tmp_path, {"1"}, 10)
+    broken: --crash-budget 0) and serves. Then the launcher beats no more: a leader that
+    stops is killed for its silence."""
+    env = slow_ranks(tmp_path, {"1"}, 12)
     with ServerProcess([shard_model], "--hosts", hostfile(tmp_path, 2), "--crash-budget", "0",
                        *SHORT_HEARTBEAT, env=env) as s:
         w = _settle(s)
         assert (w["state"], w["epoch"], w["restarts"]) == ("ready", 1, 0), w
         assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
+        leader = rank_pids(s)[0]
+        os.kill(leader, signal.SIGSTOP)
+        try:
+            w = _settle(s, ("broken",), timeout=60)
+        finally:
+            try:
+                os.kill(leader, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        assert "no heartbeat for 6 s" in w["last_error"], w
 
 
 def test_a_server_that_never_gets_healthy_leaves_no_process_behind(shard_model, tmp_path):
