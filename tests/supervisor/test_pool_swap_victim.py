@@ -1,16 +1,19 @@
 """What the memory gate unloads to make room (pool.py `_victim`, `_eviction_could_help`):
 a swap unloads the model it replaces before any other (the least recently used idle model
 is the victim of last resort, and a swap must not take a model it was not asked to
-replace); and an eviction that frees exactly enough is made, then the gate looks again,
-with or without a pressure level from the OS."""
+replace); an eviction that frees exactly enough is made, then the gate looks again,
+with or without a pressure level from the OS; under critical pressure any idle model goes;
+and --memory-budget counts the models already loaded."""
 
 from __future__ import annotations
 
 import pytest
 
+from supervisor.memory.probe import CRITICAL
 from supervisor.workers.runner import DRAIN, READY
 from tests.generates import generate
 from tests.supervisor.fakes import FakeBehaviour
+from tests.supervisor.errors_seen import raises_api
 from tests.supervisor.test_pool import GiB, Memory, Worlds, collect, make_pool, model_dir
 
 
@@ -48,5 +51,38 @@ async def test_an_eviction_that_frees_exactly_the_need_is_made(tmp_path, pressur
         assert await collect(second.submit(generate(prompt="x"))) == "w1 "
         assert list(pool.runners) == [b] and first.state == "stopped"
         assert second.need_bytes == 6 * GiB + 1000  # admitted by the gate, once room was made
+    finally:
+        await pool.stop()
+
+
+async def test_under_critical_pressure_idle_models_are_unloaded_first(tmp_path):
+    """Critical pressure refuses every load, but the gate unloads what is idle before it
+    gives up (the bytes say nothing then: any unload may relieve it)."""
+    a, b = model_dir(tmp_path, "a"), model_dir(tmp_path, "b")
+    memory = Memory()
+    pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), memory, memory_wait=0.2)
+    try:
+        first = await pool.get(a)
+        assert await collect(first.submit(generate(prompt="x"))) == "w1 "
+        memory.pressure = CRITICAL
+        with raises_api() as err:
+            await (await pool.get(b)).submit(generate(prompt="x")).started(5)
+        assert err.value.status == 507
+        assert first.state == "stopped" and not pool.runners
+    finally:
+        await pool.stop()
+
+
+async def test_the_memory_budget_counts_the_models_already_loaded(tmp_path):
+    a, b = model_dir(tmp_path, "a", 4 * GiB), model_dir(tmp_path, "b", 4 * GiB)
+    pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), Memory(capacity=64 * GiB),
+                     memory_budget=6 * GiB)
+    try:
+        first = await pool.get(a)
+        assert await collect(first.submit(generate(prompt="x"))) == "w1 "
+        second = await pool.get(b)
+        assert await collect(second.submit(generate(prompt="x"))) == "w1 "
+        # Plenty of memory, but both would be 8 GiB of a 6 GiB budget: a made room.
+        assert list(pool.runners) == [b] and first.state == "stopped"
     finally:
         await pool.stop()
