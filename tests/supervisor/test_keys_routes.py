@@ -24,10 +24,12 @@ PUBLIC = frozenset({"/health", "/", "/ui", "/ui/", "/ui/chat", "/ui/static/{name
 SAMPLE = {"model": "x", "id": "resp_x", "name": "x"}  # values for the path's variables
 
 
-def route_table(**cfg) -> list[tuple[str, str, bool]]:
-    """(method, a concrete path, public) for every route of the app these settings make."""
-    cfg.setdefault("state_dir", Path(tempfile.mkdtemp(prefix="mlxd-routes-")))
-    app = create_app(Config(api_key=(KEY,), **cfg), factory_for=FakeWorld().factory)
+def route_table(app=None, **cfg) -> list[tuple[str, str, bool]]:
+    """(method, a concrete path, public) for every route of `app`, or of the app these
+    settings make."""
+    if app is None:
+        cfg.setdefault("state_dir", Path(tempfile.mkdtemp(prefix="mlxd-routes-")))
+        app = create_app(Config(api_key=(KEY,), **cfg), factory_for=FakeWorld().factory)
     out = []
     for route in app.router.routes():
         template = route.resource.canonical
@@ -56,8 +58,7 @@ def _refused(method: str, path: str, status: int, body: bytes) -> None:
 async def test_every_route_but_the_public_ones_refuses_a_missing_key():
     client = await client_for(FakeWorld(FakeBehaviour(tokens=1)), api_key=(KEY,))
     try:
-        table = route_table()
-        for method, path, public in table:
+        for method, path, public in route_table(client.app):
             r = await client.request(method, path, json={} if method == "POST" else None)
             body = await r.read()
             if public:
