@@ -17,16 +17,21 @@ from tests.supervisor.errors_seen import raises_api
 from tests.supervisor.test_pool import GiB, Memory, Worlds, collect, make_pool, model_dir
 
 
+async def served(pool, path: str):
+    """The runner of `path`, loaded on request and having answered one request."""
+    runner = await pool.get(path)
+    assert await collect(runner.submit(generate(prompt="x"))) == "w1 "
+    return runner
+
+
 async def test_a_swap_unloads_what_it_replaces_not_the_least_recently_used(tmp_path):
     keep = model_dir(tmp_path, "keep", 4 * GiB)
     old = model_dir(tmp_path, "old", 4 * GiB)
     new = model_dir(tmp_path, "new", 6 * GiB)
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), Memory(capacity=12 * GiB))
     try:
-        kept = await pool.get(keep)
-        assert await collect(kept.submit(generate(prompt="x"))) == "w1 "
-        replaced = await pool.get(old)
-        assert await collect(replaced.submit(generate(prompt="x"))) == "w1 "
+        kept = await served(pool, keep)
+        replaced = await served(pool, old)
         assert kept.last_used < replaced.last_used and kept.evictable  # the LRU idle one
         result = await pool.swap(new, DRAIN, replace=[old])
         assert result.replaced == [old]
@@ -45,10 +50,8 @@ async def test_an_eviction_that_frees_exactly_the_need_is_made(tmp_path, pressur
     memory.pressure = pressure
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), memory, memory_wait=0.3)
     try:
-        first = await pool.get(a)
-        assert await collect(first.submit(generate(prompt="x"))) == "w1 "
-        second = await pool.get(b)
-        assert await collect(second.submit(generate(prompt="x"))) == "w1 "
+        first = await served(pool, a)
+        second = await served(pool, b)
         assert list(pool.runners) == [b] and first.state == "stopped"
         assert second.need_bytes == 6 * GiB + 1000  # admitted by the gate, once room was made
     finally:
@@ -62,8 +65,7 @@ async def test_under_critical_pressure_idle_models_are_unloaded_first(tmp_path):
     memory = Memory()
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), memory, memory_wait=0.2)
     try:
-        first = await pool.get(a)
-        assert await collect(first.submit(generate(prompt="x"))) == "w1 "
+        first = await served(pool, a)
         memory.pressure = CRITICAL
         with raises_api() as err:
             await (await pool.get(b)).submit(generate(prompt="x")).started(5)
@@ -78,10 +80,8 @@ async def test_the_memory_budget_counts_the_models_already_loaded(tmp_path):
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=1)), Memory(capacity=64 * GiB),
                      memory_budget=6 * GiB)
     try:
-        first = await pool.get(a)
-        assert await collect(first.submit(generate(prompt="x"))) == "w1 "
-        second = await pool.get(b)
-        assert await collect(second.submit(generate(prompt="x"))) == "w1 "
+        first = await served(pool, a)
+        second = await served(pool, b)
         # Plenty of memory, but both would be 8 GiB of a 6 GiB budget: a made room.
         assert list(pool.runners) == [b] and first.state == "stopped"
     finally:
