@@ -141,6 +141,15 @@ class _Warm:
         self.rid, self.uid = rid, None
 
 
+def _materialized(cache: list) -> list:
+    """`cache` computed now. A sequence's cache extracted from the batch is a lazy copy
+    of its row (worker/batch_fixes.py): kept unevaluated, it would hold the whole batch's
+    arrays alive, every layer of every row, while the prompt cache counts one row's
+    bytes (a 24-token state of SmolLM2 held 69 MB, not 1.1)."""
+    mx.eval([c.state for c in cache])
+    return cache
+
+
 def _flat(cache):
     for c in cache:
         inner = getattr(c, "caches", None)
@@ -432,13 +441,14 @@ class Batch:
             return
         m.snapshots.pop(0)
         for cache, tokens in self.gen.extract_cache([uid]).values():
-            self.prefix.store(m.namespace, list(tokens), cache)
+            self.prefix.store(m.namespace, list(tokens), _materialized(cache))
         self._bound_prefix()
 
     def _store(self, m: Member, tokens, cache) -> None:
         """A sequence ended: keep its final state (and its name, if it has one)."""
         if self.prefix is not None and tokens and cache:
             tokens = list(tokens)
+            cache = _materialized(cache)
             kept = self.prefix.store(m.namespace, tokens, cache)
             if m.name:
                 self.snapshots.keep(m.name, m.namespace, tokens, cache, kept)

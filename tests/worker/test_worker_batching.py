@@ -221,6 +221,31 @@ def test_a_prefill_chunk_fits_what_the_running_sequences_leave_of_the_budget(eng
     assert rank.gen.prefill_step_size == 1024
 
 
+def test_the_prompt_cache_holds_no_more_than_it_counts(engine):
+    """A finished sequence's state is a lazy copy of its row of the batch's arrays: kept
+    unevaluated, each entry held the batch's arrays alive, every row of every layer,
+    while the prompt cache counted one row (issue 30 item 8: on SmolLM2, 550 MiB held
+    for 14 MiB counted after 16 requests)."""
+    import gc
+
+    import mlx.core as mx
+
+    gc.collect()
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    prefix = PrefixCache(1 << 30)
+    batch = make_batch(engine, prefix=prefix)
+    preps = {name: engine.prepare(gen(name, max_tokens=12)) for name in PROMPTS}
+    run_all(batch, preps, join={"c": 3, "d": 5})
+    batch.close()
+    del batch
+    gc.collect()
+    mx.clear_cache()
+    held = mx.get_active_memory() - base
+    assert prefix.nbytes > 0 and len(prefix) >= 3
+    assert held <= prefix.nbytes + (64 << 10), (held, prefix.nbytes)  # 900 KB before
+
+
 def test_step_memory_is_measured_from_two_prefills(engine):
     m = StepMemory.measure(engine.model, engine.vocab_size)
     assert m.per_token > 0 and m.per_pair >= 0 and m.vocab == engine.vocab_size
