@@ -47,3 +47,21 @@ def local_share(data: dict) -> tuple[int, int]:
     """(ranks on this machine, ranks in all)."""
     hosts = data["hosts"]
     return sum(1 for h in hosts if is_local(h)), len(hosts)
+
+
+def rank_devices(hosts: list[dict], visible: str | None = None) -> list[str]:
+    """Each rank's GPU (for CUDA_VISIBLE_DEVICES), by rank: its place among its own
+    host's entries, so the ranks of one host each get their own GPU, whatever the
+    hostfile's order. mlx.launch's own choice is `rank % --repeat-hosts`, and with a
+    hostfile --repeat-hosts is 1: every rank on GPU 0 (NCCL then fails, "invalid usage",
+    on duplicate devices). `visible`: this machine's CUDA_VISIBLE_DEVICES, which the
+    places index for the ranks on this machine (other hosts' are their own)."""
+    seen: dict[str, int] = {}
+    mine = [d.strip() for d in visible.split(",")] if visible else []
+    devices = []
+    for h in hosts:
+        local = is_local(h)
+        host = "" if local else h["ssh"]  # this machine, however each entry names it
+        place = seen[host] = seen.get(host, -1) + 1
+        devices.append(mine[place] if local and place < len(mine) else str(place))
+    return devices

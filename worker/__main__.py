@@ -53,8 +53,9 @@ def main(argv=None) -> int:
     # `kill -USR1 <pid>` dumps every thread's stack to stderr: how a hang gets explained.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.group:  # one rank of a worker group (worker/group/)
-        from worker.group.rank import serve
+        from worker.group.rank import pin_device, serve
 
+        pin_device()  # before anything imports MLX
         return serve(args)
 
     import zmq

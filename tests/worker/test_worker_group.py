@@ -471,3 +471,49 @@ def test_a_failed_collective_ends_the_group_not_the_requests():
     inner.step = lambda: (_ for _ in ()).throw(RuntimeError("some kernel failed"))
     with pytest.raises(RuntimeError, match="kernel"):
         leader.step()
+
+
+@pytest.mark.parametrize("hosts,visible,devices", [
+    # two GPUs of this machine, however its entries name it
+    ([{"ssh": "127.0.0.1"}, {"ssh": "localhost"}], None, ["0", "1"]),
+    # interleaved hosts: each host's ranks count from its own first GPU
+    ([{"ssh": "127.0.0.1"}, {"ssh": "b"}, {"ssh": "127.0.0.1"}, {"ssh": "b"}], None,
+     ["0", "0", "1", "1"]),
+    # this machine's CUDA_VISIBLE_DEVICES is what its places index; other hosts' are theirs
+    ([{"ssh": "127.0.0.1"}, {"ssh": "127.0.0.1"}, {"ssh": "b"}], "4, 6", ["4", "6", "0"]),
+    ([{"ssh": "127.0.0.1"}, {"ssh": "127.0.0.1"}], "3", ["3", "1"]),
+])
+def test_each_rank_gets_its_own_gpu_by_its_place_on_its_host(hosts, visible, devices):
+    from protocol.hosts import rank_devices
+
+    assert rank_devices(hosts, visible) == devices
+
+
+def test_the_ranks_of_a_real_mlx_launch_see_their_own_gpu(tmp_path, monkeypatch):
+    """mlx.launch (nccl) gives every rank of a hostfile CUDA_VISIBLE_DEVICES=0, after the
+    launcher's --env values: each rank corrects it before MLX is imported. Run on the CPU
+    with the real mlx.launch, each rank printing what it saw and what it set; on 2-GPU
+    hosts all ranks on GPU 0 made NCCL fail with 'invalid usage' (issue 36)."""
+    import subprocess
+    import sys
+
+    from protocol.hosts import read_hostfile
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    hostfile = tmp_path / "hosts.json"
+    hostfile.write_text(json.dumps({"backend": "nccl", "hosts": [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 3}))
+    rank = ("import os; from worker.group.rank import pin_device; "
+            "seen = os.environ.get('CUDA_VISIBLE_DEVICES'); pin_device(); "
+            "print('rank', os.environ['MLX_RANK'], seen, os.environ['CUDA_VISIBLE_DEVICES'])")
+    cmd = launch.launch_command(hostfile, read_hostfile(hostfile), str(tmp_path / "exit"),
+                                [sys.executable, "-c", rank], tmp_path / "keys")
+    assert "MLXD_GROUP_DEVICES=0,1,2" in cmd
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL, cwd=launch.__file__.rsplit("/worker/", 1)[0])
+    lines = sorted(line.split() for line in out.stdout.splitlines() if line.startswith("rank"))
+    assert lines == [["rank", "0", "0", "0"], ["rank", "1", "0", "1"], ["rank", "2", "0", "2"]], \
+        out.stdout + out.stderr
+    ring = {"backend": "ring", "hosts": [{"ssh": "127.0.0.1"}] * 2}  # ranks may share one
+    assert not any(a.startswith("MLXD_GROUP_DEVICES") for a in launch.launch_command(
+        hostfile, ring, "/x/exit", ["w"], tmp_path / "keys"))

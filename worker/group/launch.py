@@ -46,11 +46,12 @@ import zmq
 
 from protocol import encode, sockets
 from protocol.exits import EXIT_LOAD_FAILED
-from protocol.hosts import is_local, read_hostfile
+from protocol.hosts import is_local, rank_devices, read_hostfile
 from protocol.settings import worker_parser
 from worker import lifeline
 from worker.group import keys
-from worker.group.rank import BACKEND_ENV, CONTROL_ENV, EXIT_FILE_ENV, KEYS_ENV, LINK_UP_ENV
+from worker.group.rank import (BACKEND_ENV, CONTROL_ENV, DEVICES_ENV, EXIT_FILE_ENV, KEYS_ENV,
+                               LINK_UP_ENV)
 from worker.status import WorkerStatus
 
 log = logging.getLogger("worker.group.launch")
@@ -108,11 +109,15 @@ def launch_command(hostfile: Path, data: dict, exit_file: str, worker: list[str]
     launcher = [script] if script else [
         sys.executable, "-c", "import sys; from mlx._distributed_utils.launch import main; "
                               "sys.exit(main())"]
+    envs = [f"{EXIT_FILE_ENV}={exit_file}", f"{BACKEND_ENV}={backend}",
+            f"{CONTROL_ENV}={control}", f"{KEYS_ENV}={key_folder}",
+            f"{LINK_UP_ENV}={link_up_file(exit_file)}"]
+    if backend == "nccl":  # a GPU per rank (rank.pin_device); ring ranks may share one
+        envs.append(f"{DEVICES_ENV}="
+                    + ",".join(rank_devices(hosts, os.environ.get("CUDA_VISIBLE_DEVICES"))))
     return [*launcher, "--hostfile", str(hostfile), "--backend", backend,
-            "--starting-port", str(port), "--env", f"{EXIT_FILE_ENV}={exit_file}",
-            "--env", f"{BACKEND_ENV}={backend}", "--env", f"{CONTROL_ENV}={control}",
-            "--env", f"{KEYS_ENV}={key_folder}",
-            "--env", f"{LINK_UP_ENV}={link_up_file(exit_file)}", "--", *worker]
+            "--starting-port", str(port), *(a for e in envs for a in ("--env", e)),
+            "--", *worker]
 
 
 def beat_until_up(worker: list[str], link_up: Path, done: threading.Event) -> int:

@@ -29,6 +29,7 @@ BACKEND_ENV = "MLXD_GROUP_BACKEND"
 CONTROL_ENV = "MLXD_GROUP_CONTROL"   # tcp://HOST:PORT of the leader's control channel
 KEYS_ENV = "MLXD_GROUP_KEYS"         # the folder of its CURVE keys (worker/group/keys.py)
 LINK_UP_ENV = "MLXD_GROUP_LINK_UP"   # a file the leader creates once its link beats
+DEVICES_ENV = "MLXD_GROUP_DEVICES"   # each rank's GPU, by rank (protocol/hosts.py)
 HELLO_TIMEOUT = 30.0    # s after the leader's load: the followers said hello as they started
 
 
@@ -42,6 +43,16 @@ def leave(code: int) -> int:
         except OSError:
             log.warning("could not write the exit file %s", path)
     return code
+
+
+def pin_device() -> None:
+    """This rank's own GPU, before MLX is imported: mlx.launch sets CUDA_VISIBLE_DEVICES
+    to `rank % --repeat-hosts`, 0 for every rank of a hostfile, after the launcher's
+    --env values (so those cannot correct it). The launcher passes each rank's device
+    (protocol/hosts.py `rank_devices`) for the NCCL backend, which needs one per rank."""
+    devices, rank = os.environ.get(DEVICES_ENV), os.environ.get("MLX_RANK")
+    if devices and rank is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = devices.split(",")[int(rank)]
 
 
 def link_up() -> None:
