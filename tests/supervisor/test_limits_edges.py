@@ -22,6 +22,7 @@ def limits(**fields):
 
 def test_each_limit_itself_passes():
     limits(max_tokens=CTX, top_k=VOCAB, logit_bias=[[0, 1.0], [VOCAB - 1, -1.0]])
+    limits(max_tokens=1, top_k=1, logit_bias=[[5, 1.0]])  # and what is well inside
     check_limits(generate(max_tokens=10 ** 6).sampling, {}, None, None)  # not known yet
 
 
@@ -29,12 +30,15 @@ def test_each_limit_itself_passes():
     (dict(max_tokens=CTX + 1), ContextTooLong, "max_output_tokens"),
     (dict(top_k=VOCAB + 1), BadRequest, "top_k"),
     (dict(logit_bias=[[VOCAB, 1.0]]), BadRequest, "logit_bias"),
+    (dict(logit_bias=[[VOCAB + 5, 1.0]]), BadRequest, "logit_bias"),
     (dict(logit_bias=[[-1, 1.0]]), BadRequest, "logit_bias"),
 ])
 def test_one_past_each_limit_is_refused_naming_the_clients_parameter(fields, error, param):
     with pytest.raises(error) as err:
         limits(**fields)
     assert err.value.param == param
+    if param == "logit_bias":
+        assert f"has {VOCAB} tokens (ids 0 to {VOCAB - 1})" in str(err.value)
 
 
 def test_a_request_that_cannot_be_sent():
