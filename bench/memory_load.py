@@ -39,6 +39,7 @@ KINDS = (("chat", 20), ("chat_stream", 20), ("completion", 10), ("response", 10)
          ("response_stream", 10), ("messages", 15), ("cancel", 15))
 IDLE_S = 4.0   # past the worker's 2 s buffer-cache release (worker/scheduler.py)
 GIB = 2 ** 30
+TIMEOUT_S = 1800.0   # a request waits its turn behind 63 others on a slow CPU
 
 
 class Sampler(threading.Thread):
@@ -96,10 +97,10 @@ async def load(srv: ServerProcess, model: str, clients: int, requests: int, word
 
     async def client(n: int) -> None:
         local = random.Random(seed + n)
-        async with httpx.AsyncClient(base_url=srv.url, timeout=300,
+        async with httpx.AsyncClient(base_url=srv.url, timeout=TIMEOUT_S,
                                      headers={"Content-Type": "application/json"}) as c:
             while not work.empty():
-                await one(c, work.get_nowait(), model, local, tally, (3, words), 600)
+                await one(c, work.get_nowait(), model, local, tally, (3, words), TIMEOUT_S)
 
     await asyncio.gather(*(client(i) for i in range(clients)))
     return tally
@@ -119,7 +120,7 @@ def main() -> None:
         state = Path(tmp)
         # A slow CPU shared with other work can take seconds over one prefill chunk: the
         # cancel of an abandoned stream waits for it, and must not recycle the worker.
-        srv = ServerProcess([args.model], "--max-queue", "512", "--queue-timeout", "600",
+        srv = ServerProcess([args.model], "--max-queue", "512", "--queue-timeout", "1800",
                             "--cancel-grace", "60",
                             *args.server_args, state_dir=state)
         try:
