@@ -40,10 +40,12 @@ log = logging.getLogger("mlxd.runner")
 
 
 class Dispatcher:
-    def __init__(self, model_id: str, config: Config, clock: Callable[[], float]):
+    def __init__(self, model_id: str, config: Config, clock: Callable[[], float],
+                 steps: Callable[[], int] = lambda: 0):
         self.model_id = model_id
         self.config = config
         self._clock = clock
+        self._steps = steps  # the worker's step count as last heard: stamped on a cancel
         self.queue: collections.deque[RequestHandle] = collections.deque()
         self.inflight: dict[str, RequestHandle] = {}
         self.slots = 1
@@ -125,7 +127,7 @@ class Dispatcher:
     def send_cancel(self, h: RequestHandle) -> None:
         if h.rid is None or h.cancel_sent_at is not None or self.link is None:
             return
-        h.cancel_sent_at = self._clock()
+        h.cancel_sent_at, h.cancel_sent_steps = self._clock(), self._steps()
         try:
             self.link.send(Cancel(rid=h.rid))
         except LinkClosed:

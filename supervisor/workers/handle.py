@@ -86,6 +86,7 @@ class RequestHandle:
         self.failure: WorkerError | None = None
         self.cancel_requested = False
         self.cancel_sent_at: float | None = None
+        self.cancel_sent_steps = 0      # the worker's step count when the cancel went
         self._events = Inbox()
         self._on_cancel = on_cancel
 

@@ -19,6 +19,12 @@ from supervisor.config import Config
 from supervisor.workers.states import ExitCause, Verdict
 
 
+# Steps the worker must have taken since a cancel was sent before an unanswered cancel
+# condemns it: the count is the last heartbeat's, so the step that was running when the
+# cancel arrived may show up after it; the third is certainly one that began after.
+CANCEL_STEPS = 3
+
+
 @dataclass
 class Liveness:
     """What the last heartbeat said, and when step progress was last seen."""
@@ -51,7 +57,7 @@ class Liveness:
         self.group_memory = tuple(msg.group_memory)
 
     def verdict(self, now: float, config: Config, *, busy: bool,
-                cancels_sent_at: Iterable[float | None],
+                cancels: Iterable[tuple[float | None, int]],
                 memory_limit: int | None = None,
                 busy_since: float = 0.0) -> Verdict | None:
         """Why the worker must be killed now, or None. `busy`: it has requests and is
@@ -59,7 +65,8 @@ class Liveness:
         when it was last given work while it had none: the hang clock starts there, not
         at its last step before it went idle, which may be any time ago (an idle worker
         given work would otherwise be "hung" before it could take its first step).
-        `memory_limit`: the MLX memory it may hold while idle (None: no limit)."""
+        `cancels`: (when it was sent, the step count then) of each cancel sent and not
+        answered. `memory_limit`: the MLX memory it may hold while idle (None: no limit)."""
         if now - self.heartbeat_at > config.heartbeat_timeout:
             return Verdict(ExitCause.HEARTBEAT, f"no heartbeat for {config.heartbeat_timeout:g} s")
         if self.group_silence is not None and self.group_silence > config.heartbeat_timeout:
@@ -68,8 +75,12 @@ class Liveness:
         if busy and now - max(self.steps_changed_at, busy_since) > config.hang_timeout:
             return Verdict(ExitCause.HUNG,
                            f"hung: busy with no progress for {config.hang_timeout:g} s")
-        for sent in cancels_sent_at:
-            if sent is not None and now - sent > config.cancel_grace:
+        for sent, steps_then in cancels:
+            # The worker drops a cancelled sequence at its next step boundary: a cancel is
+            # ignored once steps went by and the grace is over, not while one long step
+            # (a prefill chunk on a slow machine) runs on; the hang check bounds that.
+            if (sent is not None and now - sent > config.cancel_grace
+                    and self.steps - steps_then >= CANCEL_STEPS):
                 return Verdict(ExitCause.CANCEL,
                                f"cancel unanswered for {config.cancel_grace:g} s")
         if (memory_limit and not busy and self.worker_state == "ready"

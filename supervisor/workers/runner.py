@@ -68,7 +68,7 @@ class ModelRunner:
         self._on_refused = on_refused
         self.observer = observer or Observer()
         self._state = STOPPED
-        self.dispatch = Dispatcher(model_id, config, clock)
+        self.dispatch = Dispatcher(model_id, config, clock, steps=lambda: self.live.steps)
         self.pinned = False              # never unloaded for keep-alive (--model, swaps, loads)
         self.need_bytes = 0              # the memory gate's estimate, once admitted
         self.last_used = clock()         # for LRU eviction and keep-alive
@@ -366,7 +366,8 @@ class ModelRunner:
             verdict = self.live.verdict(
                 self.clock(), self.config,
                 busy=bool(self.inflight) and self.state in SERVING,
-                cancels_sent_at=[h.cancel_sent_at for h in self.inflight.values()],
+                cancels=[(h.cancel_sent_at, h.cancel_sent_steps)
+                         for h in self.inflight.values()],
                 memory_limit=self.memory_limit() if self.state in SERVING else None,
                 busy_since=self.dispatch.busy_since)
             if verdict is not None:

@@ -167,16 +167,34 @@ def test_token_rate_window():
 def test_liveness_verdicts():
     cfg = Config(heartbeat_timeout=2, hang_timeout=5, cancel_grace=1)
     lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)
-    assert lv.verdict(101.0, cfg, busy=True, cancels_sent_at=[]) is None
-    assert lv.verdict(102.5, cfg, busy=False, cancels_sent_at=[]).cause is ExitCause.HEARTBEAT
+    assert lv.verdict(101.0, cfg, busy=True, cancels=[]) is None
+    assert lv.verdict(102.5, cfg, busy=False, cancels=[]).cause is ExitCause.HEARTBEAT
     lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=0), 104.0)
-    assert lv.verdict(104.0, cfg, busy=False, cancels_sent_at=[]) is None  # idle: not hung
-    assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[]).cause is ExitCause.HUNG
+    assert lv.verdict(104.0, cfg, busy=False, cancels=[]) is None  # idle: not hung
+    assert lv.verdict(105.5, cfg, busy=True, cancels=[]).cause is ExitCause.HUNG
     lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=7), 105.5)
     assert lv.steps_changed_at == 105.5
-    verdict = lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[None, 104.0])
+    verdict = lv.verdict(105.5, cfg, busy=True, cancels=[(None, 0), (104.0, 0)])
     assert verdict.cause is ExitCause.CANCEL and "1 s" in verdict.reason
-    assert lv.verdict(105.5, cfg, busy=True, cancels_sent_at=[105.0]) is None
+    assert lv.verdict(105.5, cfg, busy=True, cancels=[(105.0, 0)]) is None  # in its grace
+
+
+def test_a_cancel_is_unanswered_only_once_steps_went_by_without_it():
+    """The worker drops a cancelled sequence at its next step boundary. A cancel that
+    meets one long step (a prefill chunk on a loaded machine) is not ignored: the worker
+    was killed for it under load; the hang check bounds a step that never ends. Steps
+    that go by past the grace without the cancel answered condemn the worker."""
+    cfg = Config(heartbeat_timeout=1000, hang_timeout=1000, cancel_grace=5)
+    lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)
+    lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=10), 100.0)
+    cancel = [(100.0, 10)]  # sent at 100, the worker at step 10 as last heard
+    lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=11), 130.0)  # one long step
+    assert lv.verdict(130.0, cfg, busy=True, cancels=cancel) is None
+    lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=12), 131.0)
+    assert lv.verdict(131.0, cfg, busy=True, cancels=cancel) is None
+    lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=13), 132.0)  # past a boundary
+    assert lv.verdict(132.0, cfg, busy=True, cancels=cancel).cause is ExitCause.CANCEL
+    assert lv.verdict(104.0, cfg, busy=True, cancels=cancel) is None  # within the grace
 
 
 def test_an_idle_worker_is_judged_by_its_mlx_memory_in_use_plus_its_buffer_cache():
@@ -187,11 +205,11 @@ def test_an_idle_worker_is_judged_by_its_mlx_memory_in_use_plus_its_buffer_cache
     lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)
     lv.on_heartbeat(Heartbeat(epoch=1, state="ready", active_bytes=600, cache_bytes=300), 100.0)
     assert lv.held_bytes == 900
-    assert lv.verdict(100.0, cfg, busy=False, cancels_sent_at=[], memory_limit=1000) is None
+    assert lv.verdict(100.0, cfg, busy=False, cancels=[], memory_limit=1000) is None
     lv.on_heartbeat(Heartbeat(epoch=1, state="ready", active_bytes=600, cache_bytes=500), 101.0)
-    verdict = lv.verdict(101.0, cfg, busy=False, cancels_sent_at=[], memory_limit=1000)
+    verdict = lv.verdict(101.0, cfg, busy=False, cancels=[], memory_limit=1000)
     assert verdict.cause is ExitCause.MEMORY and "buffer cache" in verdict.reason
-    assert lv.verdict(101.0, cfg, busy=True, cancels_sent_at=[], memory_limit=1000) is None
+    assert lv.verdict(101.0, cfg, busy=True, cancels=[], memory_limit=1000) is None
     # An older worker's heartbeat has no cache figure: it decodes, its cache as 0.
     import msgpack
     from protocol import decode_up
@@ -204,13 +222,13 @@ def test_an_idle_worker_is_judged_by_its_mlx_memory_in_use_plus_its_buffer_cache
 def test_the_hang_clock_starts_when_an_idle_worker_is_given_work():
     cfg = Config(heartbeat_timeout=1000, hang_timeout=5)
     lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)  # last step at 100, then idle
-    assert lv.verdict(299.0, cfg, busy=False, cancels_sent_at=[]) is None  # idle: never hung
-    assert lv.verdict(300.0, cfg, busy=True, cancels_sent_at=[], busy_since=299.0) is None
-    assert lv.verdict(304.0, cfg, busy=True, cancels_sent_at=[], busy_since=299.0) is None
-    assert lv.verdict(304.5, cfg, busy=True, cancels_sent_at=[],
+    assert lv.verdict(299.0, cfg, busy=False, cancels=[]) is None  # idle: never hung
+    assert lv.verdict(300.0, cfg, busy=True, cancels=[], busy_since=299.0) is None
+    assert lv.verdict(304.0, cfg, busy=True, cancels=[], busy_since=299.0) is None
+    assert lv.verdict(304.5, cfg, busy=True, cancels=[],
                       busy_since=299.0).cause is ExitCause.HUNG
     lv.on_heartbeat(Heartbeat(epoch=1, state="busy", steps=1), 304.0)  # it stepped: progress
-    assert lv.verdict(308.0, cfg, busy=True, cancels_sent_at=[], busy_since=299.0) is None
+    assert lv.verdict(308.0, cfg, busy=True, cancels=[], busy_since=299.0) is None
 
 
 def test_a_silent_rank_of_a_worker_group_condemns_the_group_even_when_idle():
@@ -218,9 +236,9 @@ def test_a_silent_rank_of_a_worker_group_condemns_the_group_even_when_idle():
     cfg = Config(heartbeat_timeout=2, hang_timeout=5)
     lv = Liveness(heartbeat_at=100.0, steps_changed_at=100.0)
     lv.on_heartbeat(Heartbeat(epoch=1, state="ready", group_silence=1.5), 100.0)
-    assert lv.verdict(100.0, cfg, busy=False, cancels_sent_at=[]) is None
+    assert lv.verdict(100.0, cfg, busy=False, cancels=[]) is None
     lv.on_heartbeat(Heartbeat(epoch=1, state="ready", group_silence=2.5), 101.0)
-    verdict = lv.verdict(101.0, cfg, busy=False, cancels_sent_at=[])
+    verdict = lv.verdict(101.0, cfg, busy=False, cancels=[])
     assert verdict.cause is ExitCause.HEARTBEAT and "rank of the worker group" in verdict.reason
 
 
