@@ -26,8 +26,7 @@ MAX_DEPTH = 64  # objects and arrays inside each other; real tool schemas nest ~
 
 def first_bad_value(body: Any) -> Optional[tuple[str, str]]:
     """(path, why) of the first value in `body` that cannot travel, or None."""
-    # The body is the first level: a container at level MAX_DEPTH + 1 is refused.
-    stack: list[tuple[str, Any, int]] = [("", body, 1)]
+    stack: list[tuple[str, Any, int]] = [("", body, 0)]
     while stack:
         path, value, depth = stack.pop()
         if depth > MAX_DEPTH and isinstance(value, (dict, list)):

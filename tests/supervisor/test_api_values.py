@@ -64,10 +64,9 @@ def test_deep_nesting_is_refused_at_the_limit_without_recursion():
             body = {"k": [body]}
         return body
 
-    assert first_bad_value(nest(MAX_DEPTH // 2 - 1, [{"ok": 1}])) is None  # 64 levels
+    assert first_bad_value(nest(MAX_DEPTH // 2, {"ok": 1})) is None
     path, why = first_bad_value(nest(5000, 1))  # deeper than Python could recurse
-    # Refused at the 65th level: the object after 32 {"k": [...]} pairs.
-    assert "nesting too deep" in why and path == ".".join(["k[0]"] * (MAX_DEPTH // 2))
+    assert "nesting too deep" in why and path.count(".k") == MAX_DEPTH // 2
 
 
 # ---- over HTTP: the app refuses before any worker sees the request --------------------
