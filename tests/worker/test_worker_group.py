@@ -359,6 +359,10 @@ def test_sharding_choice():
     assert setup._sharding(Model(), cfg, 2, "auto") == "tensor"
     assert setup._sharding(Model(), cfg, 3, "pipeline") == "pipeline"
     assert setup._sharding(Model(tensor=False), cfg, 2, "auto") == "pipeline"
+    # MLX's CUDA backend has no send/recv: pipeline is refused there, tensor still chosen
+    assert setup._sharding(Model(), cfg, 2, "auto", p2p=False) == "tensor"
+    with pytest.raises(LoadError, match="send/recv.*--sharding tensor"):
+        setup._sharding(Model(), cfg, 2, "pipeline", p2p=False)
     odd = {**cfg, "num_key_value_heads": 3}
     assert setup._sharding(Model(), odd, 2, "auto") == "pipeline"
     with pytest.raises(LoadError, match="3 key/value heads"):

@@ -109,7 +109,10 @@ def load_shard(path: Path, config: dict, chan: Broadcast, sharding: str):
 
     group = chan.group
     model, _ = load_model(path, lazy=True, strict=False)
-    chosen = _sharding(model, config, group.size(), sharding)
+    # MLX's CUDA backend has no send/recv (0.32: "Recv has no CUDA implementation"), which
+    # pipeline sharding passes activations with: refused at load, not at the first step.
+    p2p = not (mx.default_device() == mx.gpu and mx.cuda.is_available())
+    chosen = _sharding(model, config, group.size(), sharding, p2p)
     if chosen == "tensor":
         model.shard(group)
     else:
@@ -121,7 +124,8 @@ def load_shard(path: Path, config: dict, chan: Broadcast, sharding: str):
     return model, tokenizer, chosen
 
 
-def _sharding(model, config: dict, size: int, wanted: str) -> str:
+def _sharding(model, config: dict, size: int, wanted: str, p2p: bool = True) -> str:
+    """The sharding to use; `p2p`: the device has send/recv (pipeline sharding needs it)."""
     tensor_ok = hasattr(model, "shard")
     pipeline_ok = hasattr(model, "model") and hasattr(model.model, "pipeline")
     layers = shared.config_value(config, ("num_hidden_layers", "n_layer")) or 0
@@ -134,6 +138,10 @@ def _sharding(model, config: dict, size: int, wanted: str) -> str:
     if pipeline_ok and layers < size:
         pipeline_ok = False
         why_not.append(f"its {layers} layers are fewer than {size} ranks")
+    if pipeline_ok and not p2p:
+        pipeline_ok = False
+        why_not.append("pipeline sharding needs send/recv, which MLX's CUDA backend lacks: "
+                       "use --sharding tensor")
     if wanted == "tensor" and tensor_ok or wanted == "pipeline" and pipeline_ok:
         return wanted
     if wanted == "auto" and (tensor_ok or pipeline_ok):
