@@ -369,6 +369,10 @@ def _reject_constant(name: str):
 BODY_TIMEOUT = web.AppKey("mlxd_body_timeout", float)
 
 
+# Bodies up to this size are parsed on the event loop: a few milliseconds at most.
+INLINE_PARSE_BYTES = 256 << 10
+
+
 async def read_json(request: web.BaseRequest) -> dict:
     """The body as a JSON object (its Content-Type is the guard's business: http/guard.py).
     A body over the app's client_max_size is a 413, one slower than BODY_TIMEOUT a 408,
@@ -387,10 +391,6 @@ async def read_json(request: web.BaseRequest) -> dict:
         # the event loop keeps serving everyone else meanwhile.
         return await asyncio.to_thread(_parse_body, raw)
     return _parse_body(raw)
-
-
-# Bodies up to this size are parsed on the event loop: a few milliseconds at most.
-INLINE_PARSE_BYTES = 256 << 10
 
 
 def _parse_body(raw: bytes) -> dict:

@@ -128,8 +128,8 @@ class Run:
 
     async def fail_before_start(self, error: APIError | WorkerError) -> None:
         """A background run that never started: cancelled while queued, or refused
-        (context too long, waited too long in the queue, ...): the response says so rather than an HTTP error nobody
-        is there to read."""
+        (context too long, waited too long in the queue, ...): the response says so
+        rather than an HTTP error nobody is there to read."""
         if self.cancelled:  # the handle's own cancel_requested is also set by a timeout
             self._emit(self.builder.finish("cancelled"))
         else:
