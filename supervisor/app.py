@@ -20,7 +20,7 @@ from supervisor.api.completions import completions
 from supervisor.api import embeddings, tokenize
 from supervisor.api.audio import speech, transcriptions
 from supervisor.api.messages import routes as messages
-from supervisor.api.parse import remote_media
+from supervisor.api.fields import remote_media
 from supervisor.api.health import health
 from supervisor.api.responses import routes as responses
 from supervisor.admin import routes as admin

@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 
 from aiohttp import web
 
-from supervisor.api.parse.media import fetch_remote
+from supervisor.api.fields.media import fetch_remote
 from supervisor.api.render import shapes
 from supervisor.api.render.output import Output, Part
 from supervisor.http import sse
@@ -45,7 +45,7 @@ def usage_of(done) -> dict:
 async def submit(request: web.Request, model_name: str, message, params: dict | None = None):
     """`message` (a complete Generate, less its rid) queued on `model_name`'s runner:
     (the runner, its Generation under the server's queue and request timeouts). Its
-    remote images are fetched first (parse/media.py)."""
+    remote images are fetched first (fields/media.py)."""
     message = await fetch_remote(message, request.app)
     config = request.app[CONFIG]
     runner = await request.app[POOL].get(model_name)

@@ -1,7 +1,7 @@
 """What a request must satisfy before it queues on a model, and what it gets if it
 cannot even be sent to the worker.
 
-The surface validates each parameter on its own (api/parse/params.py) and refuses values that
+The surface validates each parameter on its own (api/fields/params.py) and refuses values that
 cannot travel at all (http/values.py); what depends on the model — its context length and
 vocabulary, known once a worker was ready — is checked here, at submit, so an absurd
 `top_k` or `max_tokens` is a 400 before it waits in any queue.

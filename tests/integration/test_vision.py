@@ -1,4 +1,4 @@
-"""A vision model served end to end (worker/vision/, supervisor/api/parse/media.py): the
+"""A vision model served end to end (worker/vision/, supervisor/api/fields/media.py): the
 real supervisor and worker over HTTP with the official openai client, on the tiny
 random-weight Qwen2-VL. Random weights: asserts on structure, not on words."""
 

@@ -1,4 +1,4 @@
-"""Counts one request may ask for (supervisor/api/parse/limits.py): at the limit a request
+"""Counts one request may ask for (supervisor/api/fields/limits.py): at the limit a request
 parses, one over it is a 400 naming the parameter and the limit, on every surface."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.api.messages.request import parse_messages_request
-from supervisor.api.parse import limits
+from supervisor.api.fields import limits
 from supervisor.api.parse.validation import parse_chat_request
 from supervisor.api.responses.request import parse_responses_request
 from supervisor.http.errors import APIError

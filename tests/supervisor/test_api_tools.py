@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from protocol import Generate, OutputSpec, SamplingParams, decode_down, encode
-from supervisor.api.parse import generate as build
-from supervisor.api.parse.tools import (ResponseFormat, ToolChoice, normalize_tools,
-                                        parse_response_format, parse_tool_choice)
+from supervisor.api.fields import generate as build
+from supervisor.api.fields.tools import (ResponseFormat, ToolChoice, normalize_tools,
+                                         parse_response_format, parse_tool_choice)
+from supervisor.api.fields.tools import output as output_spec
 from supervisor.http.errors import APIError
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
@@ -74,7 +75,7 @@ def test_response_format_forms():
 
 def test_tools_choice_and_format_make_a_valid_output_spec():
     tools = normalize_tools([FLAT])
-    out = build.output(tools, ToolChoice("required", ("get_weather",)),
+    out = output_spec(tools, ToolChoice("required", ("get_weather",)),
                        parse_response_format({"type": "json_object"}),
                        parallel_tool_calls=False)
     assert out.tools == [NESTED] and out.tool_choice == "required"
@@ -83,10 +84,10 @@ def test_tools_choice_and_format_make_a_valid_output_spec():
     g = Generate(rid="r", messages=[{"role": "user", "content": "x"}], output=out)
     assert decode_down(encode(g)) == g  # what the worker reads back is what was built
     # Text, no tools: nothing to constrain, every default.
-    assert build.output((), ToolChoice(), ResponseFormat()) == OutputSpec()
+    assert output_spec((), ToolChoice(), ResponseFormat()) == OutputSpec()
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
     fmt = parse_response_format({"type": "json_schema", "name": "x", "schema": schema})
-    out = build.output((), ToolChoice(), fmt, stop=["s"], logprobs=False, top_logprobs=3)
+    out = output_spec((), ToolChoice(), fmt, stop=["s"], logprobs=False, top_logprobs=3)
     assert (out.response_format, out.json_schema) == ("json_schema", schema)
     assert out.stop == ("s",) and out.top_logprobs == 0  # no alternatives without logprobs
 

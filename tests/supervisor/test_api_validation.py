@@ -310,7 +310,7 @@ def test_completion_defaults():
     assert isinstance(req, CompletionRequest)
     assert req.prompt == "Once upon a time" and req.prompt_ids is None
     # Not given: the server's --default-max-tokens, else OpenAI's 16 (applied when the
-    # Generate is built: supervisor/api/parse/generate.py).
+    # Generate is built: supervisor/api/fields/generate.py).
     assert req.max_tokens is None and req.default_max_tokens == 16
     assert parse_completion_request(patched(TEXT, {"max_tokens": None})).max_tokens is None
     assert parse_completion_request(patched(TEXT, {"max_tokens": 100})).max_tokens == 100

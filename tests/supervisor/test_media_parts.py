@@ -1,4 +1,4 @@
-"""Media in requests (supervisor/api/parse/media.py). Chat images travel to the worker
+"""Media in requests (supervisor/api/fields/media.py). Chat images travel to the worker
 (their bytes in Generate.images, a part where they were), within their limits; media no
 model here reads, on every surface: in the turn being answered a 400 naming the part,
 earlier in the history a placeholder, so a conversation that began with a vision model
@@ -10,7 +10,7 @@ import pytest
 
 from supervisor.api.parse.chat import parse_chat_request
 from supervisor.api.responses.items import normalize_input, to_chat_messages
-from supervisor.api.parse.media import MAX_IMAGE_BYTES
+from supervisor.api.fields.media import MAX_IMAGE_BYTES
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 
@@ -77,7 +77,7 @@ def test_chat_image_urls_are_data_urls_within_the_limit(url, status, code):
 
 
 def test_chat_images_per_request_are_bounded():
-    from supervisor.api.parse.media import MAX_IMAGES
+    from supervisor.api.fields.media import MAX_IMAGES
 
     with pytest.raises(APIError) as e:
         chat(user(*[IMAGE] * (MAX_IMAGES + 1)))
@@ -159,7 +159,7 @@ def test_responses_malformed_media_is_a_400(part, param):
 
 
 def test_local_images_are_read_only_from_the_allowed_media_dirs(tmp_path):
-    from supervisor.api.parse.media import resolve
+    from supervisor.api.fields.media import resolve
 
     allowed, elsewhere = tmp_path / "media", tmp_path / "private"
     allowed.mkdir()

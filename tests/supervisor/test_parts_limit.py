@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.api.parse import limits
+from supervisor.api.fields import limits
 from supervisor.http.errors import APIError
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 from tests.supervisor.test_app import client_for

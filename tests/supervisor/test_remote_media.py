@@ -1,4 +1,4 @@
-"""Remote images (supervisor/api/parse/remote_media.py, through parse/media.py's
+"""Remote images (supervisor/api/fields/remote_media.py, through fields/media.py's
 `fetch_remote`): off by default, a 400 naming --allow-remote-media; on, fetched from
 public addresses only (the policy checks every hop and every resolved address), within
 the image byte limit (checked while the body streams), one time limit, 3 redirects, 2xx
@@ -22,9 +22,9 @@ from aiohttp.abc import AbstractResolver
 from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import Generate
-from supervisor.api.parse import media
+from supervisor.api.fields import media
 from supervisor.api.parse.chat import parse_chat_request
-from supervisor.api.parse.remote_media import FETCHER, Fetcher, install, is_public
+from supervisor.api.fields.remote_media import FETCHER, Fetcher, install, is_public
 from supervisor.api.responses.request import parse_responses_request
 from supervisor.config import Config
 from supervisor.http.errors import APIError

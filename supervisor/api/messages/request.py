@@ -41,12 +41,12 @@ from typing import Optional
 import msgspec
 
 from protocol.messages import Generate, Task
-from supervisor.api.parse import generate as build
-from supervisor.api.parse import tools as tooling
-from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_parts, check_stop
-from supervisor.api.parse.media import base64_image, last_user_index, media_part, resolve
-from supervisor.api.parse.media import content as media_content
-from supervisor.api.parse.params import (invalid_type, invalid_value, is_int, missing,
+from supervisor.api.fields import generate as build
+from supervisor.api.fields import tools as tooling
+from supervisor.api.fields.limits import MAX_MESSAGES, check_length, check_parts, check_stop
+from supervisor.api.fields.media import base64_image, last_user_index, media_part, resolve
+from supervisor.api.fields.media import content as media_content
+from supervisor.api.fields.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_number, opt_object, parse_model)
 from supervisor.http.errors import APIError
 
@@ -60,7 +60,7 @@ class MessagesRequest:
     model: str
     messages: tuple                      # chat-form message dicts
     max_tokens: Optional[int]
-    images: tuple = ()                   # image blocks' bytes, in order (parse/media.py)
+    images: tuple = ()                   # image blocks' bytes, in order (fields/media.py)
     stream: bool = False
     temperature: Optional[float] = None
     top_p: Optional[float] = None
@@ -80,7 +80,7 @@ class MessagesRequest:
             sampling=build.sampling(config, max_tokens=self.max_tokens,
                                     temperature=self.temperature, top_p=self.top_p,
                                     top_k=self.top_k, max_tokens_ceiling=True),
-            output=build.output(self.tools, self.tool_choice, tooling.ResponseFormat(),
+            output=tooling.output(self.tools, self.tool_choice, tooling.ResponseFormat(),
                                 parallel_tool_calls=self.parallel_tool_calls,
                                 stop=self.stop, reasoning_effort=self.reasoning_effort),
         )
@@ -200,7 +200,7 @@ def _blocks(where: str, content) -> list[dict]:
 
 def _user(where: str, blocks: list[dict], images_refused: bool, images: list) -> list[dict]:
     """A user turn: its tool results (tool messages), then its text and images (a
-    user message; with images, as parts: the worker's, supervisor/api/parse/media.py).
+    user message; with images, as parts: the worker's, supervisor/api/fields/media.py).
     Images inside tool results stay placeholders."""
     results, pieces = [], []  # pieces: texts and image parts, in order
     for j, block in enumerate(blocks):

@@ -1,2 +1,2 @@
 """Request bodies → validated requests: one parser per surface, shared field rules in
-params.py and tools.py. Every rejection is a 400 naming the parameter."""
+api/fields/. Every rejection is a 400 naming the parameter."""

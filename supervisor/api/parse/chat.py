@@ -4,7 +4,7 @@ Messages are normalized for the worker's chat template: `developer` becomes `sys
 (templates know only system), content becomes one string (text parts joined with "\\n", as
 vLLM does, so separate parts stay separate blocks), and every other key of a message
 (name, tool_calls, tool_call_id, ...) is carried through untouched for the template.
-Tools, tool_choice and response_format are validated by supervisor/api/parse/tools.py (shared
+Tools, tool_choice and response_format are validated by supervisor/api/fields/tools.py (shared
 with the Responses API). Features the server cannot honour (images, audio, the
 deprecated `functions`) are 400s naming the param, never silently dropped.
 """
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Optional
 
 from protocol.messages import Generate
-from supervisor.api.parse import generate as build
-from supervisor.api.parse import limits
-from supervisor.api.parse import tools as tooling
-from supervisor.api.parse.media import content as media_content
-from supervisor.api.parse.media import image_part, last_user_index, media_part, resolve
-from supervisor.api.parse.params import (
+from supervisor.api.fields import generate as build
+from supervisor.api.fields import limits
+from supervisor.api.fields import tools as tooling
+from supervisor.api.fields.media import content as media_content
+from supervisor.api.fields.media import image_part, last_user_index, media_part, resolve
+from supervisor.api.fields.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
     opt_object, opt_str, parse_common, unsupported,
 )
@@ -31,7 +31,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 @dataclass(frozen=True, kw_only=True)
 class ChatRequest(CommonParams):
     messages: tuple = ()                   # normalized message dicts
-    images: tuple = ()                     # the image parts' bytes, in order (parse/media.py)
+    images: tuple = ()                     # the image parts' bytes, in order (fields/media.py)
     parallel_tool_calls: Optional[bool] = None
     template_kwargs: Optional[dict] = None  # body's chat_template_kwargs (not OpenAI)
     tools: tuple = ()                      # nested chat form (tools.normalize_tools)
@@ -43,13 +43,13 @@ class ChatRequest(CommonParams):
 
     def to_generate(self, config) -> Generate:
         """The request as the worker gets it (less its rid), with the server's defaults
-        from `config` (supervisor/api/parse/generate.py)."""
+        from `config` (supervisor/api/fields/generate.py)."""
         return Generate(
             rid="",
             messages=[dict(m) for m in self.messages],
             images=resolve(self.images, config.allowed_media_dirs),
             sampling=self.sampling(config),
-            output=build.output(self.tools, self.tool_choice, self.response_format,
+            output=tooling.output(self.tools, self.tool_choice, self.response_format,
                                 parallel_tool_calls=self.parallel_tool_calls,
                                 stop=self.stop, logprobs=self.logprobs,
                                 top_logprobs=self.top_logprobs,
@@ -207,7 +207,7 @@ def _parse_content(where: str, role: str, msg: dict, last_user: bool = False,
 
 def _media_part(at: str, kind: str, part: dict, last_user: bool, images: list | None):
     """An image, audio or file part of a user message, its shape checked: an image's
-    part for the worker (parse/media.py `image_part`); audio and files are placeheld in
+    part for the worker (fields/media.py `image_part`); audio and files are placeheld in
     the history, a 400 in the turn being answered (no model here hears them)."""
     payload = part.get(MEDIA_PARTS[kind])
     if payload is None:

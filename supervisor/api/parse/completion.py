@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from protocol.messages import Generate, pack_ids
-from supervisor.api.parse import generate as build
-from supervisor.api.parse import tools as tooling
-from supervisor.api.parse.params import (
+from supervisor.api.fields import generate as build
+from supervisor.api.fields import tools as tooling
+from supervisor.api.fields.params import (
     CommonParams, all_ints, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_str,
     parse_common, token_ids, unsupported,
 )
@@ -32,13 +32,13 @@ class CompletionRequest(CommonParams):
 
     def to_generate(self, config) -> Generate:
         """The request as the worker gets it (less its rid), with the server's defaults
-        from `config` (supervisor/api/parse/generate.py)."""
+        from `config` (supervisor/api/fields/generate.py)."""
         return Generate(
             rid="",
             prompt=self.prompt,
             prompt_ids=pack_ids(self.prompt_ids) if self.prompt_ids is not None else None,
             sampling=self.sampling(config, fallback_max_tokens=self.default_max_tokens),
-            output=build.output((), tooling.ToolChoice(), tooling.ResponseFormat(),
+            output=tooling.output((), tooling.ToolChoice(), tooling.ResponseFormat(),
                                 stop=self.stop, logprobs=self.logprobs is not None,
                                 top_logprobs=self.logprobs or 0),
             cache_key=self.prompt_cache_key,

@@ -16,8 +16,8 @@ import msgspec
 
 from protocol.messages import Generate, Task, pack_ids
 from supervisor.api.parse.chat import parse_chat_request
-from supervisor.api.parse.limits import check_length
-from supervisor.api.parse.params import (all_ints, invalid_type, invalid_value, missing,
+from supervisor.api.fields.limits import check_length
+from supervisor.api.fields.params import (all_ints, invalid_type, invalid_value, missing,
                                          opt_bool, opt_int, opt_str, parse_model, token_ids)
 
 MAX_INPUTS = 2048          # OpenAI's limit on an embeddings request's array

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import uuid
 
-from supervisor.api.parse.limits import MAX_MESSAGES, check_length, check_parts
-from supervisor.api.parse.media import image_part, last_user_index, media_part, placeholder
-from supervisor.api.parse.params import invalid_type, invalid_value, unsupported
+from supervisor.api.fields.limits import MAX_MESSAGES, check_length, check_parts
+from supervisor.api.fields.media import image_part, last_user_index, media_part, placeholder
+from supervisor.api.fields.params import invalid_type, invalid_value, unsupported
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")  # "text" is a common alias
@@ -136,7 +136,7 @@ def _media(where: str, kind: str, part: dict) -> dict:
             raise invalid_type(f"{where}.{key}", "an object" if key == "input_audio"
                                else "a string", value)
     if kind == "input_image":  # travels to the worker: a data: URL or a local file
-        #                        (parse/media.py), checked here, read when built
+        #                        (fields/media.py), checked here, read when built
         if part.get("image_url") is None:
             raise unsupported(f"{where}.file_id", "File ids are not supported by this "
                               "server: send the image as image_url, a base64 data: URL.")
@@ -160,7 +160,7 @@ def _join_text(where: str, parts: list) -> str:
 
 
 def text_of(item: dict) -> str:
-    """A message item's text; a media part stands as its placeholder (parse/media.py)."""
+    """A message item's text; a media part stands as its placeholder (fields/media.py)."""
     parts = item.get("content", [])
     return "".join(placeholder(p["type"]) + ("\n" if i < len(parts) - 1 else "")
                    if p.get("type") in MEDIA_PARTS else p.get("text", "")

@@ -3,7 +3,7 @@
 Unknown fields are ignored; wrong types are 400s naming the field. Built-in tool types
 (web_search, file_search, ...) cannot run here: they are skipped and named in the
 `X-MLXD-Warning` response header instead of failing the request. Tools, tool_choice and
-text.format go through the same parsers as chat completions (supervisor/api/parse/tools.py).
+text.format go through the same parsers as chat completions (supervisor/api/fields/tools.py).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from protocol.messages import Generate
-from supervisor.api.parse import generate as build
+from supervisor.api.fields import generate as build
 from supervisor.api.parse.chat import parse_reasoning_effort
-from supervisor.api.parse.media import resolve
-from supervisor.api.parse.params import (cache_key, invalid_type, invalid_value, missing,
+from supervisor.api.fields.media import resolve
+from supervisor.api.fields.params import (cache_key, invalid_type, invalid_value, missing,
                                          opt_bool, opt_int, opt_list, opt_number, opt_object,
                                          opt_str, parse_metadata, parse_model)
 from supervisor.api.responses.items import normalize_input, to_chat_messages
-from supervisor.api.parse import tools as toolspec
+from supervisor.api.fields import tools as toolspec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +68,7 @@ class ResponsesRequest:
     def to_generate(self, items: list, config, response_id: str) -> Generate:
         """The request as the worker gets it (less its rid): the conversation `items`
         (a stored chain's, then this input's) as chat messages, with the server's
-        defaults from `config` (supervisor/api/parse/generate.py). Its final KV state is
+        defaults from `config` (supervisor/api/fields/generate.py). Its final KV state is
         kept under the response's id when the response is stored (else under its
         prompt_cache_key), and it resumes from its previous response's (else the key's)."""
         key = build.key_snapshot(self.prompt_cache_key)
@@ -80,7 +80,7 @@ class ResponsesRequest:
             images=resolve(images, config.allowed_media_dirs),
             sampling=build.sampling(config, max_tokens=self.max_output_tokens,
                                     temperature=self.temperature, top_p=self.top_p),
-            output=build.output(self.tools, self.tool_choice, self.text_format,
+            output=toolspec.output(self.tools, self.tool_choice, self.text_format,
                                 parallel_tool_calls=self.parallel_tool_calls,
                                 reasoning_effort=self.reasoning_effort),
             cache_key=self.prompt_cache_key,

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from supervisor.http import sse
-from supervisor.api.parse.media import fetch_remote
-from supervisor.api.parse.params import invalid_value, opt_int
+from supervisor.api.fields.media import fetch_remote
+from supervisor.api.fields.params import invalid_value, opt_int
 from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from protocol.messages import SamplingParams
-from supervisor.api.parse import generate as build
-from supervisor.api.parse import limits
+from supervisor.api.fields import generate as build
+from supervisor.api.fields import limits
 from supervisor.http.errors import APIError
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -286,7 +286,7 @@ class CommonParams:
 
     def sampling(self, config, fallback_max_tokens: Optional[int] = None) -> SamplingParams:
         """The sampling values both endpoints send the same way, with the server's
-        defaults (supervisor/api/parse/generate.py). Every SamplingParams field is a field
+        defaults (supervisor/api/fields/generate.py). Every SamplingParams field is a field
         of this class under the same name, so a new one is only parsed, never mapped."""
         values = {name: getattr(self, name) for name in SamplingParams.__struct_fields__}
         return build.sampling(config, fallback_max_tokens=fallback_max_tokens, **values)

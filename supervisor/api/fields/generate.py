@@ -1,8 +1,8 @@
 """A validated request → the parts of the one protocol `Generate` it becomes, for every surface.
 
-Chat completions, legacy completions and the Responses API each parse their own body
-(chat.py, completion.py, api/responses/request.py); what they send to a worker is built
-once, from these parts, with the server's defaults (--default-max-tokens,
+Chat completions, legacy completions, Messages and the Responses API each parse their own
+body (their folder's request.py); what they send to a worker is built once, from these
+parts (the output spec: tools.py `output`), with the server's defaults (--default-max-tokens,
 --default-temperature, --default-repetition-penalty) filling what the client left out.
 Nothing downstream patches a Generate: the dispatcher only stamps its `rid`. So the
 defaults have one place, and a new sampling option is one field of
@@ -11,12 +11,9 @@ protocol.SamplingParams plus its parsing.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from protocol.messages import OutputSpec, SamplingParams
-
-if TYPE_CHECKING:
-    from supervisor.api.parse.tools import ResponseFormat, ToolChoice
+from protocol.messages import SamplingParams
 
 
 def key_snapshot(cache_key: Optional[str]) -> Optional[str]:
@@ -44,24 +41,3 @@ def sampling(config, *, max_tokens: Optional[int] = None,
         max_tokens=max_tokens, temperature=temperature,
         repetition_penalty=repetition_penalty,
         logit_bias=tuple(logit_bias.items()) if logit_bias else (), **values)
-
-
-def output(tools: tuple, choice: ToolChoice, fmt: ResponseFormat, *,
-           parallel_tool_calls: Optional[bool] = None, stop: tuple = (),
-           logprobs: bool = False, top_logprobs: int = 0,
-           reasoning_effort: Optional[str] = None) -> OutputSpec:
-    """What the output must look like, from the validated tools, tool_choice and
-    response format (supervisor/api/parse/tools.py) and the surface's other options."""
-    return OutputSpec(
-        stop=tuple(stop),
-        logprobs=logprobs,
-        top_logprobs=top_logprobs if logprobs else 0,
-        response_format=None if fmt.kind == "text" else fmt.kind,
-        json_schema=fmt.schema if fmt.kind == "json_schema" else None,
-        tools=[dict(t) for t in tools] or None,
-        tool_choice=choice.mode if tools else None,
-        allowed_tools=tuple(choice.allowed) if choice.allowed is not None else None,
-        parallel_tool_calls=parallel_tool_calls is not False,
-        reasoning_effort=reasoning_effort,
-    )
-

@@ -37,7 +37,7 @@ from typing import Mapping
 import msgspec
 
 from protocol.messages import IMAGE_PLACEHOLDER
-from supervisor.api.parse.remote_media import FETCHER
+from supervisor.api.fields.remote_media import FETCHER
 from supervisor.http.errors import INVALID_REQUEST, APIError
 
 MAX_IMAGES = 16

@@ -1,7 +1,7 @@
 """Tools, tool_choice and response_format: validated once, for every API surface.
 
 Chat completions and the Responses API spell these differently; both are accepted and
-normalized to one form, then to protocol.OutputSpec fields (api/parse/generate.py):
+normalized to one form, then to protocol.OutputSpec fields (`output`, below):
 
     tools        chat:      {"type": "function", "function": {"name", "description", "parameters", "strict"}}
                  Responses: {"type": "function", "name", "description", "parameters", "strict"}
@@ -27,8 +27,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from supervisor.api.parse.limits import MAX_TOOLS, check_length
-from supervisor.api.parse.params import invalid_type, invalid_value, missing, opt_bool, opt_str
+from protocol.messages import OutputSpec
+from supervisor.api.fields.limits import MAX_TOOLS, check_length
+from supervisor.api.fields.params import invalid_type, invalid_value, missing, opt_bool, opt_str
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 MODES = ("none", "auto", "required")
@@ -184,3 +185,22 @@ def parse_response_format(value, param: str = "response_format") -> ResponseForm
         raise invalid_type(f"{where}.schema", "an object", schema)
     return ResponseFormat("json_schema", schema, name, opt_bool(spec, "strict", f"{where}.strict"))
 
+
+def output(tools: tuple, choice: ToolChoice, fmt: ResponseFormat, *,
+           parallel_tool_calls: Optional[bool] = None, stop: tuple = (),
+           logprobs: bool = False, top_logprobs: int = 0,
+           reasoning_effort: Optional[str] = None) -> OutputSpec:
+    """What the output must look like, from the validated tools, tool_choice and
+    response format (above) and the surface's other options."""
+    return OutputSpec(
+        stop=tuple(stop),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs if logprobs else 0,
+        response_format=None if fmt.kind == "text" else fmt.kind,
+        json_schema=fmt.schema if fmt.kind == "json_schema" else None,
+        tools=[dict(t) for t in tools] or None,
+        tool_choice=choice.mode if tools else None,
+        allowed_tools=tuple(choice.allowed) if choice.allowed is not None else None,
+        parallel_tool_calls=parallel_tool_calls is not False,
+        reasoning_effort=reasoning_effort,
+    )
