@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from supervisor.api import generation
+from supervisor.api import lifecycle
 from supervisor.api.render import shapes
-from supervisor.api.render.output import Output, Part
+from supervisor.api.output import Output, Part
 from supervisor.api.parse.validation import parse_chat_request
 from supervisor.http.errors import read_json
 
@@ -60,5 +60,5 @@ class ChatShapes:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_chat_request(await read_json(request))
-    return await generation.run(request, parsed, lambda model, created: ChatShapes(
+    return await lifecycle.run(request, parsed, lambda model, created: ChatShapes(
         shapes.new_chat_id(), created, model, parsed.include_usage, parsed.logprobs))

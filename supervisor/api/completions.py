@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from supervisor.api import generation
+from supervisor.api import lifecycle
 from supervisor.api.render import shapes
-from supervisor.api.render.output import Output, Part
+from supervisor.api.output import Output, Part
 from supervisor.api.parse.validation import parse_completion_request
 from supervisor.http.errors import read_json
 
@@ -47,5 +47,5 @@ class CompletionShapes:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     parsed = parse_completion_request(await read_json(request))
-    return await generation.run(request, parsed, lambda model, created: CompletionShapes(
+    return await lifecycle.run(request, parsed, lambda model, created: CompletionShapes(
         shapes.new_completion_id(), created, model, parsed.logprobs is not None))

@@ -2,7 +2,7 @@
 vLLM serve; also at /rerank and /v1/reranking... as those servers spell it).
 
 Both run on an embedding or reranker model's worker (worker/pooling/) through the one
-request lifecycle (api/compute.py). A model of the wrong kind is a 400 naming `model`
+request lifecycle (api/lifecycle.py). A model of the wrong kind is a 400 naming `model`
 (supervisor/workers/limits.py), never a generation in disguise.
 """
 
@@ -15,7 +15,7 @@ import uuid
 from aiohttp import web
 
 from protocol import pack_floats, unpack_floats
-from supervisor.api.compute import compute
+from supervisor.api.lifecycle import compute
 from supervisor.api.parse.pooling import parse_embeddings_request, parse_rerank_request
 from supervisor.http.errors import read_json
 

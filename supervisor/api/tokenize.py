@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from supervisor.api.compute import compute
+from supervisor.api.lifecycle import compute
 from supervisor.api.parse.pooling import parse_detokenize_request, parse_tokenize_request
 from supervisor.http.errors import read_json
 from supervisor.keys import CONFIG, POOL

@@ -1,6 +1,6 @@
 """/v1/embeddings, /v1/rerank, /tokenize and /detokenize over HTTP against the fake
 worker: validation in OpenAI's envelope, the task a model's kind cannot do refused at
-admission, results carried back through the one request lifecycle (api/compute.py)."""
+admission, results carried back through the one request lifecycle (api/lifecycle.py)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The one request lifecycle every surface uses (api/stream.py), on the fake worker."""
+"""The one request lifecycle every surface uses (api/lifecycle.py), on the fake worker."""
 
 from __future__ import annotations
 
 import pytest
 
-from supervisor.api.stream import Generation
+from supervisor.api.lifecycle import Generation
 from tests.supervisor.errors_seen import raises_api
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 from tests.generates import generate

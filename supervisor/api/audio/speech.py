@@ -22,7 +22,7 @@ from aiohttp import web
 
 from protocol import Audio, Generate, SpeechSpec, Task
 from supervisor.api.audio.encode import CONTENT_TYPES, FORMATS, Encoder
-from supervisor.api.generation import log_request, submit
+from supervisor.api.lifecycle import log_request, submit
 from supervisor.http import sse
 from supervisor.http.errors import APIError, read_json
 

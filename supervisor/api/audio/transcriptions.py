@@ -20,7 +20,7 @@ from aiohttp import web
 from protocol import Generate, SamplingParams, SpeechSpec, Task, Transcript
 from supervisor.api.audio.form import Form, read_form
 from supervisor.api.audio.subtitles import srt, vtt
-from supervisor.api.generation import log_request, submit
+from supervisor.api.lifecycle import log_request, submit
 from supervisor.http import sse
 from supervisor.http.errors import APIError
 from supervisor.keys import CONFIG

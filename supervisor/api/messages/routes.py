@@ -1,6 +1,6 @@
 """POST /v1/messages and POST /v1/messages/count_tokens.
 
-A message runs the one request lifecycle (api/stream.py): admission, `started` (errors
+A message runs the one request lifecycle (api/lifecycle.py): admission, `started` (errors
 before it keep their own status, in this API's envelope), then the whole message or its
 event stream. count_tokens is the same request, rendered and tokenized by the worker as
 generation would prefill it, without generating (the TOKENIZE task): its count equals the
@@ -14,13 +14,11 @@ import time
 from aiohttp import web
 
 from protocol import Task
-from supervisor.api.compute import compute
-from supervisor.api.generation import log_request, submit
+from supervisor.api.lifecycle import Generation, compute, log_request, submit
 from supervisor.api.messages import shapes
 from supervisor.api.messages.errors import AnthropicEnvelope
 from supervisor.api.messages.request import MessagesRequest, parse_messages_request
 from supervisor.api.messages.stream import PING, BlockWriter, event
-from supervisor.api.stream import Generation
 from supervisor.http import sse
 from supervisor.http.errors import add_envelope, get_request_id, read_json
 from supervisor.keys import CONFIG

@@ -64,7 +64,7 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
     }
 
 
-# ---- tool calls and logprobs (from supervisor.api.render.output's neutral items) -----------
+# ---- tool calls and logprobs (from supervisor.api.output's neutral items) -----------
 
 def tool_call(call) -> dict:
     """A protocol.ToolCall as a chat message's tool call."""

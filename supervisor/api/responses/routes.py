@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from supervisor.http import sse
-from supervisor.api.fields.media import fetch_remote
 from supervisor.api.fields.params import invalid_value, opt_int
 from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
-from supervisor.api.stream import Generation
+from supervisor.api import lifecycle
 from supervisor.api.responses.runs import Run
 from supervisor.http.errors import SERVER_ERROR, APIError, read_json
 from supervisor.workers.errors import Internal, WorkerError
@@ -137,10 +136,9 @@ async def create(request: web.Request) -> web.StreamResponse:
     runner = await request.app[POOL].get(req.model)
     items = await _conversation(svc, req)
     builder = ResponseBuilder(req, runner.id)  # its id names the KV snapshot
-    message = await fetch_remote(req.to_generate(items, config, builder.id), request.app)
-    handle = runner.submit(message, {"max_tokens": "max_output_tokens"})
-    gen = Generation(handle, queue_timeout=config.queue_timeout,
-                     request_timeout=config.request_timeout)
+    gen = await lifecycle.queue(request, runner, req.to_generate(items, config, builder.id),
+                                {"max_tokens": "max_output_tokens"})
+    handle = gen.handle
     run = Run(builder, gen, svc.store if req.store else None, req.input_items)
     headers = {}
     if req.skipped_tools:

@@ -19,7 +19,7 @@ import logging
 from typing import AsyncIterator
 
 from supervisor.api.responses.builder import ResponseBuilder, usage
-from supervisor.api.stream import Generation
+from supervisor.api.lifecycle import Generation
 from supervisor.http.errors import APIError, api_error
 from supervisor.workers.errors import BadRequest, WorkerError
 from supervisor.api.responses.store import ResponseStore, StoredResponse, StoreUnavailable
