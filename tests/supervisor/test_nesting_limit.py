@@ -1,5 +1,5 @@
 """A value in a body may nest objects and arrays 64 levels deep (the body's own object
-holds it); the 65th is a 400 naming where (supervisor/http/values.py, README's "Bad
+holds it); the 65th is a 400 naming where (supervisor/http/values.py, docs/api.md's "Bad
 input"). Exactly at the limit, on both sides, in the walk and over HTTP
 (tests/fuzz/test_fuzz_routes.py checks the same edge on every surface of a real server)."""
 
