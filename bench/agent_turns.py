@@ -118,7 +118,7 @@ def restart_resume(model: str, words: list, turns: int) -> dict:
         ram = first.copy().turn(srv, turns, "a", NEXT_WORDS)
         time.sleep(1)  # the snapshot writes reach the disk (they take milliseconds)
         pid = worker_pid(srv)
-        subprocess.run([sys.executable, "-m", "supervisor.ctl.client", "--url", srv.url,
+        subprocess.run([sys.executable, "-m", "mlxctl.client", "--url", srv.url,
                         "--state-dir", str(srv.state_dir), "kill"], cwd=REPO, check=True,
                        capture_output=True)
         deadline = time.monotonic() + 120

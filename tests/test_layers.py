@@ -115,7 +115,7 @@ def test_no_import_cycles():
 
 # Inside the supervisor, layers point one way: HTTP surfaces → worker management → protocol.
 LOWER = ("supervisor.workers", "supervisor.memory")
-UPPER = ("supervisor.http", "supervisor.api", "supervisor.admin", "supervisor.ctl",
+UPPER = ("supervisor.http", "supervisor.api", "supervisor.admin",
          "supervisor.app", "supervisor.cli")
 
 
@@ -147,3 +147,16 @@ def test_no_supervisor_module_imports_worker_code_even_lazily():
     worker_side = {m: sorted(d for d in deps if d.startswith("supervisor"))
                    for m, deps in graph.items() if m.startswith("worker")}
     assert not {m: d for m, d in worker_side.items() if d}, worker_side
+
+
+def test_the_server_never_imports_mlxctl():
+    # mlxctl/ is the client: it may import the server's pure modules, never the reverse.
+    # Statements first (an import inside a function body counts), then what importing
+    # every server module actually loads.
+    graph = runtime_imports(("protocol", "supervisor", "worker", "mlxctl"))
+    assert "mlxctl.client" in graph and "supervisor.config" in graph["mlxctl.client"]
+    bad = {m: sorted(d for d in deps if d.split(".")[0] == "mlxctl")
+           for m, deps in graph.items() if m.split(".")[0] != "mlxctl"}
+    assert not {m: d for m, d in bad.items() if d}, bad
+    server = modules_of("protocol") + modules_of("supervisor") + modules_of("worker")
+    assert "mlxctl" not in top_level(loaded_after_importing(server + ["supervisor.app"]))

@@ -17,7 +17,7 @@ from tests.serverproc import REPO, ServerProcess, free_port
 def mlxctl(srv_or_url, *args, state_dir=None, timeout=120):
     url = srv_or_url if isinstance(srv_or_url, str) else srv_or_url.url
     state = state_dir if state_dir is not None else getattr(srv_or_url, "state_dir", None)
-    argv = [sys.executable, "-m", "supervisor.ctl.client", "--url", url]
+    argv = [sys.executable, "-m", "mlxctl.client", "--url", url]
     if state is not None:
         argv += ["--state-dir", str(state)]
     return subprocess.run([*argv, *args], cwd=REPO, capture_output=True, text=True,

@@ -86,7 +86,7 @@ class Tmux:
 
 
 def ctl_argv(server, *args) -> list[str]:
-    return [sys.executable, "-m", "supervisor.ctl.client", "--url", server.url,
+    return [sys.executable, "-m", "mlxctl.client", "--url", server.url,
             "--state-dir", str(server.state_dir), *args]
 
 
@@ -215,7 +215,7 @@ def test_top_outlives_the_server_and_q_gives_the_terminal_back(tmp_path):
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StatusOnly)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    top = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "supervisor.ctl.client",
+    top = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "mlxctl.client",
                                             "--url", url, "--state-dir", str(tmp_path), "top",
                                             "--interval", "0.2"])
     # In a shell, which prints top's exit status and keeps the pane once top is gone.

@@ -14,9 +14,9 @@ import threading
 
 import pytest
 
-from supervisor.ctl.chat import DIM, Chat, Conversation, one_shot
-from supervisor.ctl.connection import ServerDown
-from supervisor.ctl.sse import EventStream
+from mlxctl.chat import DIM, Chat, Conversation, one_shot
+from mlxctl.connection import ServerDown
+from mlxctl.sse import EventStream
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
 

@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from supervisor.config import default_log_dir, resolve
-from supervisor.ctl import chat, pull, top, ui
-from supervisor.ctl.connection import (  # noqa: F401  (the names scripts and tests import)
+from mlxctl import chat, pull, top, ui
+from mlxctl.connection import (  # noqa: F401  (the names scripts and tests import)
     DEFAULT_URL, EXIT_DOWN, EXIT_INTERRUPTED, EXIT_OK, EXIT_REFUSED, EXIT_UNHEALTHY, EXIT_USAGE, HEALTHY,
     Client, Failed, Refused, ServerDown, emit)
-from supervisor.ctl.format import format_cache, format_models, format_status
-from supervisor.ctl.pull import Hub
+from mlxctl.format import format_cache, format_models, format_status
+from mlxctl.pull import Hub
+from supervisor.config import default_log_dir, resolve
 
 
 @dataclass
@@ -191,7 +191,7 @@ def cmd_logs(args, client: Client, deps: Deps) -> int:
 
 
 def cmd_service(args, client: Client, deps: Deps) -> int:
-    from supervisor.ctl.service import Service, ServiceError, run_command, spec_for
+    from mlxctl.service import Service, ServiceError, run_command, spec_for
 
     svc = Service(platform=deps.platform, home=deps.home,
                   run=deps.service_runner or run_command)

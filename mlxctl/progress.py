@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TextIO
 
-from supervisor.ctl.format import human_bytes
+from mlxctl.format import human_bytes
 
 REDRAW_S = 0.1
 JSON_EVERY_S = 0.2

@@ -20,8 +20,8 @@ import sys
 import time
 
 from supervisor.admin.token import read_token
-from supervisor.ctl.connection import EXIT_OK, Failed, Refused, ServerDown
-from supervisor.ctl.format import format_status, human_bytes, human_seconds, table
+from mlxctl.connection import EXIT_OK, Failed, Refused, ServerDown
+from mlxctl.format import format_status, human_bytes, human_seconds, table
 
 COLUMNS = ("MODEL", "KIND", "STATE", "QUEUE", "BATCH", "TOK/S", "1M", "MLX ACTIVE",
            "MLX PEAK", "RSS", "CACHE HIT", "RESTARTS")

@@ -9,10 +9,10 @@ import pytest
 
 import io
 
-from supervisor.ctl.chat import Conversation, Reply, command, interactive, prompt_of, read_message
-from supervisor.ctl.connection import Failed, ServerDown
-from supervisor.ctl.sse import parse_events
-from supervisor.ctl.top import _read, live_rates, render
+from mlxctl.chat import Conversation, Reply, command, interactive, prompt_of, read_message
+from mlxctl.connection import Failed, ServerDown
+from mlxctl.sse import parse_events
+from mlxctl.top import _read, live_rates, render
 
 
 def reader(*lines):

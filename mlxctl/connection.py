@@ -1,6 +1,6 @@
 """mlxctl's connection to the server: the admin client, its errors, exit codes, output.
 
-Every command module (supervisor/ctl/*.py) builds on this one; `client.py` holds the
+Every command module (mlxctl/*.py) builds on this one; `client.py` holds the
 parser and the commands that are one call each. Stdlib only: mlxctl must start fast and
 run where only the standard library is.
 """

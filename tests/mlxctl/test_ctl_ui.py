@@ -7,7 +7,7 @@ import argparse
 import stat
 from types import SimpleNamespace
 
-from supervisor.ctl.ui import LAUNCH_FILE, cmd_ui, dashboard_url
+from mlxctl.ui import LAUNCH_FILE, cmd_ui, dashboard_url
 
 
 class FakeClient:

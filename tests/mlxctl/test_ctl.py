@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from supervisor.ctl import client as ctl
-from supervisor.ctl.format import format_cache, format_models, format_status, human_bytes, human_seconds
+from mlxctl import client as ctl
+from mlxctl.format import format_cache, format_models, format_status, human_bytes, human_seconds
 from tests.serverproc import REPO, free_port
 from tests.supervisor.test_catalog import model
 
@@ -93,7 +93,7 @@ def test_pull_failure_is_a_message_and_exit_1(capsys):
 
 
 def test_pull_default_patterns_are_what_the_worker_loads():
-    from supervisor.ctl.pull import PULL_PATTERNS
+    from mlxctl.pull import PULL_PATTERNS
 
     assert "model*.safetensors" in PULL_PATTERNS and "*.json" in PULL_PATTERNS
 
@@ -135,7 +135,7 @@ def test_logs_follow_prints_appended_lines_and_survives_rotation(tmp_path):
     log = tmp_path / "logs" / "mlxd.log"
     log.parent.mkdir()
     log.write_text("old\n")
-    proc = subprocess.Popen([sys.executable, "-m", "supervisor.ctl.client", "--url",
+    proc = subprocess.Popen([sys.executable, "-m", "mlxctl.client", "--url",
                              f"http://127.0.0.1:{free_port()}", "--state-dir", str(tmp_path),
                              "logs", "-f", "-n", "1"], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from supervisor.ctl.progress import Progress
+from mlxctl.progress import Progress
 from tests.hubserver import Hub, HubServer, Repo
 from tests.serverproc import REPO
 from tests.supervisor.test_catalog import safetensors
@@ -51,7 +51,7 @@ def env_for(url, cache, **extra) -> dict:
 
 
 def argv_for(*args) -> list[str]:
-    return [sys.executable, "-m", "supervisor.ctl.client", "--url", "http://127.0.0.1:9",
+    return [sys.executable, "-m", "mlxctl.client", "--url", "http://127.0.0.1:9",
             "pull", *args]
 
 

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
-from supervisor.ctl.connection import (EXIT_INTERRUPTED, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE,
-                                       Failed, Refused)
-from supervisor.ctl.sse import EventStream
+from mlxctl.connection import (EXIT_INTERRUPTED, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE,
+                               Failed, Refused)
+from mlxctl.sse import EventStream
 
 HELP = """commands:
   /system [TEXT]   set the system prompt (alone: show it)

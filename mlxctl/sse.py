@@ -13,7 +13,7 @@ import json
 import urllib.parse
 from typing import Iterable, Iterator
 
-from supervisor.ctl.connection import Failed, ServerDown
+from mlxctl.connection import Failed, ServerDown
 
 
 def parse_events(lines: Iterable[bytes]) -> Iterator[dict]:

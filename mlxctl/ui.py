@@ -18,7 +18,7 @@ import urllib.parse
 import webbrowser
 from pathlib import Path
 
-from supervisor.ctl.connection import EXIT_OK, emit
+from mlxctl.connection import EXIT_OK, emit
 
 LAUNCH_FILE = "open-dashboard.html"
 

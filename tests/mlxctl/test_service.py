@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from supervisor.ctl.service import (LABEL, UNIT, Completed, Service, ServiceError, launchd_plist,
-                                spec_for, systemd_quote)
+from mlxctl.service import (LABEL, UNIT, Completed, Service, ServiceError, launchd_plist,
+                           spec_for, systemd_quote)
 from tests.serverproc import REPO
 
 
@@ -141,7 +141,7 @@ def test_systemd_path_for_real_as_far_as_the_files(tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = {"HOME": str(home), "PATH": str(tmp_path / "empty-bin"), "XDG_STATE_HOME": str(tmp_path / "st")}
-    out = subprocess.run([sys.executable, "-m", "supervisor.ctl.client", "service", "install",
+    out = subprocess.run([sys.executable, "-m", "mlxctl.client", "service", "install",
                           "--model", "demo", "--port", "9123"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     if sys.platform == "darwin":
@@ -150,7 +150,7 @@ def test_systemd_path_for_real_as_far_as_the_files(tmp_path):
     assert unit.exists(), out.stderr
     assert f"ExecStart={systemd_quote(sys.executable)} -m supervisor --model demo --port 9123" in unit.read_text()
     assert out.returncode == 1 and "systemctl" in out.stderr and "Traceback" not in out.stderr
-    status = subprocess.run([sys.executable, "-m", "supervisor.ctl.client", "service", "status", "--json"],
+    status = subprocess.run([sys.executable, "-m", "mlxctl.client", "service", "status", "--json"],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert status.returncode == 1 and '"installed": true' in status.stdout
     assert os.path.exists(unit)

@@ -2,10 +2,10 @@
 
 A pull lists the repo's files with their sizes first (one API call), keeps those
 mlx-lm's loader reads (`PULL_PATTERNS`; with `--gguf FILE`, that one file), skips those
-the cache holds complete, and fetches the rest resumably (supervisor/ctl/resumable.py:
+the cache holds complete, and fetches the rest resumably (mlxctl/resumable.py:
 a partial file is continued with an HTTP Range, after a dropped connection within one
 pull and after an interrupted pull on the next) into huggingface_hub's own cache layout,
-the one the server and mlx-lm read. Progress goes through supervisor/ctl/progress.py.
+the one the server and mlx-lm read. Progress goes through mlxctl/progress.py.
 `HF_ENDPOINT` and `HF_TOKEN` work as for every huggingface_hub client.
 
 `rm` deletes the repo's folder from the cache. With the server running it asks the
@@ -21,10 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-from supervisor.ctl.connection import (EXIT_INTERRUPTED, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE,
-                                       ServerDown, emit)
-from supervisor.ctl.format import human_bytes
-from supervisor.ctl.progress import Progress, bar_class
+from mlxctl.connection import (EXIT_INTERRUPTED, EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE,
+                               ServerDown, emit)
+from mlxctl.format import human_bytes
+from mlxctl.progress import Progress, bar_class
 
 # The files mlx-lm's loader uses (mlx_lm.utils.DEFAULT_ALLOW_PATTERNS): a worker finds a
 # pulled model complete in the cache without ever downloading.
@@ -50,13 +50,13 @@ class Hub:
         return found if isinstance(found, str) else None
 
     def download(self, repo: str, filename: str, revision: str | None, bar) -> str:
-        """The file's path in the cache. The bytes come through supervisor/ctl/
+        """The file's path in the cache. The bytes come through mlxctl/
         resumable.py (resumed across pulls); huggingface_hub then links the blob into
         the snapshot as it does its own downloads."""
         from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
         from huggingface_hub.utils import build_hf_headers
 
-        from supervisor.ctl.resumable import blob_path, fetch, same_origin
+        from mlxctl.resumable import blob_path, fetch, same_origin
 
         url = hf_hub_url(repo, filename, revision=revision)
         meta = get_hf_file_metadata(url)
