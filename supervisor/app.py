@@ -15,10 +15,11 @@ import zmq.asyncio
 from aiohttp import web
 
 from protocol.sockets import make_runtime_dir, remove_runtime_dir
-from supervisor.api.chat import chat_completions
-from supervisor.api.completions import completions
-from supervisor.api import embeddings, tokenize
+from supervisor.api import tokenize
 from supervisor.api.audio import speech, transcriptions
+from supervisor.api.chat import routes as chat
+from supervisor.api.completions import routes as completions
+from supervisor.api.pooling import routes as pooling
 from supervisor.api.messages import routes as messages
 from supervisor.api.fields import remote_media
 from supervisor.api.health import health
@@ -50,12 +51,12 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     remote_media.install(app, config)
     app.cleanup_ctx.append(_workers(factory_for, probe))
     app.on_shutdown.append(_drain_then_cancel)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
+    chat.setup(app)
+    completions.setup(app)
     listing.setup(app, config)
     app.router.add_get("/health", health)
     responses.setup(app)
-    embeddings.setup(app)
+    pooling.setup(app)
     tokenize.setup(app)
     messages.setup(app)
     transcriptions.setup(app)

@@ -1,5 +1,5 @@
 """Test shorthand for protocol Generates: flat keyword arguments, sorted into the nested
-structs by field name (production code builds the structs itself: supervisor/api/parse/).
+structs by field name (production code builds the structs itself: each surface's request.py).
 
     generate(prompt="x", max_tokens=3, stop=["a"])
     == Generate(rid="", prompt="x", sampling=SamplingParams(max_tokens=3),

@@ -22,6 +22,9 @@ once, so admission, timeouts, cancelling and the request log cannot drift betwee
 A request becomes one complete protocol Generate, with the server's defaults, in one call
 (`to_generate`: each surface's request.py, from api/fields/).
 
+`usage_of` and `wire_finish` are the usage object and the finish-reason rule that both
+OpenAI shapes `run` renders (chat/shapes.py, completions/shapes.py) share.
+
 Tasks (protocol Task) travel as a Generate with a `task`, so they share everything a
 generation has: admission and --max-queue, the queue and request timeouts, cancel when
 the client leaves, re-queueing when a worker dies before starting them, exactly one Done.
@@ -41,7 +44,6 @@ from aiohttp import web
 from protocol import Done, Generate, Pooled, Started, Tokens
 from supervisor.api.fields.media import fetch_remote
 from supervisor.api.output import Output, Part
-from supervisor.api.render import shapes
 from supervisor.http import sse
 from supervisor.http.errors import get_request_id
 from supervisor.keys import CONFIG, POOL
@@ -102,9 +104,32 @@ class Shapes(Protocol):
     def body(self, output: Output, finish_reason: str, usage: dict) -> dict: ...
 
 
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+          reasoning_tokens: int = 0) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+    }
+
+
 def usage_of(done) -> dict:
-    return shapes.usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
-                        done.reasoning_tokens)
+    """The OpenAI usage object of a finished request (chat and legacy completions)."""
+    return usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
+                 done.reasoning_tokens)
+
+
+def wire_finish(table: dict, reason: str) -> str:
+    """A protocol finish reason → its wire value in `table` (chat/shapes.py and
+    completions/shapes.py hold one each). "error" has none: the handler answers with an
+    error envelope or a final SSE error event instead, so mapping it raises."""
+    try:
+        return table[reason]
+    except KeyError:
+        raise ValueError(f"finish_reason {reason!r} has no wire value; an 'error' finish "
+                         "must be answered with an APIError / SSE error event") from None
 
 
 async def submit(request: web.Request, model_name: str, message, params: dict | None = None):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Iterable
 
 from aiohttp import web
 
 from supervisor.memory import catalog
-from supervisor.api.render import shapes
 from supervisor.memory.catalog import LocalModel
 from supervisor.config import Config
 from supervisor.http.errors import APIError
@@ -86,7 +86,7 @@ def loaded_object(pool: Pool, runner: ModelRunner) -> dict:
     extra = {"dimensions": runner.dimensions} if runner.dimensions else {}
     if runner.voices:
         extra["voices"] = runner.voices
-    return shapes.model_object(runner.id, pool.created.get(runner.id, 0), "mlxd",
+    return model_object(runner.id, pool.created.get(runner.id, 0), "mlxd",
                                state=runner.state, context_length=runner.context_length,
                                random_weights=runner.random_weights, kind=runner.kind,
                                capabilities=capabilities(runner.kind, runner.translates),
@@ -94,7 +94,7 @@ def loaded_object(pool: Pool, runner: ModelRunner) -> dict:
 
 
 def local_object(model: LocalModel) -> dict:
-    return shapes.model_object(model.id, model.modified, "mlxd", state=NOT_LOADED,
+    return model_object(model.id, model.modified, "mlxd", state=NOT_LOADED,
                                context_length=model.context_length, size_bytes=model.size_bytes,
                                kind=model.kind, capabilities=capabilities(model.kind))
 
@@ -104,7 +104,7 @@ async def list_models(request: web.Request) -> web.Response:
     data = [loaded_object(pool, r) for r in pool.runners.values()]
     data += [local_object(m) for m in await request.app[LOCAL_MODELS].all()
              if pool.find(m.id) is None]
-    return web.json_response(shapes.model_list(data))
+    return web.json_response(model_list(data))
 
 
 async def get_model(request: web.Request) -> web.Response:
@@ -126,3 +126,13 @@ def setup(app: web.Application, config: Config) -> None:
     app[LOCAL_MODELS] = LocalModels(config)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/v1/models/{model:.+}", get_model)
+
+
+def model_object(id: str, created: int, owned_by: str = "mlxd", **extra) -> dict:
+    """An entry of /v1/models. Extra keys (e.g. context_length, state) ride along; clients
+    ignore what they do not know."""
+    return {"id": id, "object": "model", "created": created, "owned_by": owned_by, **extra}
+
+
+def model_list(models: Iterable[dict]) -> dict:
+    return {"object": "list", "data": list(models)}

@@ -4,17 +4,72 @@ client can budget its context with the model's own tokenizer and chat template.
 /tokenize with `messages` counts exactly what a chat completion with the same body would
 prefill (template, tools, reasoning switch: the worker renders it with the same code);
 with `prompt`, what a completion would. Answered by the worker's preparation thread, so a
-count does not wait for a decode slot (worker/tokens.py).
+count does not wait for a decode slot (worker/tokens.py). The bodies follow the other
+parsers' rules (api/fields/params.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import msgspec
 from aiohttp import web
 
+from protocol.messages import Generate, Task, pack_ids
+from supervisor.api.chat.request import parse_chat_request
+from supervisor.api.fields.params import (all_ints, invalid_type, missing, opt_bool, opt_str,
+                                          parse_model, token_ids)
 from supervisor.api.lifecycle import compute
-from supervisor.api.parse.pooling import parse_detokenize_request, parse_tokenize_request
 from supervisor.http.errors import read_json
 from supervisor.keys import CONFIG, POOL
+
+
+@dataclass(frozen=True)
+class TokenizeRequest:
+    model: str
+    generate: Generate       # the Generate to tokenize, its task set
+    return_token_strs: bool
+
+
+def parse_tokenize_request(body: dict, config) -> TokenizeRequest:
+    """`prompt` (a text, tokenized as a completion would be) or `messages` (and anything
+    else a chat completion takes: tools, chat_template_kwargs, reasoning_effort),
+    rendered by the chat template as a chat completion would be."""
+    return_strs = bool(opt_bool(body, "return_token_strs"))
+    if body.get("messages") is not None:
+        chat = parse_chat_request({k: v for k, v in body.items()
+                                   if k not in ("return_token_strs", "prompt")})
+        gen = chat.to_generate(config)
+        return TokenizeRequest(chat.model, _tokenize(gen), return_strs)
+    model = parse_model(body)
+    prompt = opt_str(body, "prompt")
+    if prompt is None:
+        raise missing("prompt")
+    return TokenizeRequest(model, Generate(rid="", task=Task.TOKENIZE, prompt=prompt),
+                           return_strs)
+
+
+def _tokenize(gen: Generate) -> Generate:
+    return msgspec.structs.replace(gen, task=Task.TOKENIZE)
+
+
+@dataclass(frozen=True)
+class DetokenizeRequest:
+    model: str
+    tokens: tuple[int, ...]
+
+    def to_generate(self) -> Generate:
+        return Generate(rid="", task=Task.DETOKENIZE, prompt_ids=pack_ids(self.tokens))
+
+
+def parse_detokenize_request(body: dict) -> DetokenizeRequest:
+    model = parse_model(body)
+    tokens = body.get("tokens")
+    if tokens is None:
+        raise missing("tokens")
+    if not isinstance(tokens, list) or not all_ints(tokens):
+        raise invalid_type("tokens", "an array of integers", tokens)
+    return DetokenizeRequest(model, token_ids(tokens, "tokens"))
 
 
 async def tokenize(request: web.Request) -> web.Response:

@@ -7,7 +7,7 @@ import pytest
 
 from supervisor.api.messages.request import parse_messages_request
 from supervisor.api.fields import limits
-from supervisor.api.parse.validation import parse_chat_request
+from supervisor.api.chat.request import parse_chat_request
 from supervisor.api.responses.request import parse_responses_request
 from supervisor.http.errors import APIError
 

@@ -8,10 +8,11 @@ import copy
 import pytest
 from jsonschema import Draft202012Validator, ValidationError
 
-from supervisor.api.render import shapes
+from supervisor.api import lifecycle
+from supervisor.api.chat import shapes
 from tests.schema import _translate, errors, spec, validate
 
-GOOD = shapes.chat_completion("chatcmpl-1", 1, "m", "hi", "stop", shapes.usage(1, 2))
+GOOD = shapes.chat_completion("chatcmpl-1", 1, "m", "hi", "stop", lifecycle.usage(1, 2))
 
 
 def test_spec_is_vendored_and_3_1():

@@ -15,12 +15,15 @@ from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import BaseModel
 
-from supervisor.api.render import shapes
+from supervisor.api import lifecycle
+from supervisor.api import models
+from supervisor.api.chat import shapes
+from supervisor.api.completions import shapes as text_shapes
 from supervisor.http import sse
 from supervisor.http.errors import APIError
 from tests.schema import validate
 
-U = shapes.usage(12, 5, cached_tokens=8)
+U = lifecycle.usage(12, 5, cached_tokens=8)
 
 
 def sdk_parse(cls, obj: dict, allow_extra: bool = False):
@@ -54,7 +57,7 @@ def test_usage():
 
 def test_ids():
     assert shapes.new_chat_id().startswith("chatcmpl-")
-    assert shapes.new_completion_id().startswith("cmpl-")
+    assert text_shapes.new_completion_id().startswith("cmpl-")
     assert shapes.new_chat_id() != shapes.new_chat_id()
 
 
@@ -102,21 +105,21 @@ def test_chat_usage_chunk():
 @pytest.mark.parametrize("reason,wire", [("stop", "stop"), ("length", "length"),
                                          ("cancelled", "length"), ("tool_calls", "stop")])
 def test_text_completion(reason, wire):
-    obj = shapes.text_completion("cmpl-abc", 1, "m", " there", reason, U)
+    obj = text_shapes.text_completion("cmpl-abc", 1, "m", " there", reason, U)
     assert obj["choices"][0]["finish_reason"] == wire
     validate(obj, "CreateCompletionResponse", strict=True)
     sdk_parse(Completion, obj)
 
 
 def test_completion_chunks():
-    final = shapes.completion_chunk("cmpl-x", 1, "m", "", "stop")
+    final = text_shapes.completion_chunk("cmpl-x", 1, "m", "", "stop")
     validate(final, "CreateCompletionResponse", strict=True)
     sdk_parse(Completion, final)
     # Intermediate chunks carry finish_reason null, as the real API sends them; the spec
     # (no separate chunk schema, finish_reason not nullable) and the SDK's strict pydantic
     # type both reject that null, so check all the rest strictly and the null itself with
     # the lenient constructor the SDK's stream reader really uses.
-    chunk = shapes.completion_chunk("cmpl-x", 1, "m", "Hi")
+    chunk = text_shapes.completion_chunk("cmpl-x", 1, "m", "Hi")
     assert chunk["choices"][0]["finish_reason"] is None
     as_final = copy.deepcopy(chunk)
     as_final["choices"][0]["finish_reason"] = "stop"
@@ -124,22 +127,22 @@ def test_completion_chunks():
     sdk_parse(Completion, as_final)
     built = construct_type(type_=Completion, value=chunk)
     assert built.choices[0].text == "Hi" and built.choices[0].finish_reason is None
-    usage_chunk = shapes.completion_usage_chunk("cmpl-x", 1, "m", U)
+    usage_chunk = text_shapes.completion_usage_chunk("cmpl-x", 1, "m", U)
     validate(usage_chunk, "CreateCompletionResponse", strict=True)
     sdk_parse(Completion, usage_chunk)
 
 
 def test_models():
-    plain = shapes.model_object("tiny", 1700000000, "mlxd")
+    plain = models.model_object("tiny", 1700000000, "mlxd")
     validate(plain, "Model", strict=True)
     sdk_parse(Model, plain)
-    extra = shapes.model_object("tiny", 1, "mlxd", context_length=4096, state="ready")
+    extra = models.model_object("tiny", 1, "mlxd", context_length=4096, state="ready")
     validate(extra, "Model")
     assert sdk_parse(Model, extra, allow_extra=True).model_extra == {
         "context_length": 4096, "state": "ready"}
-    listing = shapes.model_list(iter([plain, extra]))
+    listing = models.model_list(iter([plain, extra]))
     validate(listing, "ListModelsResponse")
-    validate(shapes.model_list([plain]), "ListModelsResponse", strict=True)
+    validate(models.model_list([plain]), "ListModelsResponse", strict=True)
     assert listing == {"object": "list", "data": [plain, extra]}
 
 
@@ -150,7 +153,7 @@ def test_error_envelope_matches_spec():
 
 
 def test_finish_reason_error_is_not_a_wire_value():
-    for mapping in (shapes.chat_finish_reason, shapes.text_finish_reason):
+    for mapping in (shapes.chat_finish_reason, text_shapes.text_finish_reason):
         with pytest.raises(ValueError):
             mapping("error")
     with pytest.raises(ValueError):
@@ -193,10 +196,10 @@ def test_sdk_reads_chat_stream():
 
 
 def test_sdk_reads_completion_stream_and_bodies():
-    body = sse_body(shapes.completion_chunk("cmpl-s", 1, "m", "Hi"),
-                    shapes.completion_chunk("cmpl-s", 1, "m", " there", "length"))
+    body = sse_body(text_shapes.completion_chunk("cmpl-s", 1, "m", "Hi"),
+                    text_shapes.completion_chunk("cmpl-s", 1, "m", " there", "length"))
     chat = shapes.chat_completion("chatcmpl-w", 1, "m", "Hello", "stop", U)
-    listing = shapes.model_list([shapes.model_object("tiny", 1, "mlxd", context_length=8)])
+    listing = models.model_list([models.model_object("tiny", 1, "mlxd", context_length=8)])
     client = sdk_client({
         "/v1/completions": (200, "text/event-stream", body),
         "/v1/chat/completions": (200, "application/json", json.dumps(chat).encode()),
@@ -207,8 +210,8 @@ def test_sdk_reads_completion_stream_and_bodies():
     assert [c.choices[0].finish_reason for c in chunks] == [None, "length"]
     got = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "h"}])
     assert got.choices[0].message.content == "Hello" and got.usage.completion_tokens == 5
-    models = list(client.models.list())
-    assert models[0].id == "tiny" and models[0].model_extra["context_length"] == 8
+    listed = list(client.models.list())
+    assert listed[0].id == "tiny" and listed[0].model_extra["context_length"] == 8
 
 
 def test_sdk_raises_mid_stream_error_event():

@@ -108,7 +108,8 @@ def test_server_defaults_fill_only_what_the_request_left_out():
 
 
 def test_every_surface_builds_one_complete_generate_with_the_server_defaults():
-    from supervisor.api.parse.validation import parse_chat_request, parse_completion_request
+    from supervisor.api.chat.request import parse_chat_request
+    from supervisor.api.completions.request import parse_completion_request
     from supervisor.api.responses.request import parse_responses_request
     from supervisor.config import Config
 

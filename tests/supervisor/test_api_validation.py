@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from protocol import SamplingParams, decode_down, encode, unpack_ids
-from supervisor.api.parse.validation import (
-    ChatRequest, CompletionRequest, parse_chat_request, parse_completion_request,
-)
+from supervisor.api.chat.request import ChatRequest, parse_chat_request
+from supervisor.api.completions.request import CompletionRequest, parse_completion_request
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.api.parse.chat import parse_chat_request
+from supervisor.api.chat.request import parse_chat_request
 from supervisor.api.responses.items import normalize_input, to_chat_messages
 from supervisor.api.fields.media import MAX_IMAGE_BYTES
 from supervisor.config import Config

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from protocol import Generate
 from supervisor.api.fields import media
-from supervisor.api.parse.chat import parse_chat_request
+from supervisor.api.chat.request import parse_chat_request
 from supervisor.api.fields.remote_media import FETCHER, Fetcher, install, is_public
 from supervisor.api.responses.request import parse_responses_request
 from supervisor.config import Config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from supervisor.api.parse.chat import parse_chat_request
+from supervisor.api.chat.request import parse_chat_request
 from supervisor.api.responses.builder import ResponseBuilder, replay, usage
 from supervisor.api.responses.items import normalize_input, output_to_items, to_chat_messages
 from supervisor.api.responses.request import parse_responses_request

@@ -257,6 +257,18 @@ def parse_metadata(body: dict) -> Optional[dict]:
     return value
 
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def parse_reasoning_effort(body: dict, key: str = "reasoning_effort",
+                           param: Optional[str] = None) -> Optional[str]:
+    effort = opt_str(body, key, param)
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise invalid_value(param or key, f"'{effort}'. Supported values are: "
+                            + ", ".join(f"'{e}'" for e in REASONING_EFFORTS) + ".")
+    return effort
+
+
 @dataclass(frozen=True, kw_only=True)
 class CommonParams:
     """What chat and text completions share. Sampling values are None when not given:

@@ -15,11 +15,11 @@ from typing import Optional
 
 from protocol.messages import Generate
 from supervisor.api.fields import generate as build
-from supervisor.api.parse.chat import parse_reasoning_effort
 from supervisor.api.fields.media import resolve
 from supervisor.api.fields.params import (cache_key, invalid_type, invalid_value, missing,
                                          opt_bool, opt_int, opt_list, opt_number, opt_object,
-                                         opt_str, parse_metadata, parse_model)
+                                         opt_str, parse_metadata, parse_model,
+                                         parse_reasoning_effort)
 from supervisor.api.responses.items import normalize_input, to_chat_messages
 from supervisor.api.fields import tools as toolspec
 

@@ -22,7 +22,7 @@ from supervisor.api.fields.media import content as media_content
 from supervisor.api.fields.media import image_part, last_user_index, media_part, resolve
 from supervisor.api.fields.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
-    opt_object, opt_str, parse_common, unsupported,
+    opt_object, parse_common, parse_reasoning_effort, unsupported,
 )
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -88,18 +88,6 @@ def parse_chat_request(body: dict) -> ChatRequest:
         top_logprobs=top or 0,
         reasoning_effort=parse_reasoning_effort(body),
     )
-
-
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
-
-
-def parse_reasoning_effort(body: dict, key: str = "reasoning_effort",
-                           param: Optional[str] = None) -> Optional[str]:
-    effort = opt_str(body, key, param)
-    if effort is not None and effort not in REASONING_EFFORTS:
-        raise invalid_value(param or key, f"'{effort}'. Supported values are: "
-                            + ", ".join(f"'{e}'" for e in REASONING_EFFORTS) + ".")
-    return effort
 
 
 # ---- messages ------------------------------------------------------------------------

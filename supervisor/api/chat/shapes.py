@@ -1,4 +1,5 @@
-"""Response bodies and stream chunks, shaped exactly as OpenAI's spec shapes them.
+"""Chat completion bodies and stream chunks, shaped exactly as OpenAI's spec shapes them,
+and `ChatShapes`, the objects of one chat completion that lifecycle.run renders.
 
 Every field the spec marks required is present — also the required-but-nullable ones
 (`message.refusal`, `choices[].logprobs`, a chunk's `finish_reason`) — because typed
@@ -6,62 +7,34 @@ clients (the official SDKs, and generated clients in other languages) fail or lo
 a missing key. Tests validate each builder against the vendored spec and the `openai` SDK.
 
 Finish reasons: the worker reports stop|length|tool_calls|cancelled|error (protocol); the
-wire has stop|length|tool_calls|content_filter|function_call (chat) and
-stop|length|content_filter (text completions). A "cancelled" request that still gets an
-answer was cut off by the server (request timeout, `mlxctl kill`, shutdown): that is a
-truncated output, which clients already know as "length" — "stop" would claim a natural
-end. ("cancelled" by a client disconnect is never seen by anyone.) "error" is not a finish
-reason on the wire: the handler answers with an error envelope or a final SSE error event
-instead, so mapping it raises. Text completions have no "tool_calls": it maps to "stop".
+chat wire has stop|length|tool_calls|content_filter|function_call. A "cancelled" request
+that still gets an answer was cut off by the server (request timeout, `mlxctl kill`,
+shutdown): that is a truncated output, which clients already know as "length" — "stop"
+would claim a natural end. ("cancelled" by a client disconnect is never seen by anyone.)
+"error" is not a finish reason on the wire (lifecycle.wire_finish raises on it).
 """
 
 from __future__ import annotations
 
 import uuid
-from typing import Iterable, Optional
+from dataclasses import dataclass
+from typing import Optional
+
+from supervisor.api.lifecycle import wire_finish
+from supervisor.api.output import Output, Part
 
 _CHAT_FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls",
                 "content_filter": "content_filter", "function_call": "function_call",
                 "cancelled": "length"}
-_TEXT_FINISH = {"stop": "stop", "length": "length", "content_filter": "content_filter",
-                "tool_calls": "stop", "cancelled": "length"}
-
-
-def _wire_finish(table: dict, reason: str) -> str:
-    try:
-        return table[reason]
-    except KeyError:
-        raise ValueError(f"finish_reason {reason!r} has no wire value; an 'error' finish "
-                         "must be answered with an APIError / SSE error event") from None
 
 
 def chat_finish_reason(reason: str) -> str:
     """An internal (protocol) or wire finish reason → the chat wire value."""
-    return _wire_finish(_CHAT_FINISH, reason)
-
-
-def text_finish_reason(reason: str) -> str:
-    """An internal (protocol) or wire finish reason → the text completion wire value."""
-    return _wire_finish(_TEXT_FINISH, reason)
+    return wire_finish(_CHAT_FINISH, reason)
 
 
 def new_chat_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
-
-
-def new_completion_id() -> str:
-    return f"cmpl-{uuid.uuid4().hex}"
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-          reasoning_tokens: int = 0) -> dict:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
-    }
 
 
 # ---- tool calls and logprobs (from supervisor.api.output's neutral items) -----------
@@ -89,18 +62,6 @@ def chat_logprobs(tokens) -> dict:
                                           for a, lp, b in t.top]}
                         for t in tokens],
             "refusal": None}
-
-
-def text_logprobs(tokens, offset: int = 0) -> dict:
-    """Legacy completions choices[].logprobs; `offset`: characters already sent."""
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for t in tokens:
-        out["tokens"].append(t.token)
-        out["token_logprobs"].append(t.logprob)
-        out["top_logprobs"].append({a: lp for a, lp, _ in t.top})
-        out["text_offset"].append(offset)
-        offset += len(t.token)
-    return out
 
 
 # ---- chat completions ----------------------------------------------------------------
@@ -185,58 +146,46 @@ def chat_usage_chunk(id: str, created: int, model: str, usage: dict, *,
     return chunk
 
 
-# ---- text completions ----------------------------------------------------------------
+@dataclass
+class ChatShapes:
+    """The objects of one chat completion, streamed or whole."""
+    id: str
+    created: int
+    model: str
+    include_usage: bool
+    logprobs: bool = False
 
-def text_completion(id: str, created: int, model: str, text: str, finish_reason: str,
-                    usage: Optional[dict], *, logprobs: Optional[dict] = None,
-                    system_fingerprint: Optional[str] = None) -> dict:
-    # The whole response is the same object as its stream's last chunk, plus usage.
-    body = completion_chunk(id, created, model, text, finish_reason, logprobs=logprobs,
-                            system_fingerprint=system_fingerprint)
-    if usage is not None:
-        body["usage"] = usage
-    return body
+    def _chunk(self, delta: dict, logprobs=None) -> dict:
+        return chat_chunk(self.id, self.created, self.model, delta,
+                                 include_usage=self.include_usage, logprobs=logprobs)
 
+    def first_chunk(self):
+        return chat_first_chunk(self.id, self.created, self.model,
+                                       include_usage=self.include_usage)
 
-def completion_chunk(id: str, created: int, model: str, text: str,
-                     finish_reason: Optional[str] = None, *, logprobs: Optional[dict] = None,
-                     system_fingerprint: Optional[str] = None) -> dict:
-    """One streamed text completion chunk; OpenAI streams these with the same object as
-    the whole response ("text_completion") and finish_reason null until the last one.
-    (The spec has no separate chunk schema, and its finish_reason is not nullable there:
-    the null is what the real API and the SDK's stream parser use.) No `"usage": null`
-    on these chunks: CreateCompletionResponse.usage is not nullable."""
-    chunk = {
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": logprobs,
-                     "finish_reason": None if finish_reason is None
-                     else text_finish_reason(finish_reason)}],
-    }
-    if system_fingerprint is not None:
-        chunk["system_fingerprint"] = system_fingerprint
-    return chunk
+    def chunks(self, part: Part) -> list[dict]:
+        """Reasoning, answer text (with the batch's logprobs) and tool calls, in the order
+        the model produced them within one batch (reasoning comes before the answer)."""
+        out = []
+        if part.reasoning:
+            out.append(self._chunk({"reasoning_content": part.reasoning}))
+        logprobs = chat_logprobs(part.logprobs) if part.logprobs else None
+        if part.text or logprobs:
+            out.append(self._chunk({"content": part.text}, logprobs))
+        for call in part.tool_calls:
+            out.extend(self._chunk(d) for d in tool_call_deltas(call))
+        return out
 
+    def final_chunk(self, finish_reason):
+        return chat_chunk(self.id, self.created, self.model, {}, finish_reason,
+                                 include_usage=self.include_usage)
 
-def completion_usage_chunk(id: str, created: int, model: str, usage: dict, *,
-                           system_fingerprint: Optional[str] = None) -> dict:
-    """Last chunk of a text completion stream with stream_options.include_usage."""
-    chunk = {"id": id, "object": "text_completion", "created": created, "model": model,
-             "choices": [], "usage": usage}
-    if system_fingerprint is not None:
-        chunk["system_fingerprint"] = system_fingerprint
-    return chunk
+    def usage_chunk(self, usage):
+        return chat_usage_chunk(self.id, self.created, self.model, usage)
 
-
-# ---- models --------------------------------------------------------------------------
-
-def model_object(id: str, created: int, owned_by: str = "mlxd", **extra) -> dict:
-    """An entry of /v1/models. Extra keys (e.g. context_length, state) ride along; clients
-    ignore what they do not know."""
-    return {"id": id, "object": "model", "created": created, "owned_by": owned_by, **extra}
-
-
-def model_list(models: Iterable[dict]) -> dict:
-    return {"object": "list", "data": list(models)}
+    def body(self, output: Output, finish_reason, usage):
+        return chat_completion(
+            self.id, self.created, self.model, output.content, finish_reason, usage,
+            tool_calls=[tool_call(c) for c in output.tool_calls],
+            reasoning=output.reasoning_text,
+            logprobs=chat_logprobs(output.logprobs) if self.logprobs else None)

@@ -1,8 +1,8 @@
-"""Bodies of the routes that compute a result, not a completion → their protocol Generate:
-/v1/embeddings (OpenAI's CreateEmbeddingRequest), /v1/rerank (the Jina/Cohere shape that
-llama-server and vLLM serve), /tokenize and /detokenize (vLLM's shape).
+"""Bodies of the pooling routes → their protocol Generate: /v1/embeddings (OpenAI's
+CreateEmbeddingRequest) and /v1/rerank (the Jina/Cohere shape that llama-server and vLLM
+serve).
 
-Same rules as the other parsers (params.py): `null` is "not given", unknown fields are
+Same rules as the other parsers (api/fields/params.py): `null` is "not given", unknown fields are
 ignored, every refusal is a 400 naming its parameter. Counts are capped as OpenAI caps
 them (2048 inputs per embeddings request), so one request cannot queue unbounded work.
 """
@@ -12,10 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import msgspec
-
 from protocol.messages import Generate, Task, pack_ids
-from supervisor.api.parse.chat import parse_chat_request
 from supervisor.api.fields.limits import check_length
 from supervisor.api.fields.params import (all_ints, invalid_type, invalid_value, missing,
                                          opt_bool, opt_int, opt_str, parse_model, token_ids)
@@ -129,51 +126,3 @@ def parse_rerank_request(body: dict) -> RerankRequest:
     return_documents = opt_bool(body, "return_documents")
     return RerankRequest(model, query, tuple(texts), top_n,
                          True if return_documents is None else return_documents)
-
-
-@dataclass(frozen=True)
-class TokenizeRequest:
-    model: str
-    generate: Generate       # the Generate to tokenize, its task set
-    return_token_strs: bool
-
-
-def parse_tokenize_request(body: dict, config) -> TokenizeRequest:
-    """`prompt` (a text, tokenized as a completion would be) or `messages` (and anything
-    else a chat completion takes: tools, chat_template_kwargs, reasoning_effort),
-    rendered by the chat template as a chat completion would be."""
-    return_strs = bool(opt_bool(body, "return_token_strs"))
-    if body.get("messages") is not None:
-        chat = parse_chat_request({k: v for k, v in body.items()
-                                   if k not in ("return_token_strs", "prompt")})
-        gen = chat.to_generate(config)
-        return TokenizeRequest(chat.model, _tokenize(gen), return_strs)
-    model = parse_model(body)
-    prompt = opt_str(body, "prompt")
-    if prompt is None:
-        raise missing("prompt")
-    return TokenizeRequest(model, Generate(rid="", task=Task.TOKENIZE, prompt=prompt),
-                           return_strs)
-
-
-def _tokenize(gen: Generate) -> Generate:
-    return msgspec.structs.replace(gen, task=Task.TOKENIZE)
-
-
-@dataclass(frozen=True)
-class DetokenizeRequest:
-    model: str
-    tokens: tuple[int, ...]
-
-    def to_generate(self) -> Generate:
-        return Generate(rid="", task=Task.DETOKENIZE, prompt_ids=pack_ids(self.tokens))
-
-
-def parse_detokenize_request(body: dict) -> DetokenizeRequest:
-    model = parse_model(body)
-    tokens = body.get("tokens")
-    if tokens is None:
-        raise missing("tokens")
-    if not isinstance(tokens, list) or not all_ints(tokens):
-        raise invalid_type("tokens", "an array of integers", tokens)
-    return DetokenizeRequest(model, token_ids(tokens, "tokens"))

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from protocol import pack_floats, unpack_floats
 from supervisor.api.lifecycle import compute
-from supervisor.api.parse.pooling import parse_embeddings_request, parse_rerank_request
+from supervisor.api.pooling.request import parse_embeddings_request, parse_rerank_request
 from supervisor.http.errors import read_json
 
 

@@ -1,1 +1,0 @@
-"""Worker output → the objects and chunks of chat and legacy completions."""
