@@ -133,14 +133,14 @@ def _version() -> str:
 
 async def status(request: web.Request) -> web.Response:
     pool, config, state = request.app[POOL], request.app[CONFIG], request.app[ADMIN]
-    _, health = pool.health()
-    workers = health["workers"]
+    health = pool.health()
+    workers = health.workers
     reading, rss, own_rss = await asyncio.to_thread(
         _measure, pool.gate.probe, [w["pid"] for w in workers])
     for w in workers:
         w["rss_bytes"] = rss.get(w["pid"])
     return web.json_response({
-        "status": health["status"], "reason": health.get("reason"),
+        "status": health.state.value, "reason": health.reason,
         "server": {"pid": os.getpid(), "version": _version(), "rss_bytes": own_rss,
                    "uptime_s": round(time.monotonic() - state.started_at, 1),
                    "state_dir": str(config.state_dir),

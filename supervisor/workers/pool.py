@@ -50,7 +50,7 @@ from supervisor.workers.link import LinkFactory, ProcessLink
 from supervisor.memory.probe import CRITICAL, Probe, probe_for
 from supervisor.workers.handle import RequestHandle
 from supervisor.workers.observer import Observer
-from supervisor.workers.report import runner_report
+from supervisor.workers.report import Health, HealthReport, runner_report
 from supervisor.workers.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, STARTING, STOPPED,
                                ModelRunner)
 
@@ -483,30 +483,26 @@ class Pool:
         await asyncio.gather(*(r.stop() for r in self.all_runners()))
 
     # ---- health ----------------------------------------------------------------------
-    def health(self) -> tuple[int, dict]:
-        """(status, body): 200 while a worker is ready, 503 with a reason otherwise."""
+    def health(self) -> HealthReport:
+        """Ready while a worker is; idle, not unavailable, while models load on request."""
         workers = [runner_report(r) for r in self.all_runners()]
         routed = [runner_report(r) for r in self.runners.values() if r.state != STOPPED]
         ready = [w for w in routed if w["state"] == READY]
         if not routed:
-            reason = "no model loaded"
+            reasons = ["no model loaded"]
             if self.last_refusal:
-                reason += f"; last refused: {self.last_refusal}"
+                reasons.append(f"last refused: {self.last_refusal}")
             if self.config.allow_load_on_request and not self._shutting_down:
-                return 200, {"status": "idle", "reason": reason + "; models load on request",
-                             "workers": workers}
-            return 503, {"status": "unavailable", "reason": reason, "workers": workers}
+                return HealthReport(Health.IDLE, (*reasons, "models load on request"), workers)
+            return HealthReport(Health.UNAVAILABLE, tuple(reasons), workers)
         if ready:
-            status = "ok" if len(ready) == len(routed) else "degraded"
-            reasons = [f"{w['model']}: {w['state']}" for w in routed if w["state"] != READY]
-            body = {"status": status, "workers": workers}
-            if reasons:
-                body["reason"] = "; ".join(reasons)
-            return 200, body
+            state = Health.OK if len(ready) == len(routed) else Health.DEGRADED
+            return HealthReport(state, tuple(f"{w['model']}: {w['state']}" for w in routed
+                                             if w["state"] != READY), workers)
         reasons = []
         for w in routed:
             why = f"model {w['model']} is {w['state']}"
             if w["last_error"]:
                 why += f": {w['last_error']}"
             reasons.append(why)
-        return 503, {"status": "unavailable", "reason": "; ".join(reasons), "workers": workers}
+        return HealthReport(Health.UNAVAILABLE, tuple(reasons), workers)

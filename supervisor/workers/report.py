@@ -1,10 +1,16 @@
-"""What /health, `mlxctl status` and the dashboard say of one model's runner.
+"""What /health, `mlxctl status` and the dashboard say of one model's runner, and of the
+pool as a whole (`HealthReport`).
 
 Built from what the runner and the worker's last heartbeat hold, never by asking the
-worker: a status poll must answer at once while a worker is stuck in a long step.
+worker: a status poll must answer at once while a worker is stuck in a long step. The pool
+says what its state is and why; only the HTTP layer (supervisor/api/health.py) turns that
+into a status code, so worker management knows nothing of HTTP.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
 
 import msgspec
 
@@ -69,3 +75,27 @@ def live_group(group: dict | None, live: Liveness) -> dict | None:
         active, peak = memory.get(r["rank"], (r["active_bytes"], r["peak_bytes"]))
         ranks.append({**r, "active_bytes": active, "peak_bytes": peak})
     return {**group, "ranks": ranks}
+
+
+class Health(str, Enum):
+    """The server's state as /health and `mlxctl status` say it."""
+    OK = "ok"                    # every routed model is ready
+    DEGRADED = "degraded"        # some serve, others load or are broken (or a part is down)
+    IDLE = "idle"                # no model loaded, and models load on request
+    UNAVAILABLE = "unavailable"  # nothing serves, and nothing will by itself
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    """The pool's health: its state, why (each reason a clause of `reason`), and every
+    runner's report."""
+    state: Health
+    reasons: tuple[str, ...] = ()
+    workers: list[dict] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str | None:
+        return "; ".join(self.reasons) or None

@@ -14,6 +14,7 @@ from supervisor.http.errors import APIError
 from tests.supervisor.errors_seen import raises_api
 from supervisor.memory.probe import CRITICAL, MemoryReading
 from supervisor.workers.pool import Pool
+from supervisor.workers.report import Health
 from supervisor.workers.runner import BROKEN, DRAIN, FORCE, READY
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 from tests.generates import generate
@@ -368,11 +369,12 @@ async def test_unload_of_a_broken_model_and_health_while_idle(tmp_path):
     try:
         runner = pool.add(a, pinned=True)
         await until(lambda: runner.state == BROKEN)
-        status, body = pool.health()
-        assert status == 503 and "bad weights" in body["reason"]
+        report = pool.health()
+        assert report.state is Health.UNAVAILABLE and "bad weights" in report.reason
         await pool.unload(a)
-        status, body = pool.health()
-        assert status == 200 and body["status"] == "idle"  # loads on request
+        report = pool.health()
+        assert report.state is Health.IDLE and report.workers == []  # loads on request
+        assert report.reason == "no model loaded; models load on request"
     finally:
         await pool.stop()
 
@@ -471,7 +473,7 @@ async def test_a_failed_load_on_request_leaves_no_entry_and_may_be_retried(tmp_p
             await h.started(5)
         assert err.value.status == 503 and "bad weights" in err.value.message
         await until(lambda: pool.find(a) is None)
-        assert pool.health()[1]["workers"] == [] and a not in pool.created
+        assert pool.health().workers == [] and a not in pool.created
         assert "bad weights" in pool.rejections[-1]["reason"]
         worlds.by_model[a].default = FakeBehaviour(tokens=1)  # fixed on disk meanwhile
         assert await collect((await pool.get(a)).submit(generate(prompt="x"))) == "w1 "
