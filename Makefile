@@ -42,7 +42,7 @@ docs: $(STAMP)
 
 # Mutation testing (not part of `test`): cosmic-ray mutates each module of
 # mutation/modules.toml in a copy of the tree and runs the tests mapped to it; prints
-# the survivors. MODULES="worker/stops.py ..." picks some; niced, one module at a time.
+# the survivors. MODULES="worker/text/stops.py ..." picks some; niced, one module at a time.
 MODULES ?=
 mutate: $(STAMP)
 	$(BIN)/python -m pip install --quiet 'cosmic-ray==8.7.0'

@@ -16,7 +16,7 @@ mode runs on its own fresh server:
 - prefix matching: the requests carry no prompt_cache_key (no named snapshot): the
   worker matches the re-rendered prompt against its prefix cache;
 - snapshots: each request carries the conversation's prompt_cache_key, so it resumes
-  from the state the previous turn ended with (worker/snapshots/).
+  from the state the previous turn ended with (worker/kvcache/).
 Then, on the snapshot server, two copies of the conversation (two keys) reach the last
 turn; a short next turn of the first resumes from memory; the worker is killed; the same
 turn of the second resumes from the disk tier; and the same turn on a server with no cache

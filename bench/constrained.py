@@ -69,10 +69,10 @@ def main() -> None:
     args = p.parse_args()
 
     from protocol.messages import Generate, OutputSpec, SamplingParams
-    from worker import models
-    from worker.demo import QWEN, build_model
-    from worker.batch import Batch, KVSize
-    from worker.engine import TextEngine
+    from worker.loading import models
+    from worker.demos.text import QWEN, build_model
+    from worker.loop.batch import Batch, KVSize
+    from worker.text.engine import TextEngine
 
     path = Path(args.model) if args.model else build_model(
         MODELS_DIR / f"{args.preset}-qwen", args.preset, template=QWEN).path

@@ -96,7 +96,9 @@ def _time_batch_methods() -> None:
     import mlx.core as mx
     from mlx_lm.models import cache
 
-    from worker import batch as wb, prefix_cache
+    from worker.loop import batch as wb
+
+    from worker.kvcache import prefix as prefix_cache
 
     g = importlib.import_module("mlx_lm.generate")
 

@@ -142,7 +142,7 @@ class Raw:
 # ---- mlxd's batch, in-process (no HTTP, no worker process) ---------------------------
 
 class Seq:
-    """What worker/batch.py needs of the scheduler's Sequence."""
+    """What worker/loop/batch.py needs of the scheduler's Sequence."""
 
     def __init__(self, rid: str):
         self.rid = rid
@@ -153,10 +153,10 @@ def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
                prompt_cache: int = 8 << 30, prefill_step: int = 2048):
     """mlxd's text engine and a batch on the model at `path`, as a worker builds them
     (the prefix cache included, `prompt_cache` bytes; 0: none)."""
-    from worker import models
-    from worker.batch import Batch, KVSize
-    from worker.engine import TextEngine
-    from worker.prefix_cache import PrefixCache
+    from worker.loading import models
+    from worker.loop.batch import Batch, KVSize
+    from worker.text.engine import TextEngine
+    from worker.kvcache.prefix import PrefixCache
 
     loaded = models.load(str(path), Path(path).parent)
     eng = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, prefill_step,

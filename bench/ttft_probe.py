@@ -5,7 +5,7 @@ the server, on one model in one run.
     python -m bench.ttft_probe [--shape tiny|0.5b|7b] [--rounds 5]
 
 Each figure is a median of rounds (the first dropped: compiles). The in-process batch is
-worker/batch.py driven as the scheduler drives it, with the per-step times of the 2000-token
+worker/loop/batch.py driven as the scheduler drives it, with the per-step times of the 2000-token
 requests printed: admission (prefix lookup and insert), then each step until its first
 token. What the server adds over the in-process batch is the HTTP, IPC and scheduling
 path; what the batch adds over raw is mlx-lm's BatchGenerator and mlxd's batch.

@@ -147,7 +147,7 @@ def _report(args, what: str, path: Path) -> int:
     from supervisor.memory import catalog
 
     if args.gguf:
-        # Converted by the worker on its first load (worker/gguf/), once per file.
+        # Converted by the worker on its first load (worker/loading/gguf/), once per file.
         body = {"event": "complete", "model": what, "path": str(path), "mlx": False,
                 "gguf": True, "size_bytes": path.stat().st_size}
         text = (f"{what}: {path}\nload it with `mlxctl load {path}` or `mlxd --model {path}` "

@@ -4,7 +4,7 @@ reads back as the same finite values.
 Python's json module reads and writes NaN, Infinity and -Infinity, and reads a number
 beyond a double (`1e999`) as inf, which it then writes as `Infinity`: text a strict
 client refuses. Tool-call arguments are checked here before they leave the worker
-(worker/tool_formats.py), and the supervisor reads them back with the same rules where an
+(worker/text/tool_formats.py), and the supervisor reads them back with the same rules where an
 API wants them as an object (Anthropic's `input`). Imports nothing else of the server.
 """
 

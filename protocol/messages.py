@@ -264,7 +264,7 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     input_ids: Optional[list[bytes]] = None  # EMBED given token ids: one packed list each
     dimensions: Optional[int] = None      # EMBED: keep this many leading dimensions
     #                                       (Matryoshka), renormalised
-    # KV snapshots (worker/snapshots/): keep the state this generation ends with under
+    # KV snapshots (worker/kvcache/): keep the state this generation ends with under
     # `snapshot` (a stored response's id, or "key:" + the client's prompt_cache_key), and
     # start from the state kept under `resume` when its tokens begin this prompt.
     snapshot: Optional[str] = None
@@ -280,7 +280,7 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
 
 
 # How an image a model cannot see stands in a conversation's history, on both sides: the
-# API surfaces' (supervisor/api/parse/media.py) and a text worker's (worker/prompt.py).
+# API surfaces' (supervisor/api/parse/media.py) and a text worker's (worker/text/prompt.py).
 IMAGE_PLACEHOLDER = "[image]"
 
 
@@ -532,7 +532,7 @@ class CacheReply(Message, frozen=True, kw_only=True, tag="cache_reply"):
 
 
 class SnapshotStats(msgspec.Struct, frozen=True, kw_only=True):
-    """The worker's named KV snapshots (worker/snapshots/), counted since it started."""
+    """The worker's named KV snapshots (worker/kvcache/), counted since it started."""
     hits_ram: int = 0        # resumed from a state in memory
     hits_disk: int = 0       # resumed from a file of the disk tier
     misses: int = 0          # `resume` named no state in any tier
@@ -549,7 +549,7 @@ class SnapshotStats(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
-    """The worker's prompt-prefix cache (worker/prefix_cache.py), counted since it started
+    """The worker's prompt-prefix cache (worker/kvcache/prefix.py), counted since it started
     (not a message: a field of Heartbeat and Status)."""
     hits: int = 0
     misses: int = 0

@@ -294,6 +294,6 @@ def need_bytes(path: Path | None, memory_factor: float, kv_budget: int,
     """What the memory gate admits a model at (DESIGN.md): its weights on disk times
     `memory_factor`, plus its KV budget. `share`: (ranks here, ranks in all) of a worker
     group, each rank holding its part of the weights and a KV budget of its own. A worker
-    keeps what it holds within the same figure (worker/startup.py `bound_memory`)."""
+    keeps what it holds within the same figure (worker/loading/startup.py `bound_memory`)."""
     here, total = share
     return int(weights_bytes(path) * memory_factor * here / total) + kv_budget * here

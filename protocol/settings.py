@@ -286,7 +286,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("prefill_step", INT, 512, "prompt tokens per prefill chunk (cancel is checked between "
       "chunks)", worker=True),
     S("heartbeat_interval", FLOAT, 1.0, "seconds between worker heartbeats", worker=True),
-    # Continuous batching and the prompt-prefix cache (worker/batch.py, worker/prefix_cache.py).
+    # Continuous batching and the prompt-prefix cache (worker/loop/batch.py, worker/kvcache/prefix.py).
     S("max_batch_size", INT, 8, "sequences a worker decodes together in one batch", worker=True),
     S("prefill_batch_size", INT, 2, "prompts prefilled together in one step (each by "
       "--prefill-step tokens: the bound on the prefill work between two decode steps)",
@@ -295,7 +295,7 @@ SETTINGS: tuple[Setting, ...] = (
       "(KV states reused by later prompts; 0: off), e.g. 2G", worker=True),
     S("prompt_cache_ttl", FLOAT, 3600.0, "seconds an unused cached prefix is kept (0: no "
       "limit)", worker=True),
-    # Named KV snapshots (worker/snapshots/): the disk tier under STATE_DIR/kv.
+    # Named KV snapshots (worker/kvcache/): the disk tier under STATE_DIR/kv.
     S("kv_disk_bytes", SIZE, 8 << 30, "disk per model for KV snapshots of stored responses "
       "and prompt_cache_key conversations, so they resume after a restart (0: memory "
       "only), e.g. 20G", worker=True),
@@ -311,7 +311,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("sharding", choice("auto", "tensor", "pipeline"), "auto", "how a worker group splits "
       "its model: tensor (each layer over every rank) or pipeline (consecutive layers per "
       "rank); auto: tensor where mlx-lm's model supports it", worker=True),
-    # GGUF import (worker/gguf/): the precision a GGUF is converted to, once per file.
+    # GGUF import (worker/loading/gguf/): the precision a GGUF is converted to, once per file.
     S("gguf_dtype", choice("auto", "float32", "bfloat16", "float16"), "auto", "precision of "
       "converted GGUF weights (auto: float32 on MLX's CPU backend, bfloat16 on a GPU)",
       worker=True),

@@ -29,7 +29,7 @@ def models_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(models_dir) -> Path:
     """A float32 qwen2-type model, hidden 64, 2 layers, context 4096."""
-    from worker.demo import build_model
+    from worker.demos.text import build_model
 
     return build_model(models_dir / "tiny", "tiny").path
 
@@ -37,16 +37,16 @@ def tiny_model(models_dir) -> Path:
 @pytest.fixture(scope="session")
 def vision_model(models_dir) -> Path:
     """A float32 Qwen2-VL-type model in mlx-vlm's format, with its processor
-    (worker/demo_vision.py)."""
-    from worker.demo_vision import build_vision_model
+    (worker/demos/vision.py)."""
+    from worker.demos.vision import build_vision_model
 
     return build_vision_model(models_dir / "tiny-vision").path
 
 
 @pytest.fixture(scope="session")
 def stt_model(models_dir) -> Path:
-    """A float32 Whisper in mlx-audio's format, with its processor (worker/demo_stt.py)."""
-    from worker.demo_stt import build_stt_model
+    """A float32 Whisper in mlx-audio's format, with its processor (worker/demos/stt.py)."""
+    from worker.demos.stt import build_stt_model
 
     return build_stt_model(models_dir / "tiny-stt").path
 
@@ -54,8 +54,8 @@ def stt_model(models_dir) -> Path:
 @pytest.fixture(scope="session")
 def tts_model(models_dir) -> Path:
     """A float32 Pocket TTS in mlx-audio's format, with three voices
-    (worker/demo_tts.py)."""
-    from worker.demo_tts import build_tts_model
+    (worker/demos/tts.py)."""
+    from worker.demos.tts import build_tts_model
 
     return build_tts_model(models_dir / "tiny-tts").path
 
@@ -64,7 +64,7 @@ def tts_model(models_dir) -> Path:
 def hybrid_model(models_dir) -> Path:
     """A float32 qwen3_next-type model: GatedDeltaNet (recurrent) layers between attention
     layers, hidden 64, 4 layers: its cache cannot be trimmed."""
-    from worker.demo import build_model
+    from worker.demos.text import build_model
 
     return build_model(models_dir / "tiny-hybrid", "tiny-hybrid").path
 
@@ -75,7 +75,7 @@ def family_model(models_dir):
     special tokens (tests/families.py: plain ChatML or a real tool-calling format), built
     once per session."""
     from tests.families import FAMILIES
-    from worker.demo import build_model
+    from worker.demos.text import build_model
 
     def get(family: str) -> Path:
         return build_model(models_dir / f"tiny-{family}", "tiny",
@@ -89,7 +89,7 @@ def embed_model(models_dir):
     """embed_model("bert" | "qwen3") -> path of a tiny random embedding model: a BERT with
     a sentence-transformers pipeline (mean pooling, normalised; Matryoshka widths 16, 32,
     64), or a Qwen3 pooled at its last token."""
-    from worker.pooling.demo import build_embedding_model
+    from worker.demos.pooling import build_embedding_model
 
     def get(preset: str = "bert") -> Path:
         return build_embedding_model(models_dir / f"embed-{preset}", preset)
@@ -101,7 +101,7 @@ def embed_model(models_dir):
 def reranker_model(models_dir) -> Path:
     """A tiny random causal LM whose name says reranker (so it serves /v1/rerank), with
     "yes" and "no" as single tokens of its vocabulary."""
-    from worker.demo import build_model
+    from worker.demos.text import build_model
 
     return build_model(models_dir / "tiny-reranker", "tiny",
                        corpus=("yes no yes no. Yes or no? yes, no", "no yes no yes")).path
@@ -111,7 +111,7 @@ def reranker_model(models_dir) -> Path:
 def cross_encoder_model(models_dir):
     """cross_encoder_model("xlm-roberta" | "bert") -> path of a tiny random reranker with a
     classification head, saved as transformers saves one (bge-reranker, ms-marco MiniLM)."""
-    from worker.pooling.demo import build_cross_encoder
+    from worker.demos.pooling import build_cross_encoder
 
     def get(preset: str = "xlm-roberta") -> Path:
         return build_cross_encoder(models_dir / f"cross-encoder-{preset}", preset)

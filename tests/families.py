@@ -1,14 +1,14 @@
 """The chat templates of real tool-calling families, for tests only: tiny models built with
 them (the `family_model` fixture) make mlx-lm infer the same tool parser and thinking
 markers as for the real models, so tool calls and reasoning are tested in each family's
-own format. They live here, not in worker/demo.py, because nothing at run time or in the
+own format. They live here, not in worker/demos/text.py, because nothing at run time or in the
 benchmarks uses them; the shared ChatML skeleton (`tool_template`) and the Qwen family,
-which the constrained-decoding benchmark needs too, stay in worker/demo.py.
+which the constrained-decoding benchmark needs too, stay in worker/demos/text.py.
 """
 
 from __future__ import annotations
 
-from worker.demo import ARGS_JSON, CHATML, QWEN, ChatTemplate, tool_template
+from worker.demos.text import ARGS_JSON, CHATML, QWEN, ChatTemplate, tool_template
 
 FAMILIES: dict[str, ChatTemplate] = {t.name: t for t in [
     # Plain ChatML: no tool-call format at all.

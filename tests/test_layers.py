@@ -51,7 +51,7 @@ def test_the_supervisor_never_loads_mlx():
 
 def test_the_worker_never_loads_aiohttp():
     mods = modules_of("worker")
-    assert "worker.engine" in mods
+    assert "worker.text.engine" in mods
     loaded = top_level(loaded_after_importing(mods))
     assert "aiohttp" not in loaded and "supervisor" not in loaded
 

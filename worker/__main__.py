@@ -26,7 +26,7 @@ import sys
 
 from protocol.exits import EXIT_BROKEN, EXIT_LOAD_FAILED
 from protocol.settings import worker_parser
-from worker.startup import bound_memory, make_batch, set_wired_limit
+from worker.loading.startup import bound_memory, set_wired_limit
 
 LOG_LINE_LIMIT = 2000  # characters
 
@@ -60,9 +60,10 @@ def main(argv=None) -> int:
 
     import zmq
 
-    from protocol.messages import (LOAD_FAILED, Done, Error, FinishReason, Generate,
-                                   ModelKind, Ready, Shutdown)
-    from worker import models
+    from protocol.messages import (LOAD_FAILED, Done, Error, FinishReason, Generate, Ready,
+                                   Shutdown)
+    from worker.errors import LoadError, WorkerBroken
+    from worker.loading import models
     from worker.link import Link
     from worker.status import WorkerStatus
 
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     link.start()
 
     try:
-        from worker.engine import TextEngine  # imports MLX: inside, a failure is a load error
+        from worker.loading.kinds import KINDS  # its rows import MLX: a failure is a load error
 
         log.info("loading %s", args.model)
         def progress(done: int, total: int) -> None:  # heartbeats carry it (mlxctl status)
@@ -113,34 +114,14 @@ def main(argv=None) -> int:
 
         loaded = models.load(args.model, args.state_dir, args.max_context_tokens,
                              gguf_options=models.gguf_options(args), progress=progress)
+        kind = KINDS[loaded.kind]
         set_wired_limit()
-        batch = None
-        if loaded.engine is not None:  # embedding, reranker, speech (worker/pooling, speech)
-            engine = loaded.engine
-            engine.probe()  # before Ready: the first request pays no compile
-        elif loaded.kind is ModelKind.VISION:  # one request at a time (worker/vision/)
-            from worker.vision.engine import VisionEngine
-            from worker.vision.serial import SerialBatch
-
-            engine = VisionEngine(loaded.model, loaded.tokenizer, loaded.context_length,
-                                  args.prefill_step, loaded.vocab_size)
-            batch = SerialBatch(engine)
-            batch.warm()  # before Ready: the first request pays no compile
-        else:
-            engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
-                                args.prefill_step, loaded.vocab_size)
-            batch = make_batch(engine, args, loaded.path)
-            batch.warm()  # before Ready: the first request pays no compile
-            if args.warm_prompt is not None:
-                from worker.snapshots.warm import pin_warm_prompt
-
-                pinned = pin_warm_prompt(batch, args.warm_prompt, max(1, args.prefill_step))
-                log.info("--warm-prompt: %d tokens prefilled and pinned", pinned)
+        engine, batch = kind.start(loaded, args)  # warmed: the first request pays no compile
         bound_memory(loaded.path, args, getattr(batch, "kv_budget", 0))
         loading[0] = False
     except Exception as e:
         loading[0] = False
-        if isinstance(e, models.LoadError):
+        if isinstance(e, LoadError):
             msg = str(e)
         else:  # not ours: the type is safe to show, the details go to stderr only
             msg = f"could not load model {args.model}: {type(e).__name__}"
@@ -153,8 +134,6 @@ def main(argv=None) -> int:
 
     import mlx.core as mx
 
-    from worker.scheduler import Scheduler, WorkerBroken
-
     slots = batch.max_size if batch is not None else 1
     log.info("ready: %s (%s, context %d, batch %d, %s)", name, loaded.kind,
              engine.context_length, slots, loaded.path)
@@ -164,26 +143,12 @@ def main(argv=None) -> int:
                     pid=os.getpid(), slots=slots, random_weights=loaded.random_weights,
                     active_bytes=memory[0], peak_bytes=memory[1],
                     vocab_size=engine.vocab_size or 0, model_kind=loaded.kind,
-                    dimensions=engine.dim if loaded.kind is ModelKind.EMBED else 0,
-                    voices=list(getattr(engine, "voices", ())),
-                    sample_rate=getattr(engine, "sample_rate", 0),
-                    translates=getattr(engine, "translates", False)))
+                    **kind.ready(engine)))
     try:
-        if loaded.kind in (ModelKind.STT, ModelKind.TTS):
-            from worker.speech.scheduler import SpeechScheduler
-
-            SpeechScheduler(engine, link, status).run()
-        elif batch is None:
-            from worker.pooling.scheduler import PoolScheduler
-
-            PoolScheduler(engine, link, status).run()
-        else:
-            from worker.faults import Faults
-
-            try:
-                Scheduler(engine, link, status, batch, log_prompts=args.log_prompts,
-                          stream_interval=args.stream_interval, faults=Faults.from_env()).run()
-            finally:
+        try:
+            kind.loop(engine, batch, link, status, args).run()
+        finally:
+            if batch is not None:
                 batch.close()  # the snapshot writes queued reach the disk
     except WorkerBroken:
         # No Done for what waits here: the supervisor re-queues what never started.

@@ -22,7 +22,7 @@ FAULT = {"MLXD_TEST_FAULTS": "crash_after_tokens=6"}
 
 
 def chat(model: str, max_tokens: int, stream: bool = False) -> dict:
-    # Greedy: the tiny model never picks EOS then (worker/demo.py), so a stream runs to
+    # Greedy: the tiny model never picks EOS then (worker/demos/text.py), so a stream runs to
     # max_tokens. Sampled, EOS could end it early, before the fault a test injects.
     return {"model": model, "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": max_tokens, "stream": stream, "temperature": 0}

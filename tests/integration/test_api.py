@@ -226,7 +226,7 @@ def test_openai_client_completions_models_and_errors(client, model_id):
 
 
 def test_openai_client_images_for_a_text_model(client, http, model_id):
-    # A text model's rule for images (worker/prompt.py: the images travel, the worker
+    # A text model's rule for images (worker/text/prompt.py: the images travel, the worker
     # alone knows its kind for sure): an image earlier in the conversation is a
     # placeholder (the turn is answered); one in the turn being answered is a 400.
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}

@@ -69,7 +69,7 @@ def test_worker_killed_mid_stream(tiny_model):
 
 def test_client_disconnect_drops_the_sequence(models_dir):
     # The small model (~25 ms a step here) makes "within a few steps" measurable.
-    from worker.demo import build_model
+    from worker.demos.text import build_model
     small = str(build_model(models_dir / "small", "small").path)
     with ServerProcess([small], "--heartbeat-interval", "0.05") as srv:
         srv.wait_healthy()

@@ -22,13 +22,13 @@ GiB = 1 << 30
 
 @pytest.fixture(scope="module")
 def model_b(models_dir):
-    from worker.demo import build_model
+    from worker.demos.text import build_model
     return build_model(models_dir / "tiny-b", "tiny", seed=2).path
 
 
 @pytest.fixture(scope="module")
 def model_c(models_dir):
-    from worker.demo import build_model
+    from worker.demos.text import build_model
     return build_model(models_dir / "tiny-c", "tiny", seed=3).path
 
 

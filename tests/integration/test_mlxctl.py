@@ -69,7 +69,7 @@ def test_models_and_logs(server, model_id):
 
 
 def test_lifecycle_commands(tiny_model, models_dir, tmp_path):
-    from worker.demo import build_model
+    from worker.demos.text import build_model
     a = str(tiny_model)
     b = str(build_model(models_dir / "tiny-b", "tiny", seed=2).path)
     with ServerProcess([a], state_dir=tmp_path) as srv:

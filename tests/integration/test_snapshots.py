@@ -1,4 +1,4 @@
-"""KV snapshots end to end (worker/snapshots/): a Responses chain with the official client
+"""KV snapshots end to end (worker/kvcache/): a Responses chain with the official client
 prefills only each turn's new items, from memory, from the disk tier after `mlxctl kill`
 and after mlxd itself restarted, with the output a cold run gives; a snapshot file whose
 tensor table was edited on disk is not resumed (deleted, counted) and the answer is the

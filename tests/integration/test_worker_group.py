@@ -31,7 +31,7 @@ SHORT_HEARTBEAT = ("--heartbeat-timeout", "6", "--heartbeat-interval", "0.25")
 @pytest.fixture(scope="module")
 def shard_model(models_dir):
     """6 heads, 6 layers: splits over 2 and 3 ranks by tensor and pipeline alike."""
-    from worker.demo import build_model
+    from worker.demos.text import build_model
 
     return str(build_model(models_dir / "tiny-shard", "tiny-shard").path)
 

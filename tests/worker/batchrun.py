@@ -1,14 +1,14 @@
-"""Run prepared requests through the real batch (worker/batch.py) in-process, for tests.
+"""Run prepared requests through the real batch (worker/loop/batch.py) in-process, for tests.
 
 The worker's scheduler does the same with commands, Deltas and Done around it; these
 helpers drive `Batch.step` directly, so a test sees each sequence's step outcomes:
-`(token, text, finish, extra)` (worker/decoding.py), or the exception that ended it.
+`(token, text, finish, extra)` (worker/text/decoding.py), or the exception that ended it.
 """
 
 from __future__ import annotations
 
-from worker.batch import Batch, KVSize
-from worker.prefix_cache import PrefixCache
+from worker.loop.batch import Batch, KVSize
+from worker.kvcache.prefix import PrefixCache
 
 
 class Seq:

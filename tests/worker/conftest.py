@@ -25,7 +25,7 @@ def spawn(tmp_path):
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model):
     """The tiny model loaded in this process: (model, tokenizer, context_length)."""
-    from worker import models
+    from worker.loading import models
 
     loaded = models.load(str(tiny_model), tiny_model.parent)
     return loaded
@@ -34,7 +34,7 @@ def tiny_loaded(tiny_model):
 @pytest.fixture
 def engine(tiny_loaded):
     """A fresh TextEngine on the shared tiny model (context 4096, prefill step 64)."""
-    from worker.engine import TextEngine
+    from worker.text.engine import TextEngine
 
     return TextEngine(tiny_loaded.model, tiny_loaded.tokenizer, tiny_loaded.context_length,
                       64, tiny_loaded.vocab_size)
@@ -44,8 +44,8 @@ def engine(tiny_loaded):
 def hybrid_engine(hybrid_model):
     """A TextEngine on the tiny hybrid model (recurrent layers: a cache that cannot be
     trimmed), prefill step 64."""
-    from worker import models
-    from worker.engine import TextEngine
+    from worker.loading import models
+    from worker.text.engine import TextEngine
 
     loaded = models.load(str(hybrid_model), hybrid_model.parent)
     return TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 64,

@@ -1,7 +1,7 @@
 """GGUF files written the way llama.cpp's convert_hf_to_gguf.py writes them, from tiny
 random-weight mlx-lm models, for the converter's round-trip tests.
 
-The writer is llama.cpp's conventions spelled independently of worker/gguf/: its tensor
+The writer is llama.cpp's conventions spelled independently of worker/loading/gguf/: its tensor
 names, its q/k row interleave for llama (`permute`, as in LlamaModel.permute), Gemma's
 norms stored as 1 + w, the tokenizer as tokens + merges + token types. A conversion that
 gives back the original model's logits has undone every one of them.

@@ -1,4 +1,4 @@
-"""The tiny Whisper (worker/demo_stt.py) is a real mlx-audio Whisper: mlx-audio's own
+"""The tiny Whisper (worker/demos/stt.py) is a real mlx-audio Whisper: mlx-audio's own
 loader reads it, with its Hugging Face processor, as a multilingual model; it transcribes
 audio into short text with segments and timestamps, window by window (random weights:
 the words mean nothing; the structure is what counts)."""
@@ -24,7 +24,7 @@ def clip(seconds: float, seed: int = 0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def stt_model(tmp_path_factory):
-    from worker.demo_stt import build_stt_model
+    from worker.demos.stt import build_stt_model
 
     return build_stt_model(tmp_path_factory.mktemp("stt") / "tiny-stt")
 
@@ -111,7 +111,7 @@ def test_word_timestamps_lie_within_the_audio(whisper):
 
 
 def test_a_built_model_is_reused(stt_model):
-    from worker.demo_stt import build_stt_model
+    from worker.demos.stt import build_stt_model
 
     weights = stt_model.path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns

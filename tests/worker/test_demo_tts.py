@@ -1,4 +1,4 @@
-"""The tiny speech model (worker/demo_tts.py) is a real mlx-audio model: mlx-audio's own
+"""The tiny speech model (worker/demos/tts.py) is a real mlx-audio model: mlx-audio's own
 loader reads it with no network, each of its voices speaks (random weights: noise, not
 words; the structure is what counts), an unknown voice is refused with the list, and it
 streams audio in pieces."""
@@ -31,7 +31,7 @@ def offline():
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, offline):
-    from worker.demo_tts import build_tts_model
+    from worker.demos.tts import build_tts_model
 
     return build_tts_model(tmp_path_factory.mktemp("tts") / "tiny-tts")
 
@@ -51,7 +51,7 @@ def speak(model, text, voice, seed=0, **kw):
 
 
 def test_the_directory_is_a_pocket_tts_checkpoint(built):
-    from worker.demo import MARKER
+    from worker.demos.text import MARKER
 
     config = json.loads((built.path / "config.json").read_text())
     meta = json.loads((built.path / MARKER).read_text())
@@ -118,7 +118,7 @@ def test_it_streams_the_same_audio_in_pieces(built, model):
 
 
 def test_building_again_reuses_the_directory(built):
-    from worker.demo_tts import build_tts_model
+    from worker.demos.tts import build_tts_model
 
     weights = built.path / "model.safetensors"
     stamp = weights.stat().st_mtime_ns
@@ -128,7 +128,7 @@ def test_building_again_reuses_the_directory(built):
 
 
 def test_the_build_is_seeded(tmp_path, built, offline):
-    from worker.demo_tts import build_tts_model
+    from worker.demos.tts import build_tts_model
 
     import mlx.core as mx
 

@@ -1,4 +1,4 @@
-"""The tiny vision model (worker/demo_vision.py) is a real mlx-vlm model: mlx-vlm loads
+"""The tiny vision model (worker/demos/vision.py) is a real mlx-vlm model: mlx-vlm loads
 it with its family's processor, an image becomes image tokens in the prompt, and it
 streams tokens (random weights: the words mean nothing; the structure is what counts)."""
 

@@ -1,4 +1,4 @@
-"""GGUF import (worker/gguf/): files written as llama.cpp writes them (tests/worker/
+"""GGUF import (worker/loading/gguf/): files written as llama.cpp writes them (tests/worker/
 gguf_files.py) convert back into mlx-lm models with the original's logits and tokenizer;
 what cannot be converted is a GGUFError naming why; conversions are cached by hash and
 options."""
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from tests.worker import gguf_files
-from worker import gguf
-from worker.gguf.families import unpermute
-from worker.gguf.reader import GGUFFile
+from worker.loading import gguf
+from worker.loading.gguf.families import unpermute
+from worker.loading.gguf.reader import GGUFFile
 
 F32 = gguf.Options("float32")
 TOKENS = [[5, 17, 42, 99, 3, 250, 7, 600]]
@@ -173,7 +173,7 @@ def test_a_file_that_is_no_gguf(tmp_path):
 
 
 def test_llama3_rope_scaling_is_recovered_from_rope_freqs():
-    from worker.gguf.families import llama3_rope
+    from worker.loading.gguf.families import llama3_rope
 
     config = {"head_dim": 64, "rope_theta": 500000.0}
     # The table llama.cpp computes for Llama 3.1 (factor 8), by its own formula.

@@ -13,8 +13,8 @@ import pytest
 from protocol import models as shared
 from supervisor.memory import catalog
 from tests.worker import gguf_files
-from worker import models
-from worker.demo import is_random_weights
+from worker.loading import models
+from worker.demos.text import is_random_weights
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_an_ollama_name_resolves_to_its_model_blob(tmp_path, tiny_gguf):
 def test_the_worker_converts_an_ollama_model_once_by_hash(tmp_path, tiny_gguf, monkeypatch):
     monkeypatch.setenv("OLLAMA_MODELS", str(ollama_library(tmp_path / "ollama", tiny_gguf)))
     state = tmp_path / "state"
-    from worker import gguf
+    from worker.loading import gguf
 
     options = gguf.Options("float32")
     via_ollama = models.resolve("ollama:tiny", state, options)
@@ -116,7 +116,7 @@ def test_the_catalog_targets_gguf_files_and_ollama_blobs(tmp_path, tiny_gguf, mo
 
 
 def test_the_memory_gate_sees_a_ggufs_conversion_once_made(tmp_path, tiny_gguf):
-    from worker import gguf
+    from worker.loading import gguf
 
     state = tmp_path / "state"
     before = catalog.resolve(str(tiny_gguf), state)

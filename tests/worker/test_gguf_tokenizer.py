@@ -1,5 +1,5 @@
 """The sentencepiece tokenizers a GGUF describes (Llama 2, Mistral, Gemma: tokens, scores
-and token types, no merges), rebuilt by worker/gguf/tokenizer.py, against the reference:
+and token types, no merges), rebuilt by worker/loading/gguf/tokenizer.py, against the reference:
 the `sentencepiece` library's own model, trained here, written into a GGUF as llama.cpp's
 converter writes it."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.gguf.reader import GGUFFile
-from worker.gguf.tokenizer import build
+from worker.loading.gguf.reader import GGUFFile
+from worker.loading.gguf.tokenizer import build
 
 CORPUS = ["The quick brown fox jumps over the lazy dog.", "Hello, world! How are you today?",
           "Local language models run on Apple Silicon.", "café naïve 日本語", "  two  spaces"]

@@ -1,5 +1,5 @@
 """A worker keeps MLX's buffer cache within what the memory gate admitted it at
-(worker/startup.py): the arithmetic, and the limit really set in MLX."""
+(worker/loading/startup.py): the arithmetic, and the limit really set in MLX."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 
 from protocol.models import need_bytes
-from worker.startup import bound_memory, cache_limit
+from worker.loading.startup import bound_memory, cache_limit
 
 
 def test_the_cache_gets_what_the_admitted_size_leaves_after_the_weights_and_the_kv():

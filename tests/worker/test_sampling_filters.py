@@ -1,4 +1,4 @@
-"""top_p, min_p and top_k act on every sampled request, seeded or not (worker/sampling.py):
+"""top_p, min_p and top_k act on every sampled request, seeded or not (worker/text/sampling.py):
 an unseeded request takes the shared, cached sampler, a seeded one its own; both must
 filter. Each filter is set so that it keeps only the most likely token, which the
 distribution below gives 30% of the mass: unfiltered, 200 draws would all land on it
@@ -13,7 +13,7 @@ import pytest
 
 from tests.generates import generate
 from tests.worker.test_worker_engine import gen, run
-from worker.sampling import sampler_for
+from worker.text.sampling import sampler_for
 
 VOCAB = 8
 BEST = 3

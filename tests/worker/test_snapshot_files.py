@@ -1,4 +1,4 @@
-"""KV snapshot files and the disk tier (worker/snapshots/files.py, disk.py): every cache
+"""KV snapshot files and the disk tier (worker/kvcache/files.py, disk.py): every cache
 kind round-trips (bf16, recurrent, quantized), mlx-lm reads the files, a damaged file
 (its data or anything its header says: the tensor table, the name, identity and tokens)
 is deleted and counted and never loaded, as is a file of the older format or one in
@@ -18,9 +18,9 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache, load_prompt_cache
 
-from worker.snapshots import files
-from worker.snapshots.disk import DiskTier, _file_name
-from worker.snapshots.identity import model_identity
+from worker.kvcache import files
+from worker.kvcache.disk import DiskTier, _file_name
+from worker.kvcache.identity import model_identity
 
 
 def a_cache(tokens=7, dtype=mx.bfloat16):

@@ -1,4 +1,4 @@
-"""Continuous batching in-process (worker/batch.py) on the tiny float32 model: a request in
+"""Continuous batching in-process (worker/loop/batch.py) on the tiny float32 model: a request in
 a batch gives what it gives alone, whatever joins, leaves or is prefilled beside it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 from protocol.messages import pack_ids
 from tests.generates import generate
 from tests.worker.batchrun import make_batch, run_all, steps
-from worker.batch import ChunkSizer, StepMemory
-from worker.prefix_cache import PrefixCache
+from worker.loop.batch import ChunkSizer, StepMemory
+from worker.kvcache.prefix import PrefixCache
 
 PROMPTS = {
     "a": "Once upon a time there was a little model",
@@ -195,7 +195,7 @@ def test_a_prefill_chunk_fits_what_the_running_sequences_leave_of_the_budget(eng
     is halved until `prefill_batch` prompts' working memory fits beside the batch's KV,
     down to MIN_CHUNK, and the prompt cache gives way to it."""
     from tests.worker.batchrun import Seq
-    from worker.batch import MIN_CHUNK
+    from worker.loop.batch import MIN_CHUNK
 
     memory = StepMemory(0.0, 1.0, 0)   # one byte a (query, key) pair: c x (c + offset)
     p1 = engine.prepare(gen("c", max_tokens=100))
@@ -253,7 +253,7 @@ def test_step_memory_is_measured_from_two_prefills(engine):
 
 
 def test_prefill_chunks_grow_while_steps_are_fast_and_shrink_when_slow():
-    from worker.batch import ChunkSizer
+    from worker.loop.batch import ChunkSizer
 
     sizer = ChunkSizer(512, 2048, target=0.1)
     assert [sizer.observe(0.01) for _ in range(3)] == [1024, 2048, 2048]  # fast: up to the top
@@ -266,7 +266,7 @@ def test_prefill_chunks_grow_while_steps_are_fast_and_shrink_when_slow():
 def test_the_batch_prefills_in_chunks_of_the_sizers_size(engine):
     """Injected step times: fast steps grow the chunk, so a 1000-token prompt needs fewer
     steps than at the fixed size, and the tokens are the same."""
-    from worker.batch import ChunkSizer
+    from worker.loop.batch import ChunkSizer
 
     g = generate(rid="p", prompt_ids=pack_ids([10 + i % 1000 for i in range(1000)]),
                  max_tokens=4, temperature=0.0)
@@ -284,7 +284,7 @@ def test_the_batch_prefills_in_chunks_of_the_sizers_size(engine):
 
 
 def test_one_sequence_decodes_on_plain_caches_and_gives_mlx_lms_own_output(engine, monkeypatch):
-    # worker/batch_fixes.py: a batch of one prefills with a plain cache's mask ("causal":
+    # worker/loop/mlx_lm_patches.py: a batch of one prefills with a plain cache's mask ("causal":
     # the faster kernels) and decodes on plain KVCaches (no mask, its position counted on
     # the host), as mlx-lm's single-sequence path does; a padded batch keeps its array.
     import mlx.core as mx
@@ -321,7 +321,7 @@ def test_one_sequence_decodes_on_plain_caches_and_gives_mlx_lms_own_output(engin
 
 def test_a_lone_sequences_plain_caches_go_back_to_the_batch_when_another_joins(engine,
                                                                              monkeypatch):
-    """worker/batch_fixes.py: while a sequence decodes alone, no BatchKVCache decodes
+    """worker/loop/mlx_lm_patches.py: while a sequence decodes alone, no BatchKVCache decodes
     (its steps run on plain views of the layers); when another joins, the views are
     written back first (mlx-lm merges BatchKVCaches only), and once the first has left,
     the one still running decodes on views again. Each gives what it gives alone."""
@@ -388,13 +388,13 @@ def test_a_lone_sequence_has_its_first_token_at_the_step_that_ends_its_prompt(en
 
 
 def test_prompts_that_end_together_move_to_decoding_without_a_copy(engine, monkeypatch):
-    """worker/batch_fixes.py: when every prompt in mlx-lm's prompt batch ends at once (a
+    """worker/loop/mlx_lm_patches.py: when every prompt in mlx-lm's prompt batch ends at once (a
     lone request, or two of one length), the batch moves to decoding as it is; when one
     ends before another, the one that ends is gathered out of the batch. Neither takes
     mlx-lm's deep copy of the whole batch, and each request gives what it gives alone."""
     from mlx_lm.generate import PromptProcessingBatch
 
-    from worker.batch import ChunkSizer
+    from worker.loop.batch import ChunkSizer
 
     copies = []
     own_copy = PromptProcessingBatch._copy
@@ -417,13 +417,13 @@ def test_prompts_that_end_together_move_to_decoding_without_a_copy(engine, monke
 
 
 def test_joining_and_leaving_apart_reads_the_padding_once_per_batch(engine, monkeypatch):
-    """worker/batch_fixes.py: sequences that join one step apart (left padding) and leave
+    """worker/loop/mlx_lm_patches.py: sequences that join one step apart (left padding) and leave
     apart are filtered out of the batch and their caches extracted (for the prompt cache)
     with one read of the padding per batch, not mlx-lm's per-layer methods; each gives
     what it gives alone, and what it leaves in the prompt cache serves its next turn."""
     from mlx_lm.models.cache import BatchKVCache
 
-    from worker.prefix_cache import PrefixCache
+    from worker.kvcache.prefix import PrefixCache
 
     per_layer = []
     for name in ("filter", "extract"):
@@ -454,7 +454,7 @@ def test_joining_and_leaving_apart_reads_the_padding_once_per_batch(engine, monk
 
 
 def test_filtering_a_generation_batch_narrows_every_list_it_keeps(engine):
-    """The one-read filter (worker/batch_fixes.py) filters mlx-lm's generation batch
+    """The one-read filter (worker/loop/mlx_lm_patches.py) filters mlx-lm's generation batch
     itself: every per-sequence list the batch keeps must narrow with it (a list mlx-lm
     adds later and the filter misses would pair sequences with others' state)."""
     from tests.worker.batchrun import Seq
@@ -483,7 +483,7 @@ def test_one_read_extract_and_filter_equal_mlx_lms_per_layer_methods(engine):
     from mlx_lm.generate import GenerationBatch
     from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-    from worker import batch_fixes
+    from worker.loop import mlx_lm_patches
 
     singles = []
     for n in (5, 9, 3):
@@ -499,7 +499,7 @@ def test_one_read_extract_and_filter_equal_mlx_lms_per_layer_methods(engine):
         for g, w in zip(got, want):
             assert g.offset == w.offset
             assert mx.array_equal(g.keys, w.keys) and mx.array_equal(g.values, w.values)
-    batch_fixes._filter(mine, [0, 2])  # drops the longest: the padding left shifts away
+    mlx_lm_patches._filter(mine, [0, 2])  # drops the longest: the padding left shifts away
     for c in theirs:
         c.filter([0, 2])
     for g, w in zip(mine, theirs):

@@ -9,7 +9,8 @@ from mlx_lm.generate import stream_generate
 
 from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, Generate, pack_ids
 from tests.generates import generate
-from worker.engine import RequestError, TextEngine
+from worker.text.engine import TextEngine
+from worker.errors import RequestError
 from tests.worker.batchrun import steps as run_steps
 
 PROMPT = "Once upon a time there was a little model"

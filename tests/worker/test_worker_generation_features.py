@@ -12,8 +12,9 @@ import pytest
 
 from protocol.messages import INVALID_REQUEST, Generate
 from tests.generates import generate
-from worker import models
-from worker.engine import RequestError, TextEngine
+from worker.loading import models
+from worker.text.engine import TextEngine
+from worker.errors import RequestError
 from tests.worker.batchrun import steps as run_steps
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {

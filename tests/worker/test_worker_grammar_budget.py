@@ -15,7 +15,7 @@ import pytest
 from protocol.messages import INVALID_REQUEST, Cancel, Generate
 from tests.generates import generate
 from tests.worker.test_worker_scheduler import serve
-from worker.engine import RequestError
+from worker.errors import RequestError
 from tests.worker.batchrun import steps as run_steps
 
 RECURSIVE_REQUIRED = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}

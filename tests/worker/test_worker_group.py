@@ -14,14 +14,14 @@ import zmq
 
 from protocol.codec import encode
 from protocol.messages import Generate, SamplingParams, pack_ids
-from worker import sampling
-from worker.engine import Prepared
+from worker.text import sampling
+from worker.text.engine import Prepared
 from worker.group import keys, launch, setup
 from worker.group.broadcast import FRAME, Broadcast
 from worker.group.control import FollowerControl, LeaderControl
 from worker.group.follower import Diverged, Follower
 from worker.group.leader import PING_EVERY, GroupLost, LeaderBatch, checksum
-from worker.models import LoadError
+from worker.errors import LoadError
 
 
 def gen(rid: str, ids=(1, 2, 3)) -> Generate:
@@ -460,7 +460,7 @@ def test_reseeding_follows_the_shared_seed():
 def test_a_failed_collective_ends_the_group_not_the_requests():
     """The backend's own wording of a lost peer makes the step raise GroupLost (the
     scheduler lets it through); any other failure stays the scheduler's to isolate."""
-    from worker.scheduler import WorkerBroken
+    from worker.errors import WorkerBroken
 
     inner, q = FakeBatch(), Queue()
     leader = LeaderBatch(inner, q)

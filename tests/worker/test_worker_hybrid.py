@@ -10,7 +10,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 from protocol.messages import pack_ids
 from tests.generates import generate
 from tests.worker.batchrun import Seq, make_batch, run_all, steps
-from worker.prefix_cache import PrefixCache
+from worker.kvcache.prefix import PrefixCache
 
 SYSTEM = [10 + (i * 7) % 900 for i in range(200)]
 

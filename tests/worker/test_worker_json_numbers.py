@@ -12,7 +12,7 @@ import json
 import llguidance
 import pytest
 
-from worker.json_grammar import definitions, json_rule
+from worker.text.json_grammar import definitions, json_rule
 
 
 class _Bytes:

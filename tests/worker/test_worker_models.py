@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from worker import models
+from worker.loading import models
 
 
 @pytest.mark.parametrize("config,expected", [

@@ -13,13 +13,13 @@ import pytest
 from protocol.messages import (CONTEXT_LENGTH_EXCEEDED, Generate, ModelKind, Task,
                                pack_ids)
 from protocol.models import model_kind
-from worker.models import read_config
+from worker.loading.models import read_config
 from worker.pooling import pooling_config
 from worker.pooling.embedder import EmbedEngine
 from worker.pooling.jobs import TOKENS_PER_STEP, Job
 from worker.pooling.reranker import LMReranker
-from worker.prompt import RequestError
-from worker.tokens import Answered
+from worker.errors import RequestError
+from worker.text.tokens import Answered
 
 TEXTS = ["hello world", "The quick brown fox jumps over the lazy dog. " * 3, "a",
          "def main():\n    print('hello')\n"]

@@ -1,4 +1,4 @@
-"""The prompt-prefix cache (worker/prefix_cache.py) with the real batch and the tiny model:
+"""The prompt-prefix cache (worker/kvcache/prefix.py) with the real batch and the tiny model:
 reuse gives the cold run's output, across turns and namespaces, within bytes and time."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from protocol.messages import pack_ids
 from tests.generates import generate
 from tests.worker.batchrun import Seq, make_batch, run_all
-from worker.prefix_cache import PrefixCache
+from worker.kvcache.prefix import PrefixCache
 
 SYSTEM = [10 + (i * 7) % 900 for i in range(300)]  # a 300-token "system prompt"
 

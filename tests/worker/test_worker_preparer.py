@@ -14,7 +14,7 @@ import pytest
 from protocol.messages import Cancel, Generate, Shutdown
 from tests.generates import generate
 from tests.worker.test_worker_scheduler import FakeLink, serve
-from worker.scheduler import Scheduler
+from worker.loop.scheduler import Scheduler
 from worker.status import WorkerStatus
 from tests.worker.batchrun import make_batch
 

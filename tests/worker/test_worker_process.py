@@ -369,7 +369,7 @@ def test_the_worker_warms_up_before_ready_with_heartbeats_flowing(spawn, tiny_mo
     """A slow first compile (here: a warm-up made to take 2 s) happens before Ready, and
     heartbeats say "loading" all along, so the supervisor never takes it for hung."""
     (tmp_path / "sitecustomize.py").write_text(
-        "import time, worker.batch as b\n"
+        "import time, worker.loop.batch as b\n"
         "real = b.Batch.warm\n"
         "def slow(self, *a, **k):\n"
         "    time.sleep(2)\n"

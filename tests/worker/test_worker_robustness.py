@@ -16,9 +16,10 @@ from mlx_lm.sample_utils import make_sampler
 from protocol.messages import INTERNAL, INVALID_REQUEST, Generate
 from tests.generates import generate
 from tests.worker.test_worker_scheduler import FakeLink, serve
-from worker import sampling
-from worker.engine import RequestError
-from worker.scheduler import Scheduler, WorkerBroken
+from worker.text import sampling
+from worker.errors import RequestError
+from worker.loop.scheduler import Scheduler
+from worker.errors import WorkerBroken
 from worker.status import WorkerStatus
 from tests.worker.batchrun import make_batch, steps as run_steps
 
@@ -134,7 +135,7 @@ def test_broken_worker_answers_the_failed_request_then_exits_with_its_own_code(
     # The fault, injected at interpreter start: the sampler fails as in finding 2 and the
     # probe after it fails too (a worker whose MLX state is beyond repair).
     (tmp_path / "sitecustomize.py").write_text(
-        "import worker.engine as e, worker.sampling as s\n"
+        "import worker.text.engine as e, worker.text.sampling as s\n"
         "from mlx_lm.sample_utils import make_sampler\n"
         "real = s.sampler_for\n"
         "s.sampler_for = lambda sp, v: (make_sampler(1.0, top_k=v + 1)\n"

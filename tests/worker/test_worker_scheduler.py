@@ -12,7 +12,7 @@ from protocol.messages import (
     INTERNAL, Cancel, Generate, Shutdown, StatusRequest, unpack_ids,
 )
 from tests.generates import generate
-from worker.scheduler import Scheduler
+from worker.loop.scheduler import Scheduler
 from worker.status import WorkerStatus
 from tests.worker.batchrun import make_batch
 
@@ -66,7 +66,7 @@ def test_generate_streams_started_deltas_done(engine):
     assert done.prompt_tokens == link.of("a")[0].prompt_tokens > 0
     assert all(len(unpack_ids(d.token_ids)) == 1 for d in link.of("a")[1:-1])
     prefill_chunks = -(-(done.prompt_tokens - 1) // 64)  # the engine fixture's prefill step
-    # + one step moving the sequence from prefill to decoding (worker/batch.py)
+    # + one step moving the sequence from prefill to decoding (worker/loop/batch.py)
     assert status.steps == prefill_chunks + 1 + 9 and status.view.state == "draining"
 
 
@@ -224,7 +224,7 @@ def test_the_buffer_cache_goes_back_after_a_moment_idle_not_between_requests(eng
     import threading
     import time
 
-    import worker.scheduler as sched
+    import worker.loop.scheduler as sched
 
     cleared, done_at = [], {}
     monkeypatch.setattr(sched, "_CLEAR_AFTER_IDLE", 0.4)

@@ -1,4 +1,4 @@
-"""Named KV snapshots (worker/snapshots/) with the real batch and tiny models: a chain of
+"""Named KV snapshots (worker/kvcache/) with the real batch and tiny models: a chain of
 turns prefills only what is new, from memory and from disk (a fresh worker), with the cold
 run's output; a rewritten history falls back, counted; the hybrid model resumes from its
 recurrent state."""
@@ -10,9 +10,9 @@ import pytest
 from protocol.messages import pack_ids
 from tests.generates import generate
 from tests.worker.batchrun import Seq, make_batch
-from worker.prefix_cache import PrefixCache
-from worker.snapshots.disk import DiskTier
-from worker.snapshots.store import SnapshotStore
+from worker.kvcache.prefix import PrefixCache
+from worker.kvcache.disk import DiskTier
+from worker.kvcache.snapshots import SnapshotStore
 
 SYSTEM = [10 + (i * 7) % 900 for i in range(200)]
 

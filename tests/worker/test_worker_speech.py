@@ -45,7 +45,7 @@ def test_a_tts_worker_streams_audio_and_refuses_what_it_cannot_do(spawn, tts_mod
     assert len(audio) >= 2  # streamed: pieces as they are synthesised
     samples = np.concatenate([np.frombuffer(a.data, "<f4") for a in audio])
     assert {a.sample_rate for a in audio} == {24000}
-    # The demo speaks (words + 2) s for a sentence (worker/demo_tts.py).
+    # The demo speaks (words + 2) s for a sentence (worker/demos/tts.py).
     assert samples.size == 8 * 24000 and np.isfinite(samples).all() and np.abs(samples).max() > 0
     assert done(events["a"]).finish_reason == "stop"
     assert done(events["a"]).completion_tokens == len(audio)

@@ -1,6 +1,6 @@
 """Text the stop matcher holds back (it could still become a stop string) comes out when
 the sequence ends another way: by its token budget or by end-of-sequence
-(worker/decoding.py's `_tail`, worker/stops.py's `flush`). The tiny model in-process: a
+(worker/text/decoding.py's `_tail`, worker/text/stops.py's `flush`). The tiny model in-process: a
 stop string made of the output's last characters plus one it never writes, so the
 matcher holds those characters until the end."""
 

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from worker.stops import StopMatcher
+from worker.text.stops import StopMatcher
 
 
 def run(stops, chunks):

@@ -14,8 +14,8 @@ from transformers import PreTrainedTokenizerFast
 
 from protocol.messages import CONTEXT_LENGTH_EXCEEDED
 from tests.generates import generate
-from worker.engine import RequestError
-from worker.token_bound import TokenBound
+from worker.errors import RequestError
+from worker.text.token_bound import TokenBound
 
 BIG = "hello world " * (14 * 1024 * 1024 // 12)  # ~14 MB, as in the finding
 

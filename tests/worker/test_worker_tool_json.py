@@ -1,6 +1,6 @@
 """Tool calls are strict JSON that validates (issue 30, item 3), in the real engine on tiny
 random-weight models: with tool_choice "auto" too, a call the model opens is held to the
-tools' schemas in the family's own format (worker/constraints.py), so its arguments parse
+tools' schemas in the family's own format (worker/text/constraints.py), so its arguments parse
 and validate; the random model is steered into opening one with logit_bias on the
 family's call marker."""
 

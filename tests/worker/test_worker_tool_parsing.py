@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from worker.channels import OutputSplitter
-from worker.tool_formats import LLAMA3_JSON, mlx_lm_format, normalize_calls
+from worker.text.channels import OutputSplitter
+from worker.text.tool_formats import LLAMA3_JSON, mlx_lm_format, normalize_calls
 
 WEATHER = {"city": "Paris", "days": 3}
 TIME = {"zone": "UTC"}

@@ -13,7 +13,7 @@ from PIL import Image
 from protocol.messages import Generate
 from tests.generates import generate
 from tests.worker.batchrun import Seq
-from worker.engine import RequestError
+from worker.errors import RequestError
 
 
 @pytest.fixture(scope="session")
@@ -143,7 +143,7 @@ def test_a_worker_process_serves_a_vision_model_one_request_at_a_time(spawn, vis
 
 
 def test_a_text_model_reads_an_earlier_image_as_a_placeholder_and_refuses_one_now(engine):
-    # worker/prompt.py: the worker alone knows its kind for sure (a request can come
+    # worker/text/prompt.py: the worker alone knows its kind for sure (a request can come
     # before its model loaded), so a text model applies the media rule itself.
     history = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hm?"}]},
                {"role": "assistant", "content": "A cat."}]

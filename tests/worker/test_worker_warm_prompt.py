@@ -1,4 +1,4 @@
-"""--warm-prompt (worker/snapshots/warm.py): the system prompt (or chat request) a worker
+"""--warm-prompt (worker/kvcache/warm.py): the system prompt (or chat request) a worker
 prefills at load and pins, so the first request that begins with it already hits, in any
 namespace, with the cold output; pinned state survives eviction, sweeps and clear."""
 
@@ -11,9 +11,9 @@ import pytest
 from protocol.messages import Generate, Started
 from tests.generates import generate
 from tests.worker.batchrun import Seq, make_batch
-from worker.models import LoadError
-from worker.prefix_cache import PrefixCache
-from worker.snapshots.warm import pin_warm_prompt, shared_prefix, warm_request
+from worker.errors import LoadError
+from worker.kvcache.prefix import PrefixCache
+from worker.kvcache.warm import pin_warm_prompt, shared_prefix, warm_request
 
 SYSTEM = "You are a careful coding agent. " * 20
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",

@@ -21,9 +21,9 @@ import time
 import msgpack
 
 from protocol.codec import decode_down
-from worker.engine import Prepared
+from worker.text.engine import Prepared
 from worker.group.leader import checksum
-from worker.preparer import prepare
+from worker.loop.preparer import prepare
 
 log = logging.getLogger("worker.group.follower")
 

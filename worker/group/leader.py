@@ -22,7 +22,7 @@ import zlib
 import msgpack
 
 from protocol.codec import encode
-from worker.scheduler import WorkerBroken
+from worker.errors import WorkerBroken
 
 PING_EVERY = 1.0   # s between pings while idle
 

@@ -70,14 +70,14 @@ def serve(args) -> int:
 
     from protocol.messages import LOAD_FAILED, Done, Error, FinishReason, Generate, Ready
     from protocol.exits import EXIT_BROKEN, EXIT_GROUP_LOST, EXIT_LOAD_FAILED
-    from worker.startup import make_batch, set_wired_limit
+    from worker.loading.startup import make_batch, set_wired_limit
     from worker.group import keys as group_keys
     from worker.group import setup
     from worker.group.control import FollowerControl, LeaderControl
     from worker.group.follower import Diverged, Follower
     from worker.group.leader import GroupLost, LeaderBatch
     from worker.link import Link
-    from worker.models import LoadError
+    from worker.errors import LoadError
     from worker.status import WorkerStatus
 
     group = setup.join()
@@ -123,14 +123,14 @@ def serve(args) -> int:
         setup.share_seed(chan)
         loaded, sharding, rows = setup.load(args, group, chan, progress)
         set_wired_limit()
-        from worker.engine import TextEngine
+        from worker.text.engine import TextEngine
 
         engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                             args.prefill_step, loaded.vocab_size)
         batch = make_batch(engine, args, loaded.path, f"{sharding}-{rank}of{size}")
         batch.warm()
         if args.warm_prompt is not None:
-            from worker.snapshots.warm import pin_warm_prompt
+            from worker.kvcache.warm import pin_warm_prompt
 
             pin_warm_prompt(batch, args.warm_prompt, max(1, args.prefill_step))
         latency, bandwidth = setup.probe_link(chan)
@@ -167,7 +167,9 @@ def serve(args) -> int:
 
     import mlx.core as mx
 
-    from worker.scheduler import Scheduler, WorkerBroken
+    from worker.loop.scheduler import Scheduler
+
+    from worker.errors import WorkerBroken
 
     log.info("ready: %s (group of %d, %s over %s; link %.0f us, %.2f GB/s)", args.name or
              args.model, size, sharding, info.backend, latency * 1e6, bandwidth / 1e9)

@@ -21,9 +21,11 @@ import msgpack
 
 from protocol import models as shared
 from protocol.messages import GroupInfo, GroupRank, ModelKind
-from worker import models, sampling
+from worker.loading import models
+from worker.text import sampling
 from worker.group.broadcast import Broadcast
-from worker.models import LoadError, LoadedModel
+from worker.loading.models import LoadedModel
+from worker.errors import LoadError
 
 log = logging.getLogger("worker.group.setup")
 
@@ -170,7 +172,7 @@ def load(args, group, chan: Broadcast, progress=None) -> tuple[LoadedModel, str,
         log.exception("loading the shard of %s failed", path)
         raise LoadError(f"could not load this rank's shard of {args.model}: "
                         f"{type(e).__name__}: {e}"[:500]) from None
-    from worker.demo import is_random_weights
+    from worker.demos.text import is_random_weights
 
     loaded = LoadedModel(model=model, tokenizer=tokenizer, path=path,
                          context_length=models.context_length(config, args.max_context_tokens),

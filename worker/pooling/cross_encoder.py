@@ -25,9 +25,9 @@ import mlx.nn as nn
 import numpy as np
 
 from protocol.messages import INVALID_REQUEST, ModelKind, Task
-from worker import tokens
+from worker.text import tokens
 from worker.pooling.jobs import Job, padded
-from worker.prompt import RequestError
+from worker.errors import RequestError
 
 # Hugging Face architecture → (mlx-embeddings module, the checkpoint's encoder prefix).
 ARCHITECTURES = {

@@ -16,10 +16,10 @@ import numpy as np
 
 from protocol.messages import (CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, ModelKind, Task,
                                unpack_ids)
-from worker import tokens
+from worker.text import tokens
 from worker.pooling import pooling_config
 from worker.pooling.jobs import Job, padded
-from worker.prompt import RequestError
+from worker.errors import RequestError
 
 log = logging.getLogger("worker.embed")
 

@@ -13,9 +13,9 @@ import mlx.core as mx
 import numpy as np
 
 from protocol.messages import CONTEXT_LENGTH_EXCEEDED, INVALID_REQUEST, ModelKind, Task
-from worker import tokens
+from worker.text import tokens
 from worker.pooling.jobs import Job, padded
-from worker.prompt import RequestError
+from worker.errors import RequestError
 
 # The recipe's words (Qwen3-Reranker's model card); the instruction is its default.
 SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the '

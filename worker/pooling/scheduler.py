@@ -1,5 +1,5 @@
 """The scheduler of an embedding or reranker worker: the one-request-at-a-time loop
-(worker/serial_scheduler.py) whose step is one padded batch of a request's inputs
+(worker/loop/serial_scheduler.py) whose step is one padded batch of a request's inputs
 (jobs.py). A request's result goes out whole, as one Pooled message, just before its Done.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 
 from protocol.messages import INTERNAL, FinishReason, Pooled, pack_floats
-from worker.serial_scheduler import Request, SerialScheduler
+from worker.loop.serial_scheduler import Request, SerialScheduler
 
 log = logging.getLogger("worker.pooling")
 

@@ -1,2 +1,2 @@
 """Speech workers (mlx-audio): transcription (STT) and synthesis (TTS), one request at a
-time (worker/serial_scheduler.py); audio files are decoded on the preparation thread."""
+time (worker/loop/serial_scheduler.py); audio files are decoded on the preparation thread."""

@@ -14,7 +14,7 @@ import io
 import numpy as np
 
 from protocol.messages import INVALID_REQUEST
-from worker.prompt import RequestError
+from worker.errors import RequestError
 
 # Decoded audio is ~20× the bytes of a compressed file: a 25 MB Opus file can hold a
 # day of speech (gigabytes of samples). Past this, refuse rather than decode.

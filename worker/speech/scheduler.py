@@ -1,4 +1,4 @@
-"""The scheduler of a speech worker: one request at a time (worker/serial_scheduler.py),
+"""The scheduler of a speech worker: one request at a time (worker/loop/serial_scheduler.py),
 one request being one call into the engine that reports back between its stretches of
 work (a transcription's windows, a synthesis' audio chunks).
 
@@ -17,7 +17,7 @@ import logging
 import numpy as np
 
 from protocol.messages import INTERNAL, Audio, Delta, FinishReason, Task, Transcript
-from worker.serial_scheduler import Request, SerialScheduler
+from worker.loop.serial_scheduler import Request, SerialScheduler
 
 log = logging.getLogger("worker.speech")
 

@@ -21,8 +21,8 @@ from typing import Iterator
 import numpy as np
 
 from protocol.messages import INVALID_REQUEST, Generate, ModelKind
-from worker.prompt import RequestError
-from worker.tokens import check_task
+from worker.errors import RequestError
+from worker.text.tokens import check_task
 
 DEFAULT_RATE = 24000
 _VOICE_ATTRS = ("voices", "speakers", "available_voices")

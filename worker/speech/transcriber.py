@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from protocol.messages import INVALID_REQUEST, Generate, ModelKind, Segment, SpeechSpec, Word
-from worker.prompt import RequestError
+from worker.errors import RequestError
 from worker.speech.decode import decode_audio
-from worker.tokens import check_task
+from worker.text.tokens import check_task
 
 log = logging.getLogger("worker.speech")
 

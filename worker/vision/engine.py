@@ -15,8 +15,9 @@ and the pixel arrays. That runs on the preparation thread, in numpy, like the re
 from __future__ import annotations
 
 from protocol.messages import INVALID_REQUEST
-from worker import prompt as chat_prompt
-from worker.engine import Prepared, RequestError, TextEngine
+from worker.text import prompt as chat_prompt
+from worker.text.engine import Prepared, TextEngine
+from worker.errors import RequestError
 from worker.vision.images import Limits, decode_images
 
 # Keys of the processor's output that are not keyword arguments of the model's step.

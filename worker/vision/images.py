@@ -37,7 +37,7 @@ from math import isqrt
 from PIL import Image
 
 from protocol.messages import INVALID_REQUEST
-from worker.prompt import RequestError
+from worker.errors import RequestError
 
 Image.MAX_IMAGE_PIXELS = None  # the bounds below are checked instead, with the size
 

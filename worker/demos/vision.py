@@ -1,0 +1,118 @@
+"""A tiny random-weight vision-language model in real mlx-vlm format, built locally with
+no download: the vision model of the tests, the benchmarks and `demo-vision`.
+
+Qwen2-VL's architecture (mlx-vlm `qwen2_vl`: a ViT whose patches are merged 2×2 into
+the language model's embeddings, multimodal rotary positions), at toy size and float32:
+hidden 64, 2 language and 2 vision layers. Its processor is the family's own
+(`Qwen2VLProcessor` with Qwen2-VL's image processor, configured in
+preprocessor_config.json) over a byte-level BPE tokenizer trained in-process
+(worker/demos/text.py) with the vision special tokens, and a chat template that puts
+`<|vision_start|><|image_pad|><|vision_end|>` where a message has an image, which the
+processor expands to one token per merged patch. Images are resized to between 56×56
+and 112×112 pixels: 4 to 16 image tokens. `mlx_vlm.load` reads the directory like any
+model from the hub.
+
+`small` (the benchmark's, bench/multimodal.py) is larger where the engine should
+dominate: hidden 512, 8 language layers, a 4-layer vision tower of width 256, images of
+up to 448×448 pixels (256 image tokens).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from worker.demos.text import MARKER, BuiltModel, ChatTemplate, _train_tokenizer, save_model_dir
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+QWEN2_VL = ChatTemplate("qwen2-vl", (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"), VISION_TOKENS)
+
+MIN_PIXELS = 56 * 56
+SIZES = {
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, mrope=[2, 3, 3],
+                 depth=2, embed=32, vision_heads=2, max_pixels=112 * 112),
+    "small": dict(hidden=512, layers=8, heads=8, kv_heads=2, mlp=1536, mrope=[8, 12, 12],
+                  depth=4, embed=256, vision_heads=4, max_pixels=448 * 448),
+}
+
+
+def build_vision_model(path: str | Path, size: str = "tiny", *, seed: int = 0,
+                       context_length: int = 4096) -> BuiltModel:
+    """Build the vision model of `size` at `path` (atomically; reused if already there)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models import qwen2_vl
+
+    path = Path(path)
+    if (path / MARKER).exists():
+        meta = json.loads((path / MARKER).read_text())
+        return BuiltModel(path, meta["context_length"], meta["vocab_size"])
+    tokenizer = _train_tokenizer(1024, QWEN2_VL)
+    vocab_size = len(tokenizer)  # every id the model can sample decodes
+    token = tokenizer.convert_tokens_to_ids
+    s = SIZES[size]
+    hidden = s["hidden"]
+    config = {
+        "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
+        "hidden_size": hidden, "num_hidden_layers": s["layers"], "intermediate_size": s["mlp"],
+        "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"],
+        "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+        "max_position_embeddings": context_length, "rope_theta": 10000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": s["mrope"]},
+        "tie_word_embeddings": False, "torch_dtype": "float32",
+        "eos_token_id": token("<|im_end|>"), "bos_token_id": token("<|endoftext|>"),
+        "pad_token_id": token("<|endoftext|>"), "image_token_id": token("<|image_pad|>"),
+        "video_token_id": token("<|video_pad|>"),
+        "vision_start_token_id": token("<|vision_start|>"),
+        "vision_end_token_id": token("<|vision_end|>"),
+        "vision_config": {"model_type": "qwen2_vl", "depth": s["depth"],
+                          "embed_dim": s["embed"], "hidden_size": hidden,
+                          "num_heads": s["vision_heads"], "patch_size": 14,
+                          "spatial_merge_size": 2, "temporal_patch_size": 2,
+                          "in_channels": 3, "mlp_ratio": 2},
+    }
+    args = qwen2_vl.ModelConfig.from_dict(dict(config))
+    args.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
+    args.text_config = qwen2_vl.TextConfig.from_dict(config)
+    mx.random.seed(seed)
+    model = qwen2_vl.Model(args)
+    # As the text demo (worker/demos/text.py): a head scaled up, so greedy output has no
+    # near-ties, and the EOS row zeroed, so generations run to max_tokens.
+    lm = model.language_model
+    head = lm.lm_head.weight * 4
+    head[config["eos_token_id"]] = 0.0
+    lm.update({"model": {"embed_tokens": {"weight": lm.model.embed_tokens.weight * 4}},
+               "lm_head": {"weight": head}})
+    # And the image's embeddings as large as the text's, so what it shows changes what
+    # the model says (a test checks that the image reaches the model).
+    merger = model.vision_tower.merger.mlp  # [Linear, GELU, Linear]
+    merger[0].weight = merger[0].weight * 4
+    merger[2].weight = merger[2].weight * 16
+    weights = dict(tree_flatten(model.parameters()))
+    mx.eval(weights)
+
+    def processor_files(folder: Path) -> None:
+        (folder / "preprocessor_config.json").write_text(json.dumps({
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "processor_class": "Qwen2VLProcessor",
+            "min_pixels": MIN_PIXELS, "max_pixels": s["max_pixels"], "patch_size": 14,
+            "temporal_patch_size": 2, "merge_size": 2,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "do_convert_rgb": True}, indent=2))
+        (folder / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_VL.text}))
+
+    save_model_dir(path, weights, config, tokenizer,
+                   {"preset": f"{size}-vision", "family": QWEN2_VL.name, "seed": seed,
+                    "context_length": context_length, "vocab_size": vocab_size},
+                   extra=processor_files)
+    return BuiltModel(path, context_length, vocab_size)

@@ -1,0 +1,93 @@
+"""--warm-prompt: a system prompt (or a whole chat request) prefilled at load and pinned in
+the prompt cache, so the first request after a start, a restart or a swap already starts
+from it instead of prefilling an agent's long system prompt and tool list.
+
+The file is plain text (the system prompt) or a chat completions request as JSON
+(`messages`, and `tools` as the client sends them). What is prefilled is the part that
+every next turn shares, whatever the template: the conversation is rendered twice with a
+different user message after it, and the tokens the renderings share are the prefix (up
+to and including the opening of the user turn). Its state is computed once, before the
+worker says it is ready, and pinned (worker/kvcache/prefix.py `pin`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from protocol.messages import Generate, OutputSpec
+from worker.errors import LoadError
+
+_PROBES = ("a", "Hello", "{", "1")  # different first user words: where renderings part
+
+
+def warm_request(path: Path) -> Generate:
+    """The file's conversation as a Generate (LoadError if it is not a system prompt or a
+    chat request)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LoadError(f"--warm-prompt {path}: cannot read it ({e})") from None
+    body = None
+    if text.lstrip().startswith("{"):
+        try:
+            body = json.loads(text)
+        except ValueError as e:
+            raise LoadError(f"--warm-prompt {path}: not valid JSON ({e})") from None
+    if body is None:
+        if not text.strip():
+            raise LoadError(f"--warm-prompt {path} is empty")
+        return Generate(rid="warm-prompt", messages=[{"role": "system", "content": text}])
+    messages, tools = body.get("messages"), body.get("tools")
+    if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) for m in messages):
+        raise LoadError(f"--warm-prompt {path}: a chat request needs a non-empty `messages` "
+                        "list of objects")
+    if tools is not None and not isinstance(tools, list):
+        raise LoadError(f"--warm-prompt {path}: `tools` must be a list")
+    return Generate(rid="warm-prompt", messages=messages, output=OutputSpec(tools=tools or None))
+
+
+def shared_prefix(engine, gen: Generate) -> list[int]:
+    """The tokens every next turn of `gen`'s conversation begins with."""
+    renders = []
+    for word in _PROBES:
+        probe = Generate(rid=gen.rid, messages=[*gen.messages, {"role": "user", "content": word}],
+                         output=gen.output, template_kwargs=gen.template_kwargs)
+        renders.append(engine.prompt_ids(probe, bound=False)[0])
+    n = 0
+    while all(len(r) > n for r in renders) and len({r[n] for r in renders}) == 1:
+        n += 1
+    return renders[0][:n]
+
+
+def prefill(engine, ids: list[int], step: int, max_kv_size=None) -> list:
+    """The model's cache after `ids`, prefilled `step` tokens at a time. MLX thread."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(engine.model, max_kv_size)
+    for start in range(0, len(ids), step):
+        engine.model(mx.array(ids[start:start + step])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def pin_warm_prompt(batch, path: Path, step: int) -> int:
+    """Prefill the warm prompt's shared prefix and pin it in `batch`'s prompt cache.
+    Returns the tokens pinned (0: nothing to pin)."""
+    if batch.prefix is None:
+        raise LoadError("--warm-prompt needs the prompt cache (--prompt-cache-bytes above 0)")
+    engine = batch.engine
+    try:
+        ids = shared_prefix(engine, warm_request(path))
+    except LoadError:
+        raise
+    except Exception as e:  # the template refused the conversation, say
+        raise LoadError(f"--warm-prompt {path}: {getattr(e, 'message', None) or e}") from None
+    if len(ids) >= engine.context_length:
+        raise LoadError(f"--warm-prompt {path}: {len(ids)} tokens do not fit the context "
+                        f"({engine.context_length})")
+    if not ids or not batch.prefix.pin(ids, prefill(engine, ids, step, batch.max_kv_size)):
+        return 0
+    return len(ids)

@@ -1,0 +1,106 @@
+"""What a worker process builds before it serves, shared by the one-process worker
+(worker/__main__.py) and each rank of a worker group (worker/group/rank.py): the batch
+within its KV budget, MLX's buffer cache within what the memory gate admitted, and
+Metal's wired memory."""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("worker")
+
+# Prefill chunks grow from --prefill-step up to this (mlx-lm's own default) while steps are
+# fast (worker/loop/batch.py ChunkSizer).
+PREFILL_LARGEST = 2048
+
+
+def make_batch(engine, args, path, shard: str = ""):
+    """The batch the scheduler runs, its KV within --kv-budget: the context is capped to
+    what the budget holds for one sequence, so that one always fits alone. With a prompt
+    cache, named KV snapshots too (on disk under STATE_DIR/kv/MODEL-IDENTITY; a group's
+    ranks, each with its own shard of every state, under MODEL-IDENTITY-`shard`)."""
+    from worker.loop.batch import Batch, ChunkSizer, KVSize, StepMemory
+    from worker.errors import LoadError
+    from worker.kvcache.prefix import PrefixCache
+
+    if args.kv_bits is not None:
+        raise LoadError("--kv-bits: a quantized KV cache cannot combine with continuous "
+                        "batching yet (mlx-lm's BatchGenerator has no quantized batch cache); "
+                        "leave --kv-bits unset")
+    kv = KVSize.measure(engine.model, args.max_kv_size)
+    fits = kv.tokens_within(args.kv_budget)
+    if fits < 2:
+        raise LoadError(f"--kv-budget {args.kv_budget} bytes holds no sequence of this model "
+                        f"({kv.of(2)} bytes for two tokens)")
+    if fits < engine.context_length:
+        log.warning("context capped at %d tokens (the model's is %d): that is what "
+                    "--kv-budget (%d bytes) holds for one sequence", fits,
+                    engine.context_length, args.kv_budget)
+        engine.cap_context(fits)
+    prefix = snapshots = None
+    if args.prompt_cache_bytes > 0:
+        prefix = PrefixCache(min(args.prompt_cache_bytes, args.kv_budget), args.prompt_cache_ttl)
+        snapshots = _snapshots(prefix, args, path, shard)
+    step = max(1, args.prefill_step)
+    return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
+                 prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
+                 prefix=prefix, kv=kv, max_kv_size=args.max_kv_size,
+                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)), snapshots=snapshots,
+                 # (Not a group's rank: each would measure its own shard, and every rank
+                 # must run the chunk the leader chose: worker/group/follower.py.)
+                 step_memory=None if shard else StepMemory.measure(engine.model,
+                                                                   engine.vocab_size or 0))
+
+
+def _snapshots(prefix, args, path, shard: str = ""):
+    from worker.kvcache.disk import DiskTier
+    from worker.kvcache.identity import model_identity, snapshot_dir
+    from worker.kvcache.snapshots import SnapshotStore
+
+    disk = None
+    if args.kv_disk_bytes > 0:
+        identity = model_identity(path, args.max_kv_size) + (f"-{shard}" if shard else "")
+        disk = DiskTier(snapshot_dir(args.state_dir, identity), args.kv_disk_bytes)
+        disk.start()
+    return SnapshotStore(prefix, disk)
+
+
+def set_wired_limit() -> None:
+    """Metal only: keep the weights wired (as mlx-lm does while generating)."""
+    import mlx.core as mx
+
+    try:
+        if mx.metal.is_available():
+            from mlx_lm.utils import maybe_set_recommended_wired_limit
+
+            maybe_set_recommended_wired_limit()
+    except Exception:  # an optimisation; never a reason to fail a load
+        log.warning("could not set the wired memory limit", exc_info=True)
+
+
+def cache_limit(admitted: int, resident: int, kv_budget: int) -> int:
+    """MLX's buffer cache may hold what the admitted size leaves once the resident
+    memory (the weights, as loaded) and the KV budget (the batch's KV, its transients and
+    the prompt cache: worker/loop/batch.py) are counted; none when nothing is left."""
+    return max(0, admitted - resident - kv_budget)
+
+
+def bound_memory(path, args, kv_budget: int) -> int:
+    """Keep the process within what the memory gate admitted it at (protocol/models.py
+    `need_bytes`, from the same settings): MLX keeps freed buffers for reuse, up to a
+    cache limit that by default is the device's whole memory limit (on a Mac, 1.5 x the
+    recommended working set), memory the user's other programs then do not have. Call
+    once loaded and warmed, before anything is cached; `kv_budget`: what the engine's
+    batch may hold beyond the weights (0 for an engine without one: its activations are
+    then what the cache serves). Returns the limit set."""
+    import mlx.core as mx
+
+    from protocol.models import need_bytes
+
+    admitted = need_bytes(path, args.memory_factor, args.kv_budget)
+    limit = cache_limit(admitted, mx.get_active_memory(), kv_budget)
+    mx.set_cache_limit(limit)
+    mx.clear_cache()
+    log.info("MLX buffer cache limited to %d MiB (admitted %d MiB, %d MiB resident)",
+             limit >> 20, admitted >> 20, mx.get_active_memory() >> 20)
+    return limit

@@ -1,0 +1,512 @@
+"""Continuous batching: every running sequence advances in one batched step.
+
+Built on mlx-lm's `BatchGenerator` (its batched KV caches, chunked prefill, one step in
+flight with `mx.async_eval`, per-sequence samplers, logits processors, stop tokens and
+token budgets). New sequences join at step boundaries; each `step()` is one decode step
+for the sequences generating and ONE prefill chunk (at most `prefill_batch` prompts ×
+`prefill_step` tokens) for those being prefilled, so a long prompt never stalls the
+streams already running for longer than one chunk.
+
+What this module adds around it:
+- admission against the KV budget by what the batch really holds (`Batch.holds`):
+  mlx-lm's batch cache is one array per layer whose every row is as long as the longest
+  (left padding) and grows 256 tokens at a time, so N sequences hold N times the KV of
+  the longest prompt plus token budget (`KVSize`), not the sum of their own; a step also
+  needs working memory (`StepMemory`: a prefill chunk's activations, the logits at the
+  batch's width). One that would overflow what is running waits (FIFO: the scheduler
+  admits in order and stops at the first that does not fit). The worker caps its
+  context so that one sequence alone always fits (worker/loading/startup.py), so nothing waits
+  forever;
+- the prompt-prefix cache (worker/kvcache/prefix.py): a sequence starts from the longest
+  cached prefix of its prompt; the batch stores the state at the end of each prompt
+  (only for models whose cache cannot be trimmed: for the others the final state,
+  trimmed, serves the same prompts) and at the end of each sequence;
+- named snapshots (worker/kvcache/): a sequence that names a state to `resume` from
+  starts there when that state's tokens begin its prompt, and one that names a
+  `snapshot` keeps its final state under that name (in memory and on disk);
+- per-sequence output (worker/text/decoding.py), and removal on cancel, stop strings and
+  grammar completion, which mlx-lm's batch does not know about.
+
+A step that raises cannot be pinned on one sequence: the scheduler takes the sequences
+back (`reset`, a fresh generator) and finds the culprit (worker/loop/scheduler.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, generation_stream
+from mlx_lm.models.cache import BatchKVCache, can_trim_prompt_cache, make_prompt_cache
+
+from protocol.messages import CacheStats, Generate, SamplingParams, pack_ids
+from worker.loop import mlx_lm_patches
+from worker.text.decoding import Decoding
+from worker.kvcache.prefix import PrefixCache
+from worker.kvcache.snapshots import SnapshotStore
+
+log = logging.getLogger("worker.loop.batch")
+
+# Non-trimmable caches (recurrent layers) can only be reused from a snapshot taken
+# exactly at a prefix; long prompts get one every this many tokens, so a prompt that
+# shares only the first part of a long earlier one still finds a recent snapshot.
+SNAPSHOT_EVERY = 4096
+# The smallest prefill chunk a tight KV budget may bring a chunk down to.
+MIN_CHUNK = 32
+
+mlx_lm_patches.apply()
+
+
+@dataclass
+class KVSize:
+    """KV memory of one sequence: a fixed part (recurrent state) plus a part per token
+    (attention keys and values), up to `window` tokens for a rotating cache."""
+    per_token: float
+    per_sequence: int = 0
+    window: Optional[int] = None
+
+    def of(self, tokens: int) -> int:
+        if self.window is not None:
+            tokens = min(tokens, self.window)
+        return int(self.per_sequence + self.per_token * tokens)
+
+    def tokens_within(self, nbytes: int) -> int:
+        """The longest sequence whose KV fits in `nbytes` (any, for a rotating cache)."""
+        if self.per_token <= 0 or (self.window is not None and self.of(self.window) <= nbytes):
+            return 1 << 62 if nbytes >= self.per_sequence else 0
+        return max(0, int((nbytes - self.per_sequence) // self.per_token))
+
+    @classmethod
+    def measure(cls, model, window: Optional[int] = None) -> "KVSize":
+        """From the shapes of a cache after a one-token forward pass: attention layers
+        hold (batch, heads, allocated tokens, dim) keys and values; anything else
+        (recurrent state) is per sequence."""
+        cache = make_prompt_cache(model)
+        model(mx.array([[0]]), cache=cache)
+        mx.eval([c.state for c in cache])
+        per_token, fixed = 0.0, 0
+        for layer in _flat(cache):
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if keys is not None and values is not None:
+                arrays = [*keys, *values] if isinstance(keys, (tuple, list)) else [keys, values]
+                per_token += sum(a.nbytes for a in arrays) / arrays[0].shape[2]
+            else:
+                fixed += layer.nbytes
+        return cls(per_token, fixed, window)
+
+
+@dataclass
+class StepMemory:
+    """Working memory of one batched step beyond the KV it keeps. A prefill chunk of c
+    tokens after o cached ones takes `per_token` x c (the layers' activations) plus
+    `per_pair` x c x (c + o) (attention scores, where the backend materializes them: a
+    long chunk's scores outweigh its KV); a decode step, three float32 rows of the
+    vocabulary per sequence (logits, log-probabilities, processed logits)."""
+    per_token: float
+    per_pair: float
+    vocab: int
+
+    def prefill(self, rows: int, chunk: int, offset: int = 0) -> int:
+        return int(rows * chunk * (self.per_token + self.per_pair * (chunk + offset)))
+
+    def logits(self, rows: int) -> int:
+        return rows * self.vocab * 4 * 3
+
+    @classmethod
+    def measure(cls, model, vocab: int, short: int = 32, long: int = 128) -> "StepMemory":
+        """From MLX's peak over prefills of two lengths, less the KV they leave: the
+        linear and the quadratic part of a chunk's working memory."""
+        def working(n: int) -> float:
+            cache = make_prompt_cache(model)
+            mx.reset_peak_memory()
+            model(mx.zeros((1, n), dtype=mx.int32), cache=cache)
+            mx.eval([c.state for c in cache])
+            held = mx.get_peak_memory() - mx.get_active_memory()  # (the KV stays)
+            del cache
+            mx.clear_cache()
+            return max(0, held) / n
+
+        w_short, w_long = working(short), working(long)
+        per_pair = max(0.0, (w_long - w_short) / (long - short))
+        return cls(max(0.0, w_short - per_pair * short), per_pair, vocab)
+
+
+class _Warm:
+    """A stand-in for the scheduler's Sequence, for `Batch.warm`."""
+
+    def __init__(self, rid: str):
+        self.rid, self.uid = rid, None
+
+
+def _materialized(cache: list) -> list:
+    """`cache` computed now. A sequence's cache extracted from the batch is a lazy copy
+    of its row (worker/loop/mlx_lm_patches.py): kept unevaluated, it would hold the whole batch's
+    arrays alive, every layer of every row, while the prompt cache counts one row's
+    bytes (a 24-token state of SmolLM2 held 69 MB, not 1.1)."""
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def _flat(cache):
+    for c in cache:
+        inner = getattr(c, "caches", None)
+        if inner is not None:
+            yield from _flat(inner)
+        else:
+            yield c
+
+
+class ChunkSizer:
+    """Prefill chunk size by time, not a fixed token count.
+
+    A fixed chunk is wrong on every machine but one: small on a GPU (a 512-token chunk of
+    a small model takes milliseconds, and its per-chunk overhead halves prefill speed),
+    and cancel and the running streams wait for a whole chunk however long it takes.
+    So the size doubles while a step with prefill stays under the target time and halves
+    when one takes over twice that, between `--prefill-step` and `largest` (mlx-lm's
+    default 2048, or --prefill-step if larger): running streams wait at most about two
+    targets per token, and prefill runs at the engine's speed where steps are fast."""
+
+    def __init__(self, smallest: int, largest: int, target: float = 0.1):
+        self.smallest = max(1, smallest)
+        self.largest = max(self.smallest, largest)
+        self.target = target
+        self.size = self.smallest
+
+    def observe(self, seconds: float) -> int:
+        """The size for the next step, after a step with prefill took `seconds`."""
+        if seconds < self.target and self.size < self.largest:
+            self.size = min(self.largest, self.size * 2)
+        elif seconds > 2 * self.target and self.size > self.smallest:
+            self.size = max(self.smallest, self.size // 2)
+        return self.size
+
+
+@dataclass
+class Member:
+    """A sequence in the batch."""
+    seq: Any                    # the scheduler's Sequence
+    decoding: Decoding
+    namespace: str              # prefix-cache namespace
+    tokens: int                 # KV tokens reserved: its prompt plus its token budget
+    prompt: int                 # its prompt's tokens (what a prefill chunk may follow)
+    snapshots: list = field(default_factory=list)  # prompt lengths to snapshot at, in order
+    name: Optional[str] = None  # the name its final state is kept under (a named snapshot)
+    first_read: bool = False    # its first token was read early (`_first_tokens`)
+
+
+@dataclass
+class FirstToken:
+    """A token read as soon as it was computed, shaped as mlx-lm's responses are."""
+    uid: int
+    token: int
+    logprobs: Any
+    finish_reason: Optional[str] = None
+    prompt_cache: Any = None
+    all_tokens: Any = None
+
+
+class Batch:
+    def __init__(self, engine, *, max_size: int, prefill_step: int, prefill_batch: int,
+                 kv_budget: int, prefix: Optional[PrefixCache], kv: KVSize,
+                 max_kv_size: Optional[int] = None, snapshot_every: int = SNAPSHOT_EVERY,
+                 chunks: Optional[ChunkSizer] = None,
+                 snapshots: Optional[SnapshotStore] = None,
+                 step_memory: Optional[StepMemory] = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.engine = engine
+        self.max_size = max(1, max_size)
+        self.prefill_step = prefill_step
+        self.prefill_batch = max(1, min(prefill_batch, self.max_size))
+        self.kv_budget = kv_budget
+        self.prefix = prefix
+        self.snapshots = snapshots if prefix is not None else None  # (its RAM tier)
+        self.kv = kv
+        self.step_memory = step_memory or StepMemory(0.0, 0.0, 0)
+        self.max_kv_size = max_kv_size
+        self.snapshot_every = snapshot_every
+        self.chunks = chunks or ChunkSizer(prefill_step, prefill_step)  # default: fixed
+        self._clock = clock
+        # A rotating cache trims only until it wraps: treat it as untrimmable (snapshots).
+        self.trimmable = (max_kv_size is None
+                          and can_trim_prompt_cache(make_prompt_cache(engine.model)))
+        self.members: dict[int, Member] = {}
+        self.reserved = 0
+        self.gen = self._new_generator()
+
+    def _new_generator(self) -> BatchGenerator:
+        return BatchGenerator(
+            self.engine.model, stop_tokens=[[t] for t in self.engine.eos],
+            completion_batch_size=self.max_size, prefill_batch_size=self.prefill_batch,
+            prefill_step_size=self.chunks.size, max_kv_size=self.max_kv_size,
+            stream=generation_stream)
+
+    def _set_chunk(self, size: int) -> None:
+        """The prefill chunk of the next steps. BatchGenerator slices each prompt by its
+        own size and its prompt batch runs the model by ITS size (set when the generator
+        was made): both are set, so one step is one chunk."""
+        self.gen.prefill_step_size = size
+        self.gen._prompt_batch.prefill_step_size = size
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    # ---- admission -------------------------------------------------------------------
+
+    def tokens(self, prep) -> int:
+        """The KV tokens `prep` may come to hold: its prompt plus its token budget."""
+        return len(prep.ids) + self.engine.budget(prep)
+
+    def need(self, prep) -> int:
+        """`prep`'s own KV (what it holds alone, unpadded)."""
+        return self.kv.of(self.tokens(prep))
+
+    def holds(self, tokens: list[int]) -> int:
+        """What the batch holds for sequences of these KV lengths: every row of mlx-lm's
+        batch cache as long as the longest, grown BatchKVCache.step tokens at a time,
+        and the logits of a step for each. (A prefill chunk's working memory is bounded
+        by its size: `_fit_chunk`.)"""
+        if not tokens:
+            return 0
+        step = BatchKVCache.step
+        longest = -(-max(tokens) // step) * step
+        return len(tokens) * self.kv.of(longest) + self.step_memory.logits(len(tokens))
+
+    def fits(self, prep) -> bool:
+        """Room for `prep` now: a free slot, and what the batch holds with it within the
+        budget (a sequence alone always fits: the context is capped to the budget)."""
+        if len(self.members) >= self.max_size:
+            return False
+        return not self.members or self.holds(
+            [m.tokens for m in self.members.values()] + [self.tokens(prep)]) <= self.kv_budget
+
+    def _reserve(self) -> None:
+        self.reserved = self.holds([m.tokens for m in self.members.values()])
+
+    def add(self, seq, prep) -> int:
+        """Start `prep` (after `fits`); returns the prompt tokens the prefix cache
+        supplied."""
+        engine, ids = self.engine, prep.ids
+        decoding = engine.decoding(prep)
+        namespace = prep.gen.cache_key or ""
+        hit = self._start(prep, namespace)
+        cached = hit.tokens if hit is not None else 0
+        snapshots = []  # prompt lengths at which to keep the state (see the docstring)
+        if self.prefix is not None and not self.trimmable:
+            every = self.snapshot_every
+            snapshots = [n for n in range(every, len(ids) - 1, every) if n > cached]
+            if len(ids) - 1 > cached:
+                snapshots.append(len(ids) - 1)  # the prompt but its last token
+        bounds = [cached] + snapshots + [len(ids)]
+        segments = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+        processors = engine.processors(prep)
+        if decoding.grammar is not None:
+            processors.append(decoding.grammar)
+        (uid,) = self.gen.insert_segments(
+            segments=[segments], max_tokens=[decoding.budget],
+            caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
+            samplers=[engine.sampler(prep)], logits_processors=[processors])
+        self.members[uid] = Member(seq, decoding, namespace, self.tokens(prep), len(ids),
+                                   snapshots,
+                                   prep.gen.snapshot if self.snapshots is not None else None)
+        seq.uid = uid
+        self._reserve()
+        self._bound_prefix()
+        return cached
+
+    def _start(self, prep, namespace: str):
+        """The state a prompt starts from: the snapshot it resumes from, else (or when
+        that serves less) the longest cached prefix; None: from scratch."""
+        hit = None
+        if self.snapshots is not None and prep.gen.resume:
+            hit = self.snapshots.resume(prep.gen.resume, namespace, prep.ids, prep.snapshot)
+            prep.snapshot = None  # (host memory: not kept with a waiting request)
+        if self.prefix is not None and (hit is None or hit.partial):
+            found = self.prefix.fetch(namespace, prep.ids)
+            if found is not None and (hit is None or found.tokens >= hit.tokens):
+                hit = found
+        return hit
+
+    def _fit_chunk(self) -> None:
+        """The next prefill chunk within the budget the running sequences leave: halved
+        from the size its speed allows (ChunkSizer) until `prefill_batch` prompts' chunk
+        fits, however long the prompts it follows (MIN_CHUNK at least, so a prompt always
+        advances); the prompt cache gives way to it. Not measured (a worker group's rank:
+        every rank must step the chunk the leader's timing chose), nothing to fit."""
+        if not self.members or not (self.step_memory.per_token or self.step_memory.per_pair):
+            return
+        gen = self.gen
+        if not (len(gen._prompt_batch) or gen._unprocessed_sequences):
+            return  # only decoding: no chunk, and the prompt cache keeps its room
+        room = self.kv_budget - self.reserved
+        offset = max(m.prompt for m in self.members.values())
+        chunk = self.chunks.size
+        while chunk > MIN_CHUNK and self.step_memory.prefill(
+                self.prefill_batch, chunk, offset) > room:
+            chunk = max(MIN_CHUNK, chunk // 2)
+        if chunk != gen.prefill_step_size:
+            self._set_chunk(chunk)
+        if self.prefix is not None:
+            self.prefix.trim_to(min(self.prefix.max_bytes, room - self.step_memory.prefill(
+                self.prefill_batch, chunk, offset)))
+
+    def _bound_prefix(self) -> None:
+        """The prefix cache gives way to what the running sequences hold: together they
+        stay within the KV budget."""
+        if self.prefix is not None:
+            self.prefix.trim_to(min(self.prefix.max_bytes, self.kv_budget - self.reserved))
+
+    # ---- stepping --------------------------------------------------------------------
+
+    def step(self) -> list:
+        """One batched step: [(seq, outcome)] for each sequence that produced a token,
+        where outcome is `Decoding.feed`'s tuple or the exception it raised (the
+        sequence is then out of the batch). Raises if the step itself failed."""
+        self._fit_chunk()
+        t0 = self._clock()
+        prompt_responses, token_responses = self.gen.next()
+        if any(not r.end_of_prompt for r in prompt_responses):  # it prefilled a chunk:
+            size = self.chunks.size                            # size the next by its time
+            if self.chunks.observe(self._clock() - t0) != size:
+                self._set_chunk(self.chunks.size)
+        for r in prompt_responses:
+            if r.end_of_segment and not r.end_of_prompt:
+                self._snapshot(r.uid)
+        results = []
+        first = self._first_tokens([r.uid for r in prompt_responses if r.end_of_prompt])
+        for r in first + list(token_responses):
+            m = self.members.get(r.uid)
+            if m is None:
+                continue
+            if m.first_read and not isinstance(r, FirstToken):
+                m.first_read = False   # mlx-lm's own report of the token already read
+                if r.finish_reason is None:
+                    continue
+                # (It ended there by mlx-lm's rule, not by Decoding's: end it now.)
+                self._store(m, r.all_tokens, r.prompt_cache)
+                self._leave(r.uid, in_gen=False, store=False)
+                results.append((m.seq, (-1, "", r.finish_reason, None)))
+                continue
+            try:
+                out = m.decoding.feed(r.token, r.logprobs)
+            except Exception as e:
+                self._leave(r.uid, r.finish_reason is None, store=False)
+                results.append((m.seq, e))
+                continue
+            if out[2] is not None:  # finished
+                m.seq.stop_sequence = m.decoding.stop_sequence
+                if r.finish_reason is not None:  # mlx-lm ended it (EOS, length)
+                    self._store(m, r.all_tokens, r.prompt_cache)
+                    self._leave(r.uid, in_gen=False, store=False)
+                else:  # a stop string or a complete grammar: mlx-lm does not know
+                    self._leave(r.uid, in_gen=True, store=True)
+            results.append((m.seq, out))
+        return results
+
+    def _first_tokens(self, joined: list[int]) -> list:
+        """The first tokens of sequences that moved to decoding in this step, read now.
+
+        mlx-lm keeps one step in flight: the step that ends a prompt only launches the
+        first token's computation, and the next step launches the second token's before
+        it reads the first. When the batch decodes nothing else, nothing is gained by that
+        wait: the first token is read here, one step (one forward pass launched, on a GPU
+        several ms of the CPU's time) sooner. mlx-lm still reports that token at the next
+        step; `step` skips it. With other sequences decoding, reading now would stall
+        their step in flight: they keep mlx-lm's order. So does a grammar: it consumes
+        each token inside the next step (worker/text/decoding.py), before `feed` sees it."""
+        gb = getattr(self.gen, "_generation_batch", None)
+        if not joined or gb is None or sorted(getattr(gb, "uids", ())) != sorted(joined):
+            return []
+        if any(self.members[u].decoding.grammar is not None for u in joined if u in self.members):
+            return []
+        tokens, logprobs = getattr(gb, "_next_tokens", None), getattr(gb, "_next_logprobs", None)
+        if tokens is None or logprobs is None or len(logprobs) != len(gb.uids):
+            return []
+        mx.eval(tokens, logprobs)
+        out = []
+        for uid, tok, lp in zip(gb.uids, tokens.tolist(), logprobs):
+            m = self.members.get(uid)
+            if m is not None:
+                m.first_read = True
+                out.append(FirstToken(uid, tok, lp))
+        return out
+
+    def _snapshot(self, uid: int) -> None:
+        """The end of a prompt segment: keep the state for later prompts."""
+        m = self.members.get(uid)
+        if m is None or self.prefix is None or not m.snapshots:
+            return
+        m.snapshots.pop(0)
+        for cache, tokens in self.gen.extract_cache([uid]).values():
+            self.prefix.store(m.namespace, list(tokens), _materialized(cache))
+        self._bound_prefix()
+
+    def _store(self, m: Member, tokens, cache) -> None:
+        """A sequence ended: keep its final state (and its name, if it has one)."""
+        if self.prefix is not None and tokens and cache:
+            tokens = list(tokens)
+            cache = _materialized(cache)
+            kept = self.prefix.store(m.namespace, tokens, cache)
+            if m.name:
+                self.snapshots.keep(m.name, m.namespace, tokens, cache, kept)
+            self._bound_prefix()
+
+    def remove(self, seq) -> None:
+        """Drop a sequence (cancelled, failed): at once, whatever stage it is in."""
+        uid = getattr(seq, "uid", None)
+        if uid in self.members:
+            self._leave(uid, in_gen=True, store=False)
+
+    def _leave(self, uid: int, in_gen: bool, store: bool) -> None:
+        m = self.members.pop(uid)
+        self._reserve()
+        if in_gen:
+            caches = self.gen.remove([uid], return_prompt_caches=store)
+            if store:
+                for cache, tokens in caches.values():
+                    self._store(m, tokens, cache)
+
+    def reset(self) -> list:
+        """After a failed step: a fresh generator; returns the sequences that were in it."""
+        seqs = [m.seq for m in self.members.values()]
+        self.members.clear()
+        self.reserved = 0
+        self.gen.close()
+        self.gen = self._new_generator()
+        return seqs
+
+    def warm(self, prompt_tokens: int = 48) -> None:
+        """Run two short requests through the batch (chunked prefill, batched decode, the
+        move between them) before the worker says it is ready, so the first request pays
+        no kernel compile (seconds on a GPU). Nothing of it is cached."""
+        vocab = self.engine.vocab_size
+        ids = [1 + i % (vocab - 1) for i in range(prompt_tokens)]
+        prefix, self.prefix = self.prefix, None
+        try:
+            for n, ids_ in enumerate((ids, ids[: prompt_tokens // 2])):
+                gen = Generate(rid=f"warm-{n}", prompt_ids=pack_ids(ids_),
+                               sampling=SamplingParams(max_tokens=2, temperature=0.0))
+                self.add(_Warm(gen.rid), self.engine.prepare(gen))
+            while self.members:
+                self.step()
+        finally:
+            self.prefix = prefix
+        mx.clear_cache()
+
+    def idle(self) -> None:
+        """Called between requests (a worker group's leader keeps in touch with its
+        ranks here: worker/group/leader.py)."""
+
+    def cache_stats(self) -> Optional[CacheStats]:
+        if self.prefix is None:
+            return None
+        snapshots = self.snapshots.stats() if self.snapshots is not None else None
+        return CacheStats(**self.prefix.stats(), snapshots=snapshots)
+
+    def close(self) -> None:
+        self.gen.close()
+        if self.snapshots is not None and self.snapshots.disk is not None:
+            self.snapshots.disk.close()  # the writes queued reach the disk

@@ -1,0 +1,73 @@
+"""The preparation thread: requests are tokenized and their grammars compiled here, off
+the MLX thread.
+
+`TextEngine.prepare` (chat template, tokenization, grammar compilation) calls no MLX,
+but can take long: a big prompt's tokenization, a big schema's compilation. Done on the
+MLX thread it would stall every running sequence and every Cancel for that long. So the
+scheduler hands each Generate to this thread, which prepares them one at a time, in
+arrival order, and puts each outcome on the scheduler's own command queue as a
+`PrepDone`, where it wakes the scheduler like any command; the scheduler admits
+prepared requests between steps.
+
+Every `submit` yields exactly one PrepDone (with None as its result when the request was
+dropped, `seq.dropped`, before its preparation began), so the scheduler knows when a
+request has left this thread. This thread never calls MLX (MLX state is per thread, and Metal work
+from a second thread crashes).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, NamedTuple
+
+from worker.text.engine import Prepared
+
+_STOP = object()
+
+
+def prepare(engine, snapshots, gen):
+    """A request's preparation: the engine's, then the snapshot to resume from when only
+    the disk has it (a file read must not stall the MLX thread). `snapshots`: the
+    batch's SnapshotStore, or None."""
+    prep = engine.prepare(gen)
+    if isinstance(prep, Prepared) and gen.resume and snapshots is not None:
+        prep.snapshot = snapshots.preload(gen.resume)
+    return prep
+
+
+class PrepDone(NamedTuple):
+    """The outcome of one preparation: a Prepared, the exception prepare raised, or None
+    (skipped: cancelled before it began)."""
+    seq: object
+    result: object
+
+
+class Preparer:
+    def __init__(self, prepare: Callable, results: queue.SimpleQueue):
+        self._prepare = prepare
+        self._results = results        # the scheduler's command queue
+        self._todo: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="prepare", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, seq) -> None:
+        self._todo.put(seq)
+
+    def stop(self) -> None:
+        """Prepare nothing more. Does not wait: a preparation under way ends on its own
+        (a grammar compile within its budget) and its outcome is ignored."""
+        self._todo.put(_STOP)
+
+    def _loop(self) -> None:
+        while (seq := self._todo.get()) is not _STOP:
+            if seq.dropped:  # set by the scheduler's thread; a plain attribute read
+                result = None
+            else:
+                try:
+                    result = self._prepare(seq.gen)
+                except Exception as e:  # the scheduler reports it; this thread goes on
+                    result = e
+            self._results.put(PrepDone(seq, result))
