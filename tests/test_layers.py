@@ -64,9 +64,11 @@ def test_protocol_loads_neither_side(forbidden):
 
 # ---- imports inside the project: no cycles, layers point one way --------------------------
 
-def runtime_imports(package_dirs=("protocol", "supervisor", "worker")) -> dict[str, set[str]]:
+def runtime_imports(package_dirs=("protocol", "supervisor", "worker"),
+                    type_only: bool = False) -> dict[str, set[str]]:
     """module -> the project modules it imports when it runs (anywhere in its code, but
-    not under `if TYPE_CHECKING:`, which only type checkers read)."""
+    not under `if TYPE_CHECKING:`, which only type checkers read; `type_only` counts
+    those too)."""
     import ast
 
     graph: dict[str, set[str]] = {}
@@ -75,9 +77,9 @@ def runtime_imports(package_dirs=("protocol", "supervisor", "worker")) -> dict[s
             name = ".".join(path.relative_to(REPO).with_suffix("").parts)
             name = name.removesuffix(".__init__")
             tree = ast.parse(path.read_text())
-            skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                    and "TYPE_CHECKING" in ast.unparse(node.test)
-                    for n in ast.walk(node)}
+            skip = set() if type_only else {
+                id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
             deps = set()
             for node in ast.walk(tree):
                 if id(node) in skip:
@@ -92,8 +94,11 @@ def runtime_imports(package_dirs=("protocol", "supervisor", "worker")) -> dict[s
 
 
 def test_no_import_cycles():
-    graph = runtime_imports()
-    assert "supervisor.workers.runner" in graph
+    # Type-only imports count: a loop a type checker must untangle is a loop a reader must
+    # too, and it is one step from a runtime import.
+    graph = runtime_imports(("protocol", "supervisor", "worker", "mlxctl"), type_only=True)
+    assert "supervisor.workers.runner" in graph and "mlxctl.client" in graph
+    assert "supervisor.workers.handle" in graph["supervisor.workers.observer"]
     state: dict[str, int] = {}
     path: list[str] = []
 
@@ -160,3 +165,47 @@ def test_the_server_never_imports_mlxctl():
     assert not {m: d for m, d in bad.items() if d}, bad
     server = modules_of("protocol") + modules_of("supervisor") + modules_of("worker")
     assert "mlxctl" not in top_level(loaded_after_importing(server + ["supervisor.app"]))
+
+
+# Inside the worker, rooms by role, each importing only the rooms below it (or itself):
+# a reader starts at the bottom and never needs a higher room to understand a lower one.
+WORKER_FLOORS = [
+    # the typed errors, the built-in demo models, and the process's own I/O (ZeroMQ link,
+    # lifeline, status, test faults): they import nothing of the worker's rooms
+    {"worker.errors", "worker.demos", "worker.link", "worker.lifeline", "worker.status",
+     "worker.faults"},
+    {"worker.text", "worker.kvcache"},        # tokens in and out; the KV states kept
+    {"worker.loop"},                           # the MLX thread's loop, its batch
+    {"worker.vision", "worker.pooling", "worker.speech"},  # the engines of other kinds
+    {"worker.loading"},                        # a name becomes a loaded, started model
+    {"worker.group"},                          # several processes serve one model
+    {"worker.__main__"},                       # the process
+]
+
+
+def worker_room(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def worker_floor(module: str) -> int:
+    room = worker_room(module)
+    for floor, rooms in enumerate(WORKER_FLOORS):
+        if room in rooms:
+            return floor
+    raise AssertionError(f"{module}: a worker room with no floor in WORKER_FLOORS")
+
+
+def test_worker_rooms_import_only_downward():
+    graph = runtime_imports(type_only=True)
+    worker = {m: deps for m, deps in graph.items() if m.startswith("worker.")}
+    assert "worker.loop.batch" in worker and "worker.text.engine" in worker
+    upward = {f"{m} -> {d}" for m, deps in worker.items() for d in deps
+              if d.startswith("worker.") and worker_room(d) != worker_room(m)
+              and worker_floor(d) >= worker_floor(m)}
+    assert not upward, sorted(upward)
+    # The root holds only the process; every other module lives in a room named for its role.
+    loose = {m for m in worker if m.count(".") == 1 and worker_room(m) == m
+             and (REPO / "worker" / (m.split(".")[1] + ".py")).exists()}
+    assert loose == {"worker.errors", "worker.link", "worker.lifeline", "worker.status",
+                     "worker.faults", "worker.__main__"}, loose

@@ -23,7 +23,6 @@ from supervisor.memory.probe import MemoryReading
 from supervisor.workers.observer import Observer
 from supervisor.workers.pool import Pool
 from supervisor.workers.handle import RequestHandle
-from supervisor.workers.runner import ModelRunner
 
 # `*_created` series double every counter and no dashboard reads them.
 prometheus_client.disable_created_metrics()
@@ -95,8 +94,7 @@ class Metrics(Observer):
         self._scrape = asyncio.Lock()
 
     # ---- observer: called by runners and the pool ------------------------------------
-    def request_done(self, runner: ModelRunner, handle: RequestHandle, done) -> None:
-        model = runner.id
+    def request_done(self, model: str, handle: RequestHandle, done) -> None:
         if done.prompt_tokens:
             self.prompt_tokens.labels(model).inc(done.prompt_tokens)
         if done.completion_tokens:
@@ -107,14 +105,14 @@ class Metrics(Observer):
                 self.itl.labels(model).observe((handle.last_token_at - handle.first_token_at)
                                                / (done.completion_tokens - 1))
 
-    def worker_restarted(self, runner: ModelRunner, cause: str) -> None:
-        self.restarts.labels(runner.id, cause).inc()
+    def worker_restarted(self, model: str, cause: str) -> None:
+        self.restarts.labels(model, cause).inc()
 
-    def model_unloaded(self, runner: ModelRunner, reason: str) -> None:
+    def model_unloaded(self, model: str, reason: str) -> None:
         self.unloads.labels(reason).inc()
 
-    def model_refused(self, runner: ModelRunner) -> None:
-        self.refusals.labels(runner.id).inc()
+    def model_refused(self, model: str) -> None:
+        self.refusals.labels(model).inc()
 
     def swapped(self, mode: str, outcome: str, seconds: float) -> None:
         self.swaps.labels(mode, outcome).inc()

@@ -244,7 +244,7 @@ class Pool:
         self.last_refusal = f"{runner.id}: {runner.last_error}"
         self._unroute(runner)
         self._replaces.pop(runner, None)
-        self.observer.model_refused(runner)
+        self.observer.model_refused(runner.id)
 
     # ---- the memory gate -------------------------------------------------------------
     async def _admit(self, runner: ModelRunner) -> None:
@@ -334,7 +334,7 @@ class Pool:
                                             reason=reason)
         finally:
             self.retiring.discard(runner)
-        self.observer.model_unloaded(runner, kind)
+        self.observer.model_unloaded(runner.id, kind)
         for h in leftovers:
             await self._reroute(h, runner.id, reroute, anywhere=runner.pinned)
 

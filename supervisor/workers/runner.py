@@ -296,7 +296,7 @@ class ModelRunner:
                 return
             self.restarts += 1
             self.restart_causes[ended.cause.value] += 1
-            self.observer.worker_restarted(self, ended.cause.value)
+            self.observer.worker_restarted(self.id, ended.cause.value)
             if ended.cause in (ExitCause.ADMIN, ExitCause.MEMORY):  # asked for: not a crash
                 continue
             now = self.clock()
@@ -422,7 +422,7 @@ class ModelRunner:
             h = self.dispatch.on_done(msg)
             if h is not None:
                 self.last_used = self.clock()
-                self.observer.request_done(self, h, msg)
+                self.observer.request_done(self.id, h, msg)
         elif isinstance(msg, Started):
             self.live.steps_changed_at = self.clock()  # prefill began: progress
             self.dispatch.on_started(msg)
