@@ -271,7 +271,7 @@ SETTINGS: tuple[Setting, ...] = (
     S("allowed_media_dirs", PATHS, (), "a directory whose image files requests may name "
       "(file:// URLs or absolute paths, by real path; none: local files are refused); "
       "repeatable", flag="--allowed-media-dir"),
-    # Remote images (supervisor/api/parse/remote_media.py): public addresses only.
+    # Remote images (supervisor/api/fields/remote_media.py): public addresses only.
     S("allow_remote_media", BOOL, False, "fetch the http(s) image URLs requests name (public "
       "addresses only; at most 3 redirects; the size limit of inline images)"),
     S("remote_media_timeout", FLOAT, 10.0, "seconds a remote image may take to fetch, "

@@ -88,7 +88,7 @@ def _template_call(call) -> dict:
 def normalize_messages(messages, images: bool = False) -> list[dict]:
     """Messages as templates read them. A text model (not `images`) given image parts
     treats them as the API surfaces treat media no model here reads
-    (supervisor/api/parse/media.py): in the last user turn a 400, earlier a placeholder."""
+    (supervisor/api/fields/media.py): in the last user turn a 400, earlier a placeholder."""
     out = []
     last_user = max((i for i, m in enumerate(messages)
                      if isinstance(m, dict) and m.get("role") == "user"), default=-1)

@@ -23,7 +23,7 @@ shrinks and gives the size it would give from the whole image.
 
 These bounds are the worker's because they are the processor's, which only the worker
 loads (a request may arrive before the model has); the supervisor checks the images'
-count and bytes (supervisor/api/parse/media.py) and reads no image. They replace PIL's
+count and bytes (supervisor/api/fields/media.py) and reads no image. They replace PIL's
 decompression-bomb limit in this process (`Image.MAX_IMAGE_PIXELS`): theirs is higher
 than CEILING, and it raises without the size for what is far over it.
 """
