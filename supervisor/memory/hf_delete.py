@@ -16,7 +16,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from supervisor.memory.catalog import looks_like_repo_id
+from protocol.model_ref import looks_like_repo_id
 
 
 class NotCached(Exception):

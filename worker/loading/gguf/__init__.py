@@ -9,7 +9,7 @@ again by the file's hash.
 - `convert`: the conversion, its cache key and marker, `--gguf-dtype` and `--quantize`.
 """
 
-from protocol.models import is_gguf
+from protocol.model_ref import is_gguf
 from worker.loading.gguf.convert import DTYPES, QUANTIZE, Options, cache_dir, ensure, sha256
 from worker.loading.gguf.reader import GGUFError
 
