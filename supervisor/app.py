@@ -15,17 +15,15 @@ import zmq.asyncio
 from aiohttp import web
 
 from protocol.sockets import make_runtime_dir, remove_runtime_dir
-from supervisor.api import tokenize
-from supervisor.api.audio import speech, transcriptions
+from supervisor.admin import routes as admin
+from supervisor.api import audio, health, tokenize
+from supervisor.api import models as listing
 from supervisor.api.chat import routes as chat
 from supervisor.api.completions import routes as completions
-from supervisor.api.pooling import routes as pooling
-from supervisor.api.messages import routes as messages
 from supervisor.api.fields import remote_media
-from supervisor.api.health import health
+from supervisor.api.messages import routes as messages
+from supervisor.api.pooling import routes as pooling
 from supervisor.api.responses import routes as responses
-from supervisor.admin import routes as admin
-from supervisor.api import models as listing
 from supervisor.http import guard, metrics, serving
 from supervisor.config import Config
 from supervisor.http.errors import BODY_TIMEOUT, install
@@ -54,13 +52,12 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     chat.setup(app)
     completions.setup(app)
     listing.setup(app, config)
-    app.router.add_get("/health", health)
+    health.setup(app)
     responses.setup(app)
     pooling.setup(app)
     tokenize.setup(app)
     messages.setup(app)
-    transcriptions.setup(app)
-    speech.setup(app)
+    audio.setup(app)
     if config.web_ui:
         pages.setup(app)
     return app

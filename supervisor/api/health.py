@@ -31,3 +31,7 @@ async def health(request: web.Request) -> web.Response:
     if svc is not None:
         body["store"] = "ok" if svc.store.available else "unavailable"
     return web.json_response(body, status=STATUS.get(report.state, 200))
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/health", health)
