@@ -80,7 +80,7 @@ def main() -> None:
     engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 512,
                         loaded.vocab_size)
     batch = Batch(engine, max_size=1, prefill_step=512, prefill_batch=1, kv_budget=1 << 34,
-                  prefix=None, kv=KVSize.measure(loaded.model))
+                  kvcache=None, kv=KVSize.measure(loaded.model))
     batch.warm()
     plain = Generate(rid="b", messages=[{"role": "user", "content": "Write notes."}],
                      sampling=SamplingParams(max_tokens=args.tokens, temperature=0.0),

@@ -156,6 +156,7 @@ def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
     from worker.loading import models
     from worker.loop.batch import Batch, KVSize
     from worker.text.engine import TextEngine
+    from worker.kvcache.manager import KVCache, trimmable
     from worker.kvcache.prefix import PrefixCache
 
     loaded = models.load(str(path), Path(path).parent)
@@ -163,7 +164,8 @@ def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
                      loaded.vocab_size)
     batch = Batch(eng, max_size=max_size, prefill_step=prefill_step,
                   prefill_batch=prefill_batch, kv_budget=32 << 30,
-                  prefix=PrefixCache(prompt_cache) if prompt_cache else None,
+                  kvcache=KVCache(PrefixCache(prompt_cache),
+                                  trimmable=trimmable(eng.model, None)) if prompt_cache else None,
                   kv=KVSize.measure(eng.model, None))
     return eng, batch
 

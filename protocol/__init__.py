@@ -20,6 +20,7 @@ from protocol.messages import (
     ModelKind,
     OutputSpec,
     Pooled,
+    PromptCache,
     Ready,
     SamplingParams,
     Segment,
@@ -42,8 +43,8 @@ from protocol.messages import (
 
 __all__ = [
     "PROTOCOL_VERSION", "ProtocolError", "EncodeError", "encode", "decode_down", "decode_up",
-    "Generate", "SamplingParams", "OutputSpec", "Cancel", "StatusRequest", "CacheCommand",
-    "CacheReply", "Shutdown", "SpeechSpec",
+    "Generate", "SamplingParams", "OutputSpec", "PromptCache", "Cancel", "StatusRequest",
+    "CacheCommand", "CacheReply", "Shutdown", "SpeechSpec",
     "Ready", "Started", "Delta", "Tokens", "Pooled", "Transcript", "Segment", "Word", "Audio",
     "Done", "Error", "Status", "Heartbeat",
     "FinishReason", "ErrorCode", "Task", "ModelKind", "TASKS_OF", "ToolCall", "pack_ids",

@@ -13,7 +13,7 @@ CacheReply, Heartbeat.
 Up messages carry the worker's `epoch` (its incarnation): events of a dead epoch are dropped.
 
 A `Generate` is one complete request, built once by the API surface that received it
-(supervisor/api/parse/generate.py) with the server's defaults applied; the dispatcher only
+(supervisor/api/fields/generate.py) with the server's defaults applied; the dispatcher only
 stamps its `rid`. Sampling options live in `SamplingParams`, what the output must look like
 in `OutputSpec`: a new option is one field there plus its parsing.
 
@@ -37,11 +37,18 @@ from typing import Any, Literal, Optional
 
 import msgspec
 
-PROTOCOL_VERSION = 6  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: KV snapshots
+PROTOCOL_VERSION = 7  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: KV snapshots
 #                       (Generate.snapshot/resume, CacheCommand, CacheReply);
 #                       5: Generate.images, ModelKind.VISION; 6: speech (Task.TRANSCRIBE
 #                       and SPEAK, Generate.audio and .speech, Transcript, Audio,
-#                       Ready.voices/sample_rate, progress in Status and Heartbeat)
+#                       Ready.voices/sample_rate, progress in Status and Heartbeat);
+#                       7: Generate.cache (a PromptCache) replaces Generate.cache_key,
+#                       .snapshot and .resume. Not additive: a version-6 worker would
+#                       ignore `cache` and lose the namespace and the snapshot names
+#                       (answering from the wrong namespace, keeping nothing), and a
+#                       version-7 one would ignore a version-6 peer's three fields; so the
+#                       versions refuse each other. PromptCache itself follows the rule
+#                       above: a new field gets a default and goes at its end.
 
 
 class WireEnum(str, Enum):
@@ -243,6 +250,22 @@ class SpeechSpec(msgspec.Struct, frozen=True, kw_only=True):
     speed: float = 1.0                # SPEAK: 0.25 .. 4
 
 
+class PromptCache(msgspec.Struct, frozen=True, kw_only=True):
+    """What a request asks of the worker's KV cache (worker/kvcache/manager.py), built by
+    one helper for every surface (supervisor/api/fields/generate.py `prompt_cache`).
+    The names are opaque to the worker: it never reads a meaning into them."""
+    # The prompt cache's namespace (the client's `prompt_cache_key`): prefixes stored under
+    # one namespace are reused only by requests with it. None: the shared namespace.
+    namespace: Optional[str] = None
+    # Keep the state this generation ends with under this name (in memory and on disk).
+    keep_as: Optional[str] = None
+    # Start from the state kept under this name when its tokens begin this prompt.
+    resume_from: Optional[str] = None
+    # What the worker's logs may call `resume_from` (a name can be a client's secret);
+    # "": "a named snapshot".
+    resume_label: str = ""
+
+
 class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     """Generate for one request. Exactly one of `messages` (chat) and `prompt` (text
     completion) is set; `prompt_ids` (packed) replaces `prompt` when the client sent
@@ -255,20 +278,13 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     output: OutputSpec = OutputSpec()
     template_kwargs: Optional[dict[str, Any]] = None
     log_prompt: bool = False              # the worker may log prompt text only if set
-    # The prompt cache's namespace (the client's `prompt_cache_key`): prefixes stored under
-    # one key are reused only by requests with that key. None: the shared namespace.
-    cache_key: Optional[str] = None
+    cache: PromptCache = PromptCache()    # the prompt cache: namespace, snapshot names
     task: Task = Task.GENERATE
     # EMBED: the texts to embed; SCORE: the documents, scored against `prompt`.
     inputs: Optional[list[str]] = None
     input_ids: Optional[list[bytes]] = None  # EMBED given token ids: one packed list each
     dimensions: Optional[int] = None      # EMBED: keep this many leading dimensions
     #                                       (Matryoshka), renormalised
-    # KV snapshots (worker/kvcache/): keep the state this generation ends with under
-    # `snapshot` (a stored response's id, or "key:" + the client's prompt_cache_key), and
-    # start from the state kept under `resume` when its tokens begin this prompt.
-    snapshot: Optional[str] = None
-    resume: Optional[str] = None
     # VISION: the images of `messages`, as sent (file bytes: PNG, JPEG, ...), in the order
     # of the {"type": "image"} parts of the messages' content lists; the worker decodes
     # them (an undecodable one is the client's 400).
@@ -535,7 +551,7 @@ class SnapshotStats(msgspec.Struct, frozen=True, kw_only=True):
     """The worker's named KV snapshots (worker/kvcache/), counted since it started."""
     hits_ram: int = 0        # resumed from a state in memory
     hits_disk: int = 0       # resumed from a file of the disk tier
-    misses: int = 0          # `resume` named no state in any tier
+    misses: int = 0          # `resume_from` named no state in any tier
     fallbacks: int = 0       # the state's tokens did not begin the prompt: prefix matching
     named: int = 0           # names held in memory now
     disk_bytes: int = 0

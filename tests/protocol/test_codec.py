@@ -11,34 +11,34 @@ import pytest
 
 from protocol import (PROTOCOL_VERSION, Audio, Cancel, Delta, Done, EncodeError, Error,
                       ErrorCode, FinishReason, Generate, Heartbeat, ModelKind, OutputSpec,
-                      Pooled, ProtocolError, Ready, SamplingParams, Segment, Shutdown,
-                      SpeechSpec, Started, Status, StatusRequest, Task, Tokens, ToolCall,
+                      Pooled, PromptCache, ProtocolError, Ready, SamplingParams, Segment,
+                      Shutdown, SpeechSpec, Started, Status, StatusRequest, Task, Tokens, ToolCall,
                       Transcript, Word, decode_down, decode_up, encode, pack_floats, pack_ids,
                       unpack_floats, unpack_ids)
 from protocol.messages import (DOWN, UP, CacheCommand, CacheReply, CacheStats, SnapshotInfo,
                                SnapshotStats)
 from protocol.sockets import Endpoints, make_runtime_dir, remove_runtime_dir
 
-# A msgpack map: fixmap header, then ("type", kind), ("v", 6), then the fields in declaration
+# A msgpack map: fixmap header, then ("type", kind), ("v", 7), then the fields in declaration
 # order (nested structs as maps of their own). Pinned byte for byte: a change here breaks
 # mixed-version peers, so it comes with a PROTOCOL_VERSION bump.
 GOLDEN = [
-    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x06\xa3rid\xa2r1"),
-    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x06"),
+    (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x07\xa3rid\xa2r1"),
+    (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x07"),
     (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
-     b"\x8c\xa4type\xa5delta\xa1v\x06\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\x8c\xa4type\xa5delta\xa1v\x07\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"
      b"\xa9reasoning\xa0\xaatool_calls\x90\xa8logprobs\xc4\x00\xa7top_ids\xc4\x00"
      b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90"),
     (Done(epoch=2, rid="r1", finish_reason=FinishReason.LENGTH, prompt_tokens=3,
           completion_tokens=4),
-     b"\x8a\xa4type\xa4done\xa1v\x06\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+     b"\x8a\xa4type\xa4done\xa1v\x07\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00"
      b"\xb0reasoning_tokens\x00\xadstop_sequence\xc0"),
     (Generate(rid="r1", prompt="hi",
               sampling=SamplingParams(max_tokens=2, logit_bias=((7, -1.5),)),
               output=OutputSpec(stop=("x",))),
-     b"\xde\x00\x14\xa4type\xa8generate\xa1v\x06\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\xde\x00\x12\xa4type\xa8generate\xa1v\x07\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
      b"\xa8sampling\x8b\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
@@ -47,9 +47,29 @@ GOLDEN = [
      b"\xa6output\x8a\xa4stop\x91\xa1x\xa8logprobs\xc2\xactop_logprobs\x00"
      b"\xafresponse_format\xc0\xabjson_schema\xc0\xa5tools\xc0\xabtool_choice\xc0"
      b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"
-     b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2\xa9cache_key\xc0"
+     b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2"
+     b"\xa5cache\x84\xa9namespace\xc0\xa7keep_as\xc0\xabresume_from\xc0\xacresume_label\xa0"
      b"\xa4task\xa8generate\xa6inputs\xc0\xa9input_ids\xc0\xaadimensions\xc0"
-     b"\xa8snapshot\xc0\xa6resume\xc0\xa6images\x90\xa5audio\xc0"
+     b"\xa6images\x90\xa5audio\xc0"
+     b"\xa6speech\x86\xa8language\xc0\xa9translate\xc2\xa8segments\xc2\xa5words\xc2"
+     b"\xa5voice\xc0\xa5speed\xcb?\xf0\x00\x00\x00\x00\x00\x00"),
+    # The prompt cache's options travel as one nested map (version 7).
+    (Generate(rid="r2", prompt="hi",
+              cache=PromptCache(namespace="conv", keep_as="resp_2", resume_from="key:conv",
+                                resume_label="a prompt_cache_key snapshot")),
+     b"\xde\x00\x12\xa4type\xa8generate\xa1v\x07\xa3rid\xa2r2\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\xaaprompt_ids\xc0"
+     b"\xa8sampling\x8b\xaamax_tokens\xc0\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
+     b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
+     b"\xb1frequency_penalty\xc0\xaalogit_bias\x90\xb2max_tokens_ceiling\xc2"
+     b"\xa6output\x8a\xa4stop\x90\xa8logprobs\xc2\xactop_logprobs\x00"
+     b"\xafresponse_format\xc0\xabjson_schema\xc0\xa5tools\xc0\xabtool_choice\xc0"
+     b"\xadallowed_tools\xc0\xb3parallel_tool_calls\xc3\xb0reasoning_effort\xc0"
+     b"\xaftemplate_kwargs\xc0\xaalog_prompt\xc2"
+     b"\xa5cache\x84\xa9namespace\xa4conv\xa7keep_as\xa6resp_2\xabresume_from\xa8key:conv"
+     b"\xacresume_label\xbba prompt_cache_key snapshot"
+     b"\xa4task\xa8generate\xa6inputs\xc0\xa9input_ids\xc0\xaadimensions\xc0"
+     b"\xa6images\x90\xa5audio\xc0"
      b"\xa6speech\x86\xa8language\xc0\xa9translate\xc2\xa8segments\xc2\xa5words\xc2"
      b"\xa5voice\xc0\xa5speed\xcb?\xf0\x00\x00\x00\x00\x00\x00"),
 ]
@@ -57,12 +77,12 @@ GOLDEN = [
 # Messages as an older peer of this version (before reasoning, tool calls and logprobs)
 # sent them: the fields added since decode to their defaults.
 OLD_WIRE = [
-    (b"\x86\xa4type\xa5delta\xa1v\x06\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+    (b"\x86\xa4type\xa5delta\xa1v\x07\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00", GOLDEN[2][0]),
-    (b"\x88\xa4type\xa4done\xa1v\x06\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
+    (b"\x88\xa4type\xa4done\xa1v\x07\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
-    # A Generate from before cache_key (the prompt cache's namespace) and the tasks.
-    (GOLDEN[4][1].replace(b"\xde\x00\x14", b"\x8a", 1).split(b"\xa9cache_key")[0], GOLDEN[4][0]),
+    # A Generate from before the prompt cache's options and the tasks.
+    (GOLDEN[4][1].replace(b"\xde\x00\x12", b"\x8a", 1).split(b"\xa5cache")[0], GOLDEN[4][0]),
 ]
 
 # Version 1's bytes (the dataclass codec's) for the same Cancel and Done: refused.
@@ -88,17 +108,18 @@ def test_an_older_peers_messages_still_decode(wire, msg):
 
 @pytest.mark.parametrize("wire", VERSION_1, ids=["Cancel", "Done"])
 def test_version_1_frames_are_refused(wire):
-    with pytest.raises(ProtocolError, match="version 1, expected 6"):
+    with pytest.raises(ProtocolError, match="version 1, expected 7"):
         (decode_down if b"cancel" in wire else decode_up)(wire)
 
 
-@pytest.mark.parametrize("old", [3, 4, 5])
+@pytest.mark.parametrize("old", [3, 4, 5, 6])
 def test_an_older_versions_generate_is_refused(old):
     # A version-3 worker would ignore `resume` and `snapshot` and never answer a
-    # CacheCommand, a version-4 one would drop `images`: a peer of another version is
-    # refused, not half understood.
-    wire = GOLDEN[4][1].replace(b"\xa1v\x06", bytes([0xa1, ord("v"), old]), 1)
-    with pytest.raises(ProtocolError, match=f"version {old}, expected 6"):
+    # CacheCommand, a version-4 one would drop `images`, a version-6 one `cache` (its
+    # namespace and snapshot names): a peer of another version is refused, not half
+    # understood.
+    wire = GOLDEN[5][1].replace(b"\xa1v\x07", bytes([0xa1, ord("v"), old]), 1)
+    with pytest.raises(ProtocolError, match=f"version {old}, expected 7"):
         decode_down(wire)
 
 
@@ -145,7 +166,9 @@ def test_every_message_round_trips_with_version():
                                    tool_choice="required", allowed_tools=("f",),
                                    parallel_tool_calls=False, reasoning_effort="low"),
                  template_kwargs={"k": True}, log_prompt=True),
-        Generate(rid="b", prompt_ids=pack_ids([1, 2, 3]), snapshot="resp_2", resume="resp_1"),
+        Generate(rid="b", prompt_ids=pack_ids([1, 2, 3]),
+                 cache=PromptCache(namespace="k", keep_as="resp_2", resume_from="resp_1",
+                                   resume_label="resp_1")),
         Cancel(rid="a"), StatusRequest(qid=7), Shutdown(),
         CacheCommand(qid=3, op="drop", name="resp_1"),
         CacheReply(epoch=1, qid=3, entries=[SnapshotInfo(name="resp_1", tokens=9, ram_bytes=4,

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from protocol import PromptCache
 from supervisor.api.chat.request import parse_chat_request
+from supervisor.api.completions.request import parse_completion_request
 from supervisor.api.responses.builder import ResponseBuilder, replay, usage
 from supervisor.api.responses.items import normalize_input, output_to_items, to_chat_messages
 from supervisor.api.responses.request import parse_responses_request
@@ -156,8 +158,13 @@ def test_kv_snapshot_names_follow_the_store_and_the_cache_key():
     """A stored response keeps its final KV state under its own id, an unstored one under
     its prompt_cache_key; a turn resumes from its previous response, else from the key."""
     def names(**body):
-        g = req(**body).to_generate([], Config(), "resp_new")
-        return g.snapshot, g.resume
+        cache = req(**body).to_generate([], Config(), "resp_new").cache
+        # Logs may name a response id, never a client's key.
+        assert cache.resume_label == (cache.resume_from if body.get("previous_response_id")
+                                      else "a prompt_cache_key snapshot" if cache.resume_from
+                                      else "")
+        assert cache.namespace == body.get("prompt_cache_key")
+        return cache.keep_as, cache.resume_from
 
     assert names() == ("resp_new", None)
     assert names(previous_response_id="resp_old") == ("resp_new", "resp_old")
@@ -168,7 +175,12 @@ def test_kv_snapshot_names_follow_the_store_and_the_cache_key():
         "resp_new", "resp_old")
     chat = parse_chat_request({"model": "m", "messages": [{"role": "user", "content": "x"}],
                                "prompt_cache_key": "conv"}).to_generate(Config())
-    assert (chat.snapshot, chat.resume, chat.cache_key) == ("key:conv", "key:conv", "conv")
+    assert chat.cache == PromptCache(namespace="conv", keep_as="key:conv",
+                                     resume_from="key:conv",
+                                     resume_label="a prompt_cache_key snapshot")
+    completion = parse_completion_request({"model": "m", "prompt": "x",
+                                           "prompt_cache_key": "conv"}).to_generate(Config())
+    assert completion.cache == chat.cache
     with pytest.raises(APIError) as e:
         req(prompt_cache_key="k" * 1025)
     assert e.value.param == "prompt_cache_key" and e.value.status == 400

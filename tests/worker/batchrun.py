@@ -7,8 +7,10 @@ helpers drive `Batch.step` directly, so a test sees each sequence's step outcome
 
 from __future__ import annotations
 
-from worker.loop.batch import Batch, KVSize
+from worker.kvcache.disk import DiskTier
+from worker.kvcache.manager import SNAPSHOT_EVERY, KVCache, trimmable
 from worker.kvcache.prefix import PrefixCache
+from worker.loop.batch import Batch, KVSize
 
 
 class Seq:
@@ -21,9 +23,16 @@ class Seq:
 
 def make_batch(engine, *, max_size: int = 8, prefill_batch: int = 8, kv_budget: int = 1 << 30,
                prefix: PrefixCache | None = None, max_kv_size: int | None = None,
+               disk: DiskTier | None = None, snapshot_every: int = SNAPSHOT_EVERY,
                **kw) -> Batch:
+    """A batch as worker/loading/startup.py builds one; with `prefix`, its KV cache manager
+    (the prefix cache, named snapshots and the `disk` tier: batch.kvcache)."""
+    kvcache = None
+    if prefix is not None:
+        kvcache = KVCache(prefix, disk, trimmable=trimmable(engine.model, max_kv_size),
+                          every=snapshot_every)
     return Batch(engine, max_size=max_size, prefill_step=engine.prefill_step,
-                 prefill_batch=prefill_batch, kv_budget=kv_budget, prefix=prefix,
+                 prefill_batch=prefill_batch, kv_budget=kv_budget, kvcache=kvcache,
                  kv=KVSize.measure(engine.model, max_kv_size), max_kv_size=max_kv_size, **kw)
 
 

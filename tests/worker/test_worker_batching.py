@@ -170,7 +170,8 @@ def test_the_kv_budget_bounds_what_joins(engine):
     batch.add(Seq("1"), p1)
     assert not batch.fits(p2)  # one byte short
     # The prompt cache gives way to what the running sequence holds, not only its KV.
-    assert batch.prefix.max_bytes == 1 << 20 and batch.reserved == probe.holds([probe.tokens(p1)])
+    assert batch.kvcache.prefix.max_bytes == 1 << 20
+    assert batch.reserved == probe.holds([probe.tokens(p1)])
     roomy = make_batch(engine, kv_budget=both)
     roomy.add(Seq("1"), p1)
     assert roomy.fits(p2)

@@ -39,7 +39,7 @@ class FakeBatch:
     def __init__(self, cached=0):
         self.calls: list = []
         self.members: dict[int, object] = {}
-        self.snapshots = None
+        self.kvcache = None
         self.chunks = Chunks()
         self.cached = cached
         self.tokens = 7

@@ -56,10 +56,10 @@ def test_the_next_turn_of_a_conversation_reuses_the_previous_one(engine):
 
 def test_prompt_cache_keys_are_namespaces(engine):
     batch = make_batch(engine, prefix=PrefixCache(1 << 30))
-    run_one(batch, engine, ids_gen(SYSTEM + [1, 2], cache_key="alice"))
-    assert run_one(batch, engine, ids_gen(SYSTEM + [1, 2], cache_key="bob"))[0] == 0
+    run_one(batch, engine, ids_gen(SYSTEM + [1, 2], namespace="alice"))
+    assert run_one(batch, engine, ids_gen(SYSTEM + [1, 2], namespace="bob"))[0] == 0
     assert run_one(batch, engine, ids_gen(SYSTEM + [1, 2]))[0] == 0  # the shared one
-    assert run_one(batch, engine, ids_gen(SYSTEM + [1, 2], cache_key="alice"))[0] > 0
+    assert run_one(batch, engine, ids_gen(SYSTEM + [1, 2], namespace="alice"))[0] > 0
 
 
 def test_batched_requests_store_and_reuse(engine):

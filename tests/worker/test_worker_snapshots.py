@@ -10,9 +10,9 @@ import pytest
 from protocol.messages import pack_ids
 from tests.generates import generate
 from tests.worker.batchrun import Seq, make_batch
-from worker.kvcache.prefix import PrefixCache
 from worker.kvcache.disk import DiskTier
-from worker.kvcache.snapshots import SnapshotStore
+from worker.kvcache.prefix import PrefixCache
+from worker.loop.preparer import prepare
 
 SYSTEM = [10 + (i * 7) % 900 for i in range(200)]
 
@@ -23,12 +23,10 @@ def ids_gen(ids, name="r", **kw):
     return generate(rid=name, prompt_ids=pack_ids(ids), **kw)
 
 
-def run_one(batch, engine, g, store=None):
-    """(prompt tokens not prefilled, generated tokens). With `store`, the preparation
-    thread's part too (the disk read)."""
-    prep = engine.prepare(g)
-    if store is not None and g.resume:
-        prep.snapshot = store.preload(g.resume)
+def run_one(batch, engine, g):
+    """(prompt tokens not prefilled, generated tokens), the preparation thread's part
+    (the disk read) included."""
+    prep = prepare(engine, batch.kvcache, g)
     cached = batch.add(Seq(g.rid), prep)
     out = []
     while batch.members:
@@ -43,17 +41,17 @@ def worker(engine, disk_dir=None, prefix_bytes=1 << 30):
     if disk_dir is not None:
         disk = DiskTier(disk_dir, 1 << 30)
         disk.start()
-    store = SnapshotStore(prefix, disk)
-    return make_batch(engine, prefix=prefix, snapshots=store), store
+    batch = make_batch(engine, prefix=prefix, disk=disk)
+    return batch, batch.kvcache.snapshots
 
 
-def chain(batch, engine, store, turns=3, resume_first=None):
+def chain(batch, engine, turns=3, resume_first=None):
     """Turns of one conversation, each resuming from the one before: [(prompt, cached,
     reply)]."""
     prompt, out, previous = SYSTEM + [1, 2, 3], [], resume_first
     for n in range(turns):
-        cached, reply = run_one(batch, engine, ids_gen(prompt, f"t{n}", snapshot=f"resp_{n}",
-                                                       resume=previous), store)
+        cached, reply = run_one(batch, engine, ids_gen(prompt, f"t{n}", keep_as=f"resp_{n}",
+                                                       resume_from=previous))
         out.append((prompt, cached, reply))
         previous = f"resp_{n}"
         prompt = prompt + reply + [40 + n, 41 + n, 42 + n]
@@ -65,7 +63,7 @@ def test_each_turn_prefills_only_its_new_tokens_with_the_cold_output(engine, hyb
                                                                       model):
     engine = engine if model == "tiny" else hybrid_engine
     batch, store = worker(engine)
-    turns = chain(batch, engine, store)
+    turns = chain(batch, engine)
     assert turns[0][1] == 0
     for n in (1, 2):
         prompt, cached, reply = turns[n]
@@ -80,7 +78,7 @@ def test_each_turn_prefills_only_its_new_tokens_with_the_cold_output(engine, hyb
 
 def test_a_fresh_worker_resumes_from_the_disk_tier(engine, tmp_path):
     batch, store = worker(engine, tmp_path / "kv")
-    first = chain(batch, engine, store, turns=2)
+    first = chain(batch, engine, turns=2)
     assert store.disk.flush()
     assert {e.name for e in store.entries()} == {"resp_0", "resp_1"}
     # A new process: empty memory, the same directory.
@@ -88,51 +86,50 @@ def test_a_fresh_worker_resumes_from_the_disk_tier(engine, tmp_path):
     assert store2.disk.stats()["disk_entries"] == 2
     prompt, _, reply = first[1]
     nxt = prompt + reply + [77, 78]
-    cached, out = run_one(batch2, engine, ids_gen(nxt, resume="resp_1", snapshot="resp_2"),
-                          store2)
+    cached, out = run_one(batch2, engine, ids_gen(nxt, resume_from="resp_1", keep_as="resp_2"))
     assert cached == len(prompt) + len(reply)
     assert store2.hits_disk == 1 and store2.hits_ram == 0
     assert out == run_one(make_batch(engine), engine, ids_gen(nxt))[1]
     # Read once: memory has it now.
-    again, _ = run_one(batch2, engine, ids_gen(nxt, resume="resp_1"), store2)
+    again, _ = run_one(batch2, engine, ids_gen(nxt, resume_from="resp_1"))
     assert again == cached and store2.hits_ram == 1 and store2.hits_disk == 1
 
 
 def test_a_rewritten_history_falls_back_counted_with_the_right_output(engine, tmp_path):
     batch, store = worker(engine, tmp_path / "kv")
-    (prompt, _, reply), = chain(batch, engine, store, turns=1)
+    (prompt, _, reply), = chain(batch, engine, turns=1)
     # The template rewrote the previous reply (thinking stripped, say): not a prefix.
     rewritten = prompt + [5] + reply[1:] + [60, 61]
-    cached, out = run_one(batch, engine, ids_gen(rewritten, resume="resp_0"), store)
+    cached, out = run_one(batch, engine, ids_gen(rewritten, resume_from="resp_0"))
     assert store.fallbacks == 1 and store.hits_ram == 0
     assert cached == len(prompt)  # prefix matching still shares the prompt
     assert out == run_one(make_batch(engine), engine, ids_gen(rewritten))[1]
     # From disk in a fresh worker: the shared part of the trimmable state serves.
     store.disk.flush()
     batch2, store2 = worker(engine, tmp_path / "kv")
-    cached2, out2 = run_one(batch2, engine, ids_gen(rewritten, resume="resp_0"), store2)
+    cached2, out2 = run_one(batch2, engine, ids_gen(rewritten, resume_from="resp_0"))
     assert store2.fallbacks == 1 and cached2 == len(prompt) and out2 == out
 
 
 def test_an_unknown_name_is_a_miss_and_the_prompt_runs_cold(engine, tmp_path):
     batch, store = worker(engine, tmp_path / "kv")
-    cached, _ = run_one(batch, engine, ids_gen(SYSTEM, resume="resp_none"), store)
+    cached, _ = run_one(batch, engine, ids_gen(SYSTEM, resume_from="resp_none"))
     assert cached == 0 and store.misses == 1
 
 
 def test_snapshots_are_named_only_when_asked(engine, tmp_path):
     batch, store = worker(engine, tmp_path / "kv")
-    run_one(batch, engine, ids_gen(SYSTEM + [1]), store)
+    run_one(batch, engine, ids_gen(SYSTEM + [1]))
     store.disk.flush()
     assert store.entries() == [] and store.disk.stats()["disk_entries"] == 0
 
 
 def test_admin_save_drop_and_clear(engine, tmp_path):
     batch, store = worker(engine)  # no disk tier
-    chain(batch, engine, store, turns=1)
+    chain(batch, engine, turns=1)
     assert store.save("resp_0")[0] is False  # nowhere to write
     batch, store = worker(engine, tmp_path / "kv")
-    chain(batch, engine, store, turns=2)
+    chain(batch, engine, turns=2)
     store.disk.flush()
     store.disk.drop("resp_0")
     ok, message = store.save("resp_0")  # from memory back to disk

@@ -24,7 +24,7 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
 def chat(user, cache_key=None, tools=None):
     return generate(rid=user[:8], messages=[{"role": "system", "content": SYSTEM},
                                             {"role": "user", "content": user}],
-                    max_tokens=6, temperature=0.0, cache_key=cache_key, tools=tools)
+                    max_tokens=6, temperature=0.0, namespace=cache_key, tools=tools)
 
 
 def run_one(batch, engine, g):
@@ -51,7 +51,7 @@ def test_the_first_request_starts_from_the_pinned_prompt(engine, hybrid_engine, 
     prompt = engine.prepare(chat("What next?")).ids
     # All of the system turn and the opening of the user's, and nothing of the question.
     assert 40 < pinned < len(prompt) - 2
-    assert batch.prefix.stats()["pinned_tokens"] == pinned
+    assert batch.kvcache.prefix.stats()["pinned_tokens"] == pinned
     for key in (None, "agent-7"):  # any namespace
         cached, out = run_one(batch, engine, chat("What next?", cache_key=key))
         assert cached >= pinned

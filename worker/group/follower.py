@@ -103,7 +103,7 @@ class Follower:
         return True
 
     def _add(self, gen, leader_cached: int) -> None:
-        prep = prepare(self.engine, self.batch.snapshots, gen)
+        prep = prepare(self.engine, self.batch.kvcache, gen)
         if not isinstance(prep, Prepared):
             raise Diverged(f"rid={gen.rid}: the leader generates, this rank would not")
         seq = _Seq(gen.rid)
@@ -136,7 +136,7 @@ class Follower:
             del self.seqs[rid]   # ended inside the step (EOS, length, stop string)
 
     def _cache(self, op: str, name) -> None:
-        store = self.batch.snapshots
+        store = self.batch.kvcache
         if store is None:
             return
         if op == "save":

@@ -10,7 +10,7 @@ keep the ranks in lockstep. `idle` flushes what was recorded while nothing runs 
 followers give the KV of cancelled requests back) and pings once a second.
 
 Anything that changes what a later step computes must pass through here: the prompt
-cache's named snapshots too (`snapshots`, a recording view of the batch's store).
+cache's named snapshots too (`kvcache`, a recording view of the batch's KV cache manager).
 """
 
 from __future__ import annotations
@@ -62,15 +62,15 @@ class LeaderBatch:
         self.pending: list = []
         self.check: int | None = None   # the last step's checksum (None: none to compare)
         self._sent_at = clock()
-        self._snapshots = (_RecordingSnapshots(batch.snapshots, self.pending)
-                           if batch.snapshots is not None else None)
+        self._kvcache = (_RecordingKVCache(batch.kvcache, self.pending)
+                         if batch.kvcache is not None else None)
 
     def __getattr__(self, name):  # what only reads: fits, need, max_size, cache_stats...
         return getattr(self.inner, name)
 
     @property
-    def snapshots(self):
-        return self._snapshots
+    def kvcache(self):
+        return self._kvcache
 
     def send(self, *ops) -> None:
         """Everything recorded, then `ops`, to every rank in one message."""
@@ -130,9 +130,10 @@ class LeaderBatch:
         self.inner.close()
 
 
-class _RecordingSnapshots:
-    """The batch's snapshot store as the scheduler's cache commands see it: what changes
-    the store (and so later prompt-cache hits) is recorded for the followers."""
+class _RecordingKVCache:
+    """The batch's KV cache manager as the scheduler sees it (its cache commands, the
+    preparation's preload): what changes the named snapshots (and so later prompt-cache
+    hits) is recorded for the followers."""
 
     def __init__(self, store, pending: list):
         self._store = store

@@ -3,8 +3,8 @@ starts with the same tokens.
 
 A coding agent sends its whole conversation every turn (20K tokens and more), each turn
 the previous one plus a little; re-prefilling it costs seconds to minutes. The worker
-stores the KV state it holds at the end of each prompt (a snapshot, taken by the batch at
-the end of the prompt's first segment: worker/loop/batch.py) and at the end of each generation
+stores the KV state it holds at the end of each prompt (a snapshot, taken where the KV
+cache manager schedules one: worker/kvcache/manager.py) and at the end of each generation
 (prompt + output), and a new prompt starts from the longest stored prefix of its tokens.
 
 Two kinds of state, one rule each:
@@ -125,8 +125,8 @@ class PrefixCache:
         return None
 
     def state_of(self, namespace: str, tokens: list[int]) -> Optional[Hit]:
-        """A copy of the state holding exactly `tokens` (a named snapshot's: worker/
-        snapshots/): their entry, or a longer trimmable entry that begins with them,
+        """A copy of the state holding exactly `tokens` (a named snapshot's: worker/kvcache/
+        snapshots.py): their entry, or a longer trimmable entry that begins with them,
         trimmed. Not counted as a hit or a miss."""
         self.expire()
         key = self._covering(namespace, tokens)

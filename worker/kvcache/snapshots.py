@@ -1,6 +1,7 @@
-"""Named KV snapshots: the exact state a generation ended with, kept under a name (a
-stored response's id, or "key:" + a client's prompt_cache_key) so that the next turn
-resumes from it and prefills only what is new.
+"""Named KV snapshots: the exact state a generation ended with, kept under the name its
+request gave (`PromptCache.keep_as`: the supervisor names them, for a stored response or a
+prompt_cache_key conversation; here a name is opaque) so that the next turn resumes from it
+(`resume_from`) and prefills only what is new.
 
 Prefix matching alone (worker/kvcache/prefix.py) finds a state by the tokens of the newly
 rendered prompt; it loses when the prompt cache was emptied (a worker restart, a swap, a
@@ -67,11 +68,6 @@ def _first_difference(held: np.ndarray, ids: np.ndarray) -> int:
     return int(diff[0]) if diff.size else n
 
 
-def shown(name: str) -> str:
-    """A name as logs may show it: a response id, not a client's cache key."""
-    return name if name.startswith("resp_") else "a prompt_cache_key snapshot"
-
-
 class SnapshotStore:
     def __init__(self, prefix: PrefixCache, disk: Optional[DiskTier] = None, *,
                  max_named_tokens: int = MAX_NAMED_TOKENS,
@@ -95,12 +91,15 @@ class SnapshotStore:
     # ---- resuming (MLX thread) -------------------------------------------------------
 
     def resume(self, name: str, namespace: str, ids: list[int],
-               preloaded: Optional[files.Snapshot] = None) -> Optional[Resumed]:
-        """A private copy of the state kept under `name`, if its tokens begin `ids`."""
+               preloaded: Optional[files.Snapshot] = None,
+               label: str = "") -> Optional[Resumed]:
+        """A private copy of the state kept under `name`, if its tokens begin `ids`.
+        `label`: what logs may call it (the request's PromptCache.resume_label)."""
+        label = label or "a named snapshot"
         prompt = np.asarray(ids, dtype=np.uint32)
         named = self._names.get(name)
         if named is not None:
-            if not self._begins(name, named.tokens, prompt):
+            if not self._begins(label, named.tokens, prompt):
                 return None
             hit = self.prefix.state_of(named.namespace, named.tokens.tolist())
             if hit is not None:
@@ -113,21 +112,21 @@ class SnapshotStore:
         if snap is None:
             self.misses += 1
             return None
-        return self._from_disk(name, namespace, snap, prompt)
+        return self._from_disk(name, label, namespace, snap, prompt)
 
-    def _begins(self, name: str, held: np.ndarray, prompt: np.ndarray) -> bool:
+    def _begins(self, label: str, held: np.ndarray, prompt: np.ndarray) -> bool:
         at = _first_difference(held, prompt)
         if at == len(held) and len(held) < len(prompt):
             return True
         self.fallbacks += 1
         log.debug("snapshot %s: the prompt departs from its %d tokens at position %d; "
-                  "falling back to prefix matching", shown(name), len(held), at)
+                  "falling back to prefix matching", label, len(held), at)
         return False
 
-    def _from_disk(self, name: str, namespace: str, snap: files.Snapshot,
+    def _from_disk(self, name: str, label: str, namespace: str, snap: files.Snapshot,
                    prompt: np.ndarray) -> Optional[Resumed]:
         held = np.asarray(snap.tokens, dtype=np.uint32)
-        begins = self._begins(name, held, prompt)
+        begins = self._begins(label, held, prompt)
         try:
             cache = files.decode(snap)
         except (files.CorruptFile, ValueError, TypeError) as e:

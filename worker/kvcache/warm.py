@@ -76,7 +76,7 @@ def prefill(engine, ids: list[int], step: int, max_kv_size=None) -> list:
 def pin_warm_prompt(batch, path: Path, step: int) -> int:
     """Prefill the warm prompt's shared prefix and pin it in `batch`'s prompt cache.
     Returns the tokens pinned (0: nothing to pin)."""
-    if batch.prefix is None:
+    if batch.kvcache is None:
         raise LoadError("--warm-prompt needs the prompt cache (--prompt-cache-bytes above 0)")
     engine = batch.engine
     try:
@@ -88,6 +88,6 @@ def pin_warm_prompt(batch, path: Path, step: int) -> int:
     if len(ids) >= engine.context_length:
         raise LoadError(f"--warm-prompt {path}: {len(ids)} tokens do not fit the context "
                         f"({engine.context_length})")
-    if not ids or not batch.prefix.pin(ids, prefill(engine, ids, step, batch.max_kv_size)):
+    if not ids or not batch.kvcache.pin(ids, prefill(engine, ids, step, batch.max_kv_size)):
         return 0
     return len(ids)

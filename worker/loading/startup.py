@@ -21,7 +21,6 @@ def make_batch(engine, args, path, shard: str = ""):
     ranks, each with its own shard of every state, under MODEL-IDENTITY-`shard`)."""
     from worker.loop.batch import Batch, ChunkSizer, KVSize, StepMemory
     from worker.errors import LoadError
-    from worker.kvcache.prefix import PrefixCache
 
     if args.kv_bits is not None:
         raise LoadError("--kv-bits: a quantized KV cache cannot combine with continuous "
@@ -37,32 +36,33 @@ def make_batch(engine, args, path, shard: str = ""):
                     "--kv-budget (%d bytes) holds for one sequence", fits,
                     engine.context_length, args.kv_budget)
         engine.cap_context(fits)
-    prefix = snapshots = None
-    if args.prompt_cache_bytes > 0:
-        prefix = PrefixCache(min(args.prompt_cache_bytes, args.kv_budget), args.prompt_cache_ttl)
-        snapshots = _snapshots(prefix, args, path, shard)
+    kvcache = _kvcache(engine, args, path, shard) if args.prompt_cache_bytes > 0 else None
     step = max(1, args.prefill_step)
     return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
-                 prefix=prefix, kv=kv, max_kv_size=args.max_kv_size,
-                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)), snapshots=snapshots,
+                 kvcache=kvcache, kv=kv, max_kv_size=args.max_kv_size,
+                 chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)),
                  # (Not a group's rank: each would measure its own shard, and every rank
                  # must run the chunk the leader chose: worker/group/follower.py.)
                  step_memory=None if shard else StepMemory.measure(engine.model,
                                                                    engine.vocab_size or 0))
 
 
-def _snapshots(prefix, args, path, shard: str = ""):
+def _kvcache(engine, args, path, shard: str = ""):
+    """The KV cache manager: the prompt-prefix cache within --prompt-cache-bytes (and the
+    KV budget), and the disk tier of named snapshots within --kv-disk-bytes."""
     from worker.kvcache.disk import DiskTier
     from worker.kvcache.identity import model_identity, snapshot_dir
-    from worker.kvcache.snapshots import SnapshotStore
+    from worker.kvcache.manager import KVCache, trimmable
+    from worker.kvcache.prefix import PrefixCache
 
+    prefix = PrefixCache(min(args.prompt_cache_bytes, args.kv_budget), args.prompt_cache_ttl)
     disk = None
     if args.kv_disk_bytes > 0:
         identity = model_identity(path, args.max_kv_size) + (f"-{shard}" if shard else "")
         disk = DiskTier(snapshot_dir(args.state_dir, identity), args.kv_disk_bytes)
         disk.start()
-    return SnapshotStore(prefix, disk)
+    return KVCache(prefix, disk, trimmable=trimmable(engine.model, args.max_kv_size))
 
 
 def set_wired_limit() -> None:

@@ -17,13 +17,11 @@ What this module adds around it:
   admits in order and stops at the first that does not fit). The worker caps its
   context so that one sequence alone always fits (worker/loading/startup.py), so nothing waits
   forever;
-- the prompt-prefix cache (worker/kvcache/prefix.py): a sequence starts from the longest
-  cached prefix of its prompt; the batch stores the state at the end of each prompt
-  (only for models whose cache cannot be trimmed: for the others the final state,
-  trimmed, serves the same prompts) and at the end of each sequence;
-- named snapshots (worker/kvcache/): a sequence that names a state to `resume` from
-  starts there when that state's tokens begin its prompt, and one that names a
-  `snapshot` keeps its final state under that name (in memory and on disk);
+- the KV cache (worker/kvcache/manager.py): a sequence starts from the state the cache
+  manager answers for its prompt (a cached prefix, or the named snapshot it resumes
+  from), and the batch hands the manager the states it asks for: at the prompt lengths
+  it names (`checkpoints`: for caches that cannot be trimmed) and at the end of each
+  sequence;
 - per-sequence output (worker/text/decoding.py), and removal on cancel, stop strings and
   grammar completion, which mlx-lm's batch does not know about.
 
@@ -40,20 +38,15 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
-from mlx_lm.models.cache import BatchKVCache, can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
-from protocol.messages import CacheStats, Generate, SamplingParams, pack_ids
+from protocol.messages import CacheStats, Generate, PromptCache, SamplingParams, pack_ids
+from worker.kvcache.manager import KVCache
 from worker.loop import mlx_lm_patches
 from worker.text.decoding import Decoding
-from worker.kvcache.prefix import PrefixCache
-from worker.kvcache.snapshots import SnapshotStore
 
 log = logging.getLogger("worker.loop.batch")
 
-# Non-trimmable caches (recurrent layers) can only be reused from a snapshot taken
-# exactly at a prefix; long prompts get one every this many tokens, so a prompt that
-# shares only the first part of a long earlier one still finds a recent snapshot.
-SNAPSHOT_EVERY = 4096
 # The smallest prefill chunk a tight KV budget may bring a chunk down to.
 MIN_CHUNK = 32
 
@@ -190,11 +183,10 @@ class Member:
     """A sequence in the batch."""
     seq: Any                    # the scheduler's Sequence
     decoding: Decoding
-    namespace: str              # prefix-cache namespace
+    cache: PromptCache          # its request's KV cache options (namespace, names)
     tokens: int                 # KV tokens reserved: its prompt plus its token budget
     prompt: int                 # its prompt's tokens (what a prefill chunk may follow)
-    snapshots: list = field(default_factory=list)  # prompt lengths to snapshot at, in order
-    name: Optional[str] = None  # the name its final state is kept under (a named snapshot)
+    checkpoints: list = field(default_factory=list)  # prompt lengths to keep the state at
     first_read: bool = False    # its first token was read early (`_first_tokens`)
 
 
@@ -211,10 +203,9 @@ class FirstToken:
 
 class Batch:
     def __init__(self, engine, *, max_size: int, prefill_step: int, prefill_batch: int,
-                 kv_budget: int, prefix: Optional[PrefixCache], kv: KVSize,
-                 max_kv_size: Optional[int] = None, snapshot_every: int = SNAPSHOT_EVERY,
+                 kv_budget: int, kvcache: Optional[KVCache], kv: KVSize,
+                 max_kv_size: Optional[int] = None,
                  chunks: Optional[ChunkSizer] = None,
-                 snapshots: Optional[SnapshotStore] = None,
                  step_memory: Optional[StepMemory] = None,
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
@@ -222,17 +213,12 @@ class Batch:
         self.prefill_step = prefill_step
         self.prefill_batch = max(1, min(prefill_batch, self.max_size))
         self.kv_budget = kv_budget
-        self.prefix = prefix
-        self.snapshots = snapshots if prefix is not None else None  # (its RAM tier)
+        self.kvcache = kvcache   # None: no prompt cache
         self.kv = kv
         self.step_memory = step_memory or StepMemory(0.0, 0.0, 0)
         self.max_kv_size = max_kv_size
-        self.snapshot_every = snapshot_every
         self.chunks = chunks or ChunkSizer(prefill_step, prefill_step)  # default: fixed
         self._clock = clock
-        # A rotating cache trims only until it wraps: treat it as untrimmable (snapshots).
-        self.trimmable = (max_kv_size is None
-                          and can_trim_prompt_cache(make_prompt_cache(engine.model)))
         self.members: dict[int, Member] = {}
         self.reserved = 0
         self.gen = self._new_generator()
@@ -287,20 +273,17 @@ class Batch:
         self.reserved = self.holds([m.tokens for m in self.members.values()])
 
     def add(self, seq, prep) -> int:
-        """Start `prep` (after `fits`); returns the prompt tokens the prefix cache
-        supplied."""
-        engine, ids = self.engine, prep.ids
+        """Start `prep` (after `fits`); returns the prompt tokens the KV cache supplied."""
+        engine, ids, spec = self.engine, prep.ids, prep.gen.cache
         decoding = engine.decoding(prep)
-        namespace = prep.gen.cache_key or ""
-        hit = self._start(prep, namespace)
+        hit, checkpoints = None, []  # (checkpoints: prompt lengths to keep the state at)
+        if self.kvcache is not None:
+            hit = self.kvcache.start(spec, ids, prep.snapshot)
+            prep.snapshot = None  # (host memory: not kept with a waiting request)
         cached = hit.tokens if hit is not None else 0
-        snapshots = []  # prompt lengths at which to keep the state (see the docstring)
-        if self.prefix is not None and not self.trimmable:
-            every = self.snapshot_every
-            snapshots = [n for n in range(every, len(ids) - 1, every) if n > cached]
-            if len(ids) - 1 > cached:
-                snapshots.append(len(ids) - 1)  # the prompt but its last token
-        bounds = [cached] + snapshots + [len(ids)]
+        if self.kvcache is not None:
+            checkpoints = self.kvcache.checkpoints(cached, len(ids))
+        bounds = [cached] + checkpoints + [len(ids)]
         segments = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
         processors = engine.processors(prep)
         if decoding.grammar is not None:
@@ -309,26 +292,12 @@ class Batch:
             segments=[segments], max_tokens=[decoding.budget],
             caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
-        self.members[uid] = Member(seq, decoding, namespace, self.tokens(prep), len(ids),
-                                   snapshots,
-                                   prep.gen.snapshot if self.snapshots is not None else None)
+        self.members[uid] = Member(seq, decoding, spec, self.tokens(prep), len(ids),
+                                   checkpoints)
         seq.uid = uid
         self._reserve()
         self._bound_prefix()
         return cached
-
-    def _start(self, prep, namespace: str):
-        """The state a prompt starts from: the snapshot it resumes from, else (or when
-        that serves less) the longest cached prefix; None: from scratch."""
-        hit = None
-        if self.snapshots is not None and prep.gen.resume:
-            hit = self.snapshots.resume(prep.gen.resume, namespace, prep.ids, prep.snapshot)
-            prep.snapshot = None  # (host memory: not kept with a waiting request)
-        if self.prefix is not None and (hit is None or hit.partial):
-            found = self.prefix.fetch(namespace, prep.ids)
-            if found is not None and (hit is None or found.tokens >= hit.tokens):
-                hit = found
-        return hit
 
     def _fit_chunk(self) -> None:
         """The next prefill chunk within the budget the running sequences leave: halved
@@ -349,15 +318,15 @@ class Batch:
             chunk = max(MIN_CHUNK, chunk // 2)
         if chunk != gen.prefill_step_size:
             self._set_chunk(chunk)
-        if self.prefix is not None:
-            self.prefix.trim_to(min(self.prefix.max_bytes, room - self.step_memory.prefill(
-                self.prefill_batch, chunk, offset)))
+        if self.kvcache is not None:
+            self.kvcache.trim_to(room - self.step_memory.prefill(self.prefill_batch, chunk,
+                                                                 offset))
 
     def _bound_prefix(self) -> None:
         """The prefix cache gives way to what the running sequences hold: together they
         stay within the KV budget."""
-        if self.prefix is not None:
-            self.prefix.trim_to(min(self.prefix.max_bytes, self.kv_budget - self.reserved))
+        if self.kvcache is not None:
+            self.kvcache.trim_to(self.kv_budget - self.reserved)
 
     # ---- stepping --------------------------------------------------------------------
 
@@ -374,7 +343,7 @@ class Batch:
                 self._set_chunk(self.chunks.size)
         for r in prompt_responses:
             if r.end_of_segment and not r.end_of_prompt:
-                self._snapshot(r.uid)
+                self._checkpoint(r.uid)
         results = []
         first = self._first_tokens([r.uid for r in prompt_responses if r.end_of_prompt])
         for r in first + list(token_responses):
@@ -434,24 +403,20 @@ class Batch:
                 out.append(FirstToken(uid, tok, lp))
         return out
 
-    def _snapshot(self, uid: int) -> None:
-        """The end of a prompt segment: keep the state for later prompts."""
+    def _checkpoint(self, uid: int) -> None:
+        """The end of a prompt segment: the KV cache keeps the state for later prompts."""
         m = self.members.get(uid)
-        if m is None or self.prefix is None or not m.snapshots:
+        if m is None or self.kvcache is None or not m.checkpoints:
             return
-        m.snapshots.pop(0)
+        m.checkpoints.pop(0)
         for cache, tokens in self.gen.extract_cache([uid]).values():
-            self.prefix.store(m.namespace, list(tokens), _materialized(cache))
+            self.kvcache.keep(m.cache, list(tokens), _materialized(cache))
         self._bound_prefix()
 
     def _store(self, m: Member, tokens, cache) -> None:
-        """A sequence ended: keep its final state (and its name, if it has one)."""
-        if self.prefix is not None and tokens and cache:
-            tokens = list(tokens)
-            cache = _materialized(cache)
-            kept = self.prefix.store(m.namespace, tokens, cache)
-            if m.name:
-                self.snapshots.keep(m.name, m.namespace, tokens, cache, kept)
+        """A sequence ended: the KV cache keeps its final state (and its name)."""
+        if self.kvcache is not None and tokens and cache:
+            self.kvcache.finish(m.cache, list(tokens), _materialized(cache))
             self._bound_prefix()
 
     def remove(self, seq) -> None:
@@ -484,7 +449,7 @@ class Batch:
         no kernel compile (seconds on a GPU). Nothing of it is cached."""
         vocab = self.engine.vocab_size
         ids = [1 + i % (vocab - 1) for i in range(prompt_tokens)]
-        prefix, self.prefix = self.prefix, None
+        kvcache, self.kvcache = self.kvcache, None
         try:
             for n, ids_ in enumerate((ids, ids[: prompt_tokens // 2])):
                 gen = Generate(rid=f"warm-{n}", prompt_ids=pack_ids(ids_),
@@ -493,7 +458,7 @@ class Batch:
             while self.members:
                 self.step()
         finally:
-            self.prefix = prefix
+            self.kvcache = kvcache
         mx.clear_cache()
 
     def idle(self) -> None:
@@ -501,12 +466,9 @@ class Batch:
         ranks here: worker/group/leader.py)."""
 
     def cache_stats(self) -> Optional[CacheStats]:
-        if self.prefix is None:
-            return None
-        snapshots = self.snapshots.stats() if self.snapshots is not None else None
-        return CacheStats(**self.prefix.stats(), snapshots=snapshots)
+        return self.kvcache.stats() if self.kvcache is not None else None
 
     def close(self) -> None:
         self.gen.close()
-        if self.snapshots is not None and self.snapshots.disk is not None:
-            self.snapshots.disk.close()  # the writes queued reach the disk
+        if self.kvcache is not None:
+            self.kvcache.close()  # the writes queued reach the disk

@@ -26,13 +26,13 @@ from worker.text.engine import Prepared
 _STOP = object()
 
 
-def prepare(engine, snapshots, gen):
+def prepare(engine, kvcache, gen):
     """A request's preparation: the engine's, then the snapshot to resume from when only
-    the disk has it (a file read must not stall the MLX thread). `snapshots`: the
-    batch's SnapshotStore, or None."""
+    the disk has it (a file read must not stall the MLX thread). `kvcache`: the batch's
+    KV cache manager (worker/kvcache/manager.py), or None."""
     prep = engine.prepare(gen)
-    if isinstance(prep, Prepared) and gen.resume and snapshots is not None:
-        prep.snapshot = snapshots.preload(gen.resume)
+    if isinstance(prep, Prepared) and kvcache is not None:
+        prep.snapshot = kvcache.preload(gen.cache)
     return prep
 
 

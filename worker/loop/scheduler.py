@@ -223,26 +223,26 @@ class Scheduler:
 
     def _prepare(self, gen: Generate):
         """The preparation thread's work (worker/loop/preparer.py)."""
-        return prepare(self.engine, self.batch.snapshots, gen)
+        return prepare(self.engine, self.batch.kvcache, gen)
 
     def _cache_command(self, cmd: CacheCommand) -> CacheReply:
         """mlxctl cache: list, save, drop or clear the KV snapshots."""
         reply = {"epoch": self.epoch, "qid": cmd.qid}
-        snapshots = self.batch.snapshots
-        if snapshots is None:
+        kvcache = self.batch.kvcache
+        if kvcache is None:
             return CacheReply(**reply, ok=False, message="this worker keeps no KV snapshots "
                               "(its prompt cache is off: --prompt-cache-bytes 0)")
         if cmd.op == "ls":
-            return CacheReply(**reply, entries=snapshots.entries())
+            return CacheReply(**reply, entries=kvcache.entries())
         if cmd.op == "clear":
-            return CacheReply(**reply, message=f"cleared {snapshots.clear()} snapshots and "
+            return CacheReply(**reply, message=f"cleared {kvcache.clear()} snapshots and "
                               "the prompt cache")
         if not cmd.name:
             return CacheReply(**reply, ok=False, message=f"`{cmd.op}` needs a snapshot name")
         if cmd.op == "save":
-            ok, message = snapshots.save(cmd.name)
+            ok, message = kvcache.save(cmd.name)
             return CacheReply(**reply, ok=ok, message=message)
-        if snapshots.drop(cmd.name):
+        if kvcache.drop(cmd.name):
             return CacheReply(**reply, message=f"dropped {cmd.name}")
         return CacheReply(**reply, ok=False, message=f"no snapshot named {cmd.name}")
 

@@ -29,8 +29,7 @@ class _Warm:
 
 class SerialBatch:
     max_size = 1
-    prefix = None      # no prompt cache (see the docstring)
-    snapshots = None
+    kvcache = None     # no prompt cache (see the docstring)
 
     def __init__(self, engine):
         self.engine = engine

@@ -55,9 +55,7 @@ class ChatRequest(CommonParams):
                                 top_logprobs=self.top_logprobs,
                                 reasoning_effort=self.reasoning_effort),
             template_kwargs=self.template_kwargs,
-            cache_key=self.prompt_cache_key,
-            snapshot=build.key_snapshot(self.prompt_cache_key),
-            resume=build.key_snapshot(self.prompt_cache_key),
+            cache=build.prompt_cache(self.prompt_cache_key),
         )
 
 

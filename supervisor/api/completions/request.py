@@ -41,9 +41,7 @@ class CompletionRequest(CommonParams):
             output=tooling.output((), tooling.ToolChoice(), tooling.ResponseFormat(),
                                 stop=self.stop, logprobs=self.logprobs is not None,
                                 top_logprobs=self.logprobs or 0),
-            cache_key=self.prompt_cache_key,
-            snapshot=build.key_snapshot(self.prompt_cache_key),
-            resume=build.key_snapshot(self.prompt_cache_key),
+            cache=build.prompt_cache(self.prompt_cache_key),
         )
 
 

@@ -13,13 +13,25 @@ from __future__ import annotations
 
 from typing import Optional
 
-from protocol.messages import SamplingParams
+from protocol.messages import PromptCache, SamplingParams
+
+# What the worker's logs call a snapshot named after a client's prompt_cache_key (the key
+# may be a secret; a response id is not).
+KEY_LABEL = "a prompt_cache_key snapshot"
 
 
-def key_snapshot(cache_key: Optional[str]) -> Optional[str]:
-    """The name of a prompt_cache_key conversation's KV snapshot (worker/snapshots/): its
-    requests keep their final state under it and resume from it."""
-    return f"key:{cache_key}" if cache_key else None
+def prompt_cache(key: Optional[str], *, response_id: Optional[str] = None,
+                 previous_response_id: Optional[str] = None) -> PromptCache:
+    """What a request asks of the worker's KV cache, for every surface: its namespace (the
+    client's prompt_cache_key), and the named snapshot (worker/kvcache/) its final state is
+    kept under and the one it resumes from. A prompt_cache_key conversation's snapshot is
+    named "key:" + the key; a stored response's is its id (`response_id`, kept under it
+    instead of the key's), and a response that continues one resumes from its previous
+    response's (`previous_response_id`, before the key's). Only the Responses API has ids."""
+    key_name = f"key:{key}" if key else None
+    resume_from = previous_response_id or key_name
+    return PromptCache(namespace=key, keep_as=response_id or key_name, resume_from=resume_from,
+                       resume_label=previous_response_id or (KEY_LABEL if key_name else ""))
 
 
 def sampling(config, *, max_tokens: Optional[int] = None,

@@ -71,7 +71,6 @@ class ResponsesRequest:
         defaults from `config` (supervisor/api/fields/generate.py). Its final KV state is
         kept under the response's id when the response is stored (else under its
         prompt_cache_key), and it resumes from its previous response's (else the key's)."""
-        key = build.key_snapshot(self.prompt_cache_key)
         images: list[bytes] = []
         messages = to_chat_messages(items, self.instructions, images)
         return Generate(
@@ -83,9 +82,9 @@ class ResponsesRequest:
             output=toolspec.output(self.tools, self.tool_choice, self.text_format,
                                 parallel_tool_calls=self.parallel_tool_calls,
                                 reasoning_effort=self.reasoning_effort),
-            cache_key=self.prompt_cache_key,
-            snapshot=response_id if self.store else key,
-            resume=self.previous_response_id or key,
+            cache=build.prompt_cache(self.prompt_cache_key,
+                                     response_id=response_id if self.store else None,
+                                     previous_response_id=self.previous_response_id),
         )
 
 

@@ -1,0 +1,151 @@
+"""The worker's one KV cache manager: the batch asks it where a prompt starts and gives it
+the states worth keeping; which tier holds what is decided here.
+
+One query, `start`: the best starting state for a prompt's tokens in its namespace, or
+for the named snapshot it resumes from, answered as a `Start` (the state, the prompt
+tokens it covers, the tier it came from). Its tiers:
+- the RAM prefix cache (worker/kvcache/prefix.py): states of earlier prompts, found by
+  the longest stored prefix of the new prompt's tokens;
+- the named snapshots (worker/kvcache/snapshots.py): a name points at a state of the
+  prefix cache (RAM) or at a file of the disk tier (worker/kvcache/disk.py), read on the
+  preparation thread (`preload`) so that a file read never stalls the MLX thread.
+A named snapshot whose tokens begin the prompt wins; the prefix cache answers when there
+is none, or when only the shared part of a disk state serves (a rewritten history) and
+the prefix cache covers at least as much.
+
+The store side: `checkpoints` says at which prompt lengths the batch hands a state over
+(`keep`) for a cache that cannot be trimmed (recurrent layers, a rotating window): only a
+state taken exactly at a prefix can serve a later prompt, so long prompts leave one every
+`every` tokens and one at the prompt but its last token; a trimmable final state, trimmed,
+serves the same prompts. `finish` keeps a sequence's final state, under its name too when
+its request gave one. The prefix cache gives way to the running sequences (`trim_to`).
+
+Everything here runs on the MLX thread except `preload` (the preparation thread).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional
+
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+
+from protocol.messages import CacheStats, PromptCache, SnapshotInfo
+from worker.kvcache import files
+from worker.kvcache.disk import DiskTier
+from worker.kvcache.prefix import PrefixCache
+from worker.kvcache.snapshots import SnapshotStore
+
+# Non-trimmable caches (recurrent layers) can only be reused from a snapshot taken
+# exactly at a prefix; long prompts get one every this many tokens, so a prompt that
+# shares only the first part of a long earlier one still finds a recent snapshot.
+SNAPSHOT_EVERY = 4096
+
+
+class Tier(str, enum.Enum):
+    """Where a starting state came from."""
+    PREFIX = "prefix"        # the RAM prefix cache, by the prompt's tokens
+    SNAPSHOT = "snapshot"    # a named snapshot held in RAM
+    DISK = "disk"            # a named snapshot read from the disk tier
+
+
+@dataclass
+class Start:
+    cache: list              # a private copy, ready to be extended by the batch
+    tokens: int              # prompt tokens it covers
+    tier: Tier
+
+
+def trimmable(model, max_kv_size: Optional[int]) -> bool:
+    """Whether `model`'s cache can be trimmed back to a shorter prefix (a rotating cache
+    trims only until it wraps: treated as untrimmable)."""
+    return max_kv_size is None and can_trim_prompt_cache(make_prompt_cache(model))
+
+
+class KVCache:
+    def __init__(self, prefix: PrefixCache, disk: Optional[DiskTier] = None, *,
+                 trimmable: bool = True, every: int = SNAPSHOT_EVERY):
+        self.prefix = prefix
+        self.snapshots = SnapshotStore(prefix, disk)
+        self.trimmable = trimmable
+        self.every = every
+
+    # ---- the query -------------------------------------------------------------------
+
+    def preload(self, spec: PromptCache) -> Optional[files.Snapshot]:
+        """Preparation thread: the disk's state for the snapshot `spec` resumes from, when
+        memory has none (handed to `start` with the request)."""
+        return self.snapshots.preload(spec.resume_from) if spec.resume_from else None
+
+    def start(self, spec: PromptCache, ids: list[int],
+              preloaded: Optional[files.Snapshot] = None) -> Optional[Start]:
+        """The best state for `ids` to start from (None: from scratch), at least the last
+        token left to feed."""
+        namespace = spec.namespace or ""
+        resumed = None
+        if spec.resume_from:
+            resumed = self.snapshots.resume(spec.resume_from, namespace, ids, preloaded,
+                                            spec.resume_label)
+        if resumed is not None and not resumed.partial:
+            return Start(resumed.cache, resumed.tokens,
+                         Tier.DISK if resumed.tier == "disk" else Tier.SNAPSHOT)
+        found = self.prefix.fetch(namespace, ids)
+        if found is not None and (resumed is None or found.tokens >= resumed.tokens):
+            return Start(found.cache, found.tokens, Tier.PREFIX)
+        return Start(resumed.cache, resumed.tokens, Tier.DISK) if resumed else None
+
+    # ---- storing ---------------------------------------------------------------------
+
+    def checkpoints(self, cached: int, prompt: int) -> list[int]:
+        """The prompt lengths (ascending) at which a sequence that starts with `cached` of
+        its `prompt` tokens hands its state to `keep`."""
+        if self.trimmable:
+            return []
+        points = [n for n in range(self.every, prompt - 1, self.every) if n > cached]
+        if prompt - 1 > cached:
+            points.append(prompt - 1)  # the prompt but its last token
+        return points
+
+    def keep(self, spec: PromptCache, tokens: list[int], cache: list) -> bool:
+        """A state holding exactly `tokens`, for later prompts of its namespace."""
+        return self.prefix.store(spec.namespace or "", tokens, cache)
+
+    def finish(self, spec: PromptCache, tokens: list[int], cache: list) -> None:
+        """A sequence ended holding `tokens` in `cache`: kept for later prompts, and under
+        the name its request gave (in memory and on disk)."""
+        kept = self.keep(spec, tokens, cache)
+        if spec.keep_as:
+            self.snapshots.keep(spec.keep_as, spec.namespace or "", tokens, cache, kept)
+
+    def pin(self, tokens: list[int], cache: list) -> bool:
+        """The operator's --warm-prompt (worker/kvcache/warm.py): kept for the worker's
+        life, for prompts of every namespace."""
+        return self.prefix.pin(tokens, cache)
+
+    def trim_to(self, room: int) -> None:
+        """The prefix cache within `room` bytes (and its own bound)."""
+        self.prefix.trim_to(min(self.prefix.max_bytes, room))
+
+    # ---- admin (mlxctl cache) and life -----------------------------------------------
+
+    def entries(self) -> list[SnapshotInfo]:
+        return self.snapshots.entries()
+
+    def save(self, name: str) -> tuple[bool, str]:
+        return self.snapshots.save(name)
+
+    def drop(self, name: str) -> bool:
+        return self.snapshots.drop(name)
+
+    def clear(self) -> int:
+        """Forget every snapshot and the whole prefix cache; returns the snapshots."""
+        return self.snapshots.clear()
+
+    def stats(self) -> CacheStats:
+        return CacheStats(**self.prefix.stats(), snapshots=self.snapshots.stats())
+
+    def close(self) -> None:
+        """The disk writes queued reach the disk."""
+        if self.snapshots.disk is not None:
+            self.snapshots.disk.close()
