@@ -111,7 +111,9 @@ def _needs_store(handler):
     return wrapped
 
 
-async def _conversation(svc: Responses, req: ResponsesRequest) -> list:
+async def conversation(svc: Responses, req: ResponsesRequest) -> list:
+    """The items the model reads: the stored chain before `previous_response_id`, then
+    this request's input."""
     if req.previous_response_id is None:
         return list(req.input_items)
     try:
@@ -127,34 +129,49 @@ async def _conversation(svc: Responses, req: ResponsesRequest) -> list:
     return items + list(req.input_items)
 
 
-@_needs_store
-async def create(request: web.Request) -> web.StreamResponse:
-    req = parse_responses_request(await read_json(request))
+async def prepare(request: web.Request, req: ResponsesRequest, items: list | None = None) -> Run:
+    """A new response's run, its generation queued on the model. The conversation is read
+    from the store unless `items` gives it (WebSocket mode's in-connection cache).
+    POST /v1/responses and WebSocket mode (api/responses/websocket.py) both start here."""
     config, svc = request.app[CONFIG], request.app[RESPONSES]
     if req.store:
         await svc.store.check()  # a store that is down refuses before the model works
     runner = await request.app[POOL].get(req.model)
-    items = await _conversation(svc, req)
+    if items is None:
+        items = await conversation(svc, req)
     builder = ResponseBuilder(req, runner.id)  # its id names the KV snapshot
     gen = await lifecycle.queue(request, runner, req.to_generate(items, config, builder.id),
                                 {"max_tokens": "max_output_tokens"})
-    handle = gen.handle
-    run = Run(builder, gen, svc.store if req.store else None, req.input_items)
+    return Run(builder, gen, svc.store if req.store else None, req.input_items)
+
+
+async def launch(svc: Responses, run: Run) -> None:
+    """A foreground run: wait until the worker took the prompt and the store has the
+    response in progress, then generate in a task of its own, registered while it runs.
+    Its caller follows its events and cancels it when its client leaves."""
+    try:
+        await run.wait_started()
+        await run.save("in_progress")  # the store can still fail here: stop the generation
+    except BaseException:
+        run.handle.close()
+        raise
+    svc.runs[run.id] = run
+    run.task = asyncio.create_task(run.generate())
+    run.task.add_done_callback(lambda _: svc.runs.pop(run.id, None))
+
+
+@_needs_store
+async def create(request: web.Request) -> web.StreamResponse:
+    req = parse_responses_request(await read_json(request))
+    svc = request.app[RESPONSES]
+    run = await prepare(request, req)
     headers = {}
     if req.skipped_tools:
         headers["X-MLXD-Warning"] = ("skipped tools this server cannot run: "
                                      + ", ".join(sorted(set(req.skipped_tools))))
     if req.background:
         return await _background(svc, run, headers)
-    try:
-        await run.wait_started()
-        await run.save("in_progress")  # the store can still fail here: stop the generation
-    except BaseException:
-        handle.close()
-        raise
-    svc.runs[run.id] = run
-    run.task = asyncio.create_task(run.generate())
-    run.task.add_done_callback(lambda _: svc.runs.pop(run.id, None))
+    await launch(svc, run)
     try:
         if req.stream:
             return await _stream(request, run, headers)
