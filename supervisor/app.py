@@ -20,6 +20,7 @@ from supervisor.api import audio, health, tokenize
 from supervisor.api import models as listing
 from supervisor.api.chat import routes as chat
 from supervisor.api.completions import routes as completions
+from supervisor.api.conversations import routes as conversations
 from supervisor.api.fields import remote_media
 from supervisor.api.messages import routes as messages
 from supervisor.api.pooling import routes as pooling
@@ -54,6 +55,7 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     listing.setup(app, config)
     health.setup(app)
     responses.setup(app)
+    conversations.setup(app)
     pooling.setup(app)
     tokenize.setup(app)
     messages.setup(app)

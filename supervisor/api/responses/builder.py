@@ -71,6 +71,8 @@ class ResponseBuilder:
             obj["usage"] = self.usage
         if r.user is not None:
             obj["user"] = r.user
+        if r.conversation is not None:
+            obj["conversation"] = {"id": r.conversation}
         return obj
 
     # ---- events ----------------------------------------------------------------------

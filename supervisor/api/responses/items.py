@@ -27,20 +27,21 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def normalize_input(value) -> list[dict]:
-    """`input` (a string or a list of items) → normalised items. 400 on anything else."""
+def normalize_input(value, param: str = "input") -> list[dict]:
+    """`input` (a string or a list of items) → normalised items. 400 on anything else,
+    naming `param` (a conversation's `items` are the same items)."""
     if isinstance(value, str):
         return [_message("user", [{"type": "input_text", "text": value}])]
     if not isinstance(value, list):
-        raise invalid_type("input", "a string or an array", value)
-    check_length("input", value, MAX_MESSAGES)
-    check_parts("input", value)
-    items = [_item(i, item) for i, item in enumerate(value)]
+        raise invalid_type(param, "a string or an array", value)
+    check_length(param, value, MAX_MESSAGES)
+    check_parts(param, value)
+    items = [_item(f"{param}[{i}]", item) for i, item in enumerate(value)]
     last = last_user_index(items)
     if last >= 0:  # audio and files in the turn being answered: no model here reads them
         for j, part in enumerate(items[last]["content"]):
             if part["type"] in MEDIA_PARTS and part["type"] != "input_image":
-                media_part(f"input[{last}].content[{j}]", part["type"], True)
+                media_part(f"{param}[{last}].content[{j}]", part["type"], True)
     return items
 
 
@@ -49,8 +50,7 @@ def _message(role: str, content: list, item_id: str | None = None, status: str =
             "content": content, "status": status}
 
 
-def _item(i: int, item) -> dict:
-    where = f"input[{i}]"
+def _item(where: str, item) -> dict:
     if not isinstance(item, dict):
         raise invalid_type(where, "an object", item)
     kind = item.get("type", "message")

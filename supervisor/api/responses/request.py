@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from protocol.messages import Generate
+from supervisor.api.conversations.request import conversation_id
 from supervisor.api.fields import generate as build
 from supervisor.api.fields.media import resolve
 from supervisor.api.fields.params import (cache_key, invalid_type, invalid_value, missing,
@@ -30,6 +31,7 @@ class ResponsesRequest:
     input_items: list                      # normalised (items.normalize_input)
     instructions: Optional[str] = None
     previous_response_id: Optional[str] = None
+    conversation: Optional[str] = None     # its id (api/conversations/)
     stream: bool = False
     store: bool = True
     background: bool = False
@@ -107,6 +109,7 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         input_items=items,
         instructions=opt_str(body, "instructions"),
         previous_response_id=opt_str(body, "previous_response_id"),
+        conversation=conversation_id(body),
         stream=bool(opt_bool(body, "stream")),
         store=store is not False,
         background=background,

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from supervisor.http import sse
-from supervisor.api.fields.params import invalid_value, opt_int
+from supervisor.api.fields.paging import page
+from supervisor.api.fields.params import invalid_value
 from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.items import output_to_items
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
 from supervisor.api import lifecycle
+from supervisor.api.conversations import turns
 from supervisor.api.responses.runs import Run
 from supervisor.http.errors import SERVER_ERROR, APIError, read_json
 from supervisor.workers.errors import Internal, WorkerError
@@ -100,7 +102,7 @@ def store_unavailable(e: StoreUnavailable) -> APIError:
                     {"Retry-After": str(max(1, math.ceil(e.retry_after)))})
 
 
-def _needs_store(handler):
+def needs_store(handler):
     """The handler's StoreUnavailable as the 503 a client can act on."""
     @functools.wraps(handler)
     async def wrapped(request: web.Request) -> web.StreamResponse:
@@ -113,7 +115,9 @@ def _needs_store(handler):
 
 async def conversation(svc: Responses, req: ResponsesRequest) -> list:
     """The items the model reads: the stored chain before `previous_response_id`, then
-    this request's input."""
+    this request's input (or the conversation's items, then the input)."""
+    if req.conversation is not None:
+        return await turns.prefix(svc.store, req.conversation, req.input_items)
     if req.previous_response_id is None:
         return list(req.input_items)
     try:
@@ -142,7 +146,8 @@ async def prepare(request: web.Request, req: ResponsesRequest, items: list | Non
     builder = ResponseBuilder(req, runner.id)  # its id names the KV snapshot
     gen = await lifecycle.queue(request, runner, req.to_generate(items, config, builder.id),
                                 {"max_tokens": "max_output_tokens"})
-    return Run(builder, gen, svc.store if req.store else None, req.input_items)
+    return Run(builder, gen, svc.store if req.store else None, req.input_items,
+               turns.appender(svc.store, req.conversation) if req.conversation else None)
 
 
 async def launch(svc: Responses, run: Run) -> None:
@@ -160,7 +165,7 @@ async def launch(svc: Responses, run: Run) -> None:
     run.task.add_done_callback(lambda _: svc.runs.pop(run.id, None))
 
 
-@_needs_store
+@needs_store
 async def create(request: web.Request) -> web.StreamResponse:
     req = parse_responses_request(await read_json(request))
     svc = request.app[RESPONSES]
@@ -230,7 +235,7 @@ async def _stored(request: web.Request):
     return svc, rec
 
 
-@_needs_store
+@needs_store
 async def retrieve(request: web.Request) -> web.StreamResponse:
     svc, rec = await _stored(request)
     run = svc.runs.get(rec.id)
@@ -256,7 +261,7 @@ def _starting_after(request: web.Request) -> int:
         raise invalid_value("starting_after", "expected an integer sequence number.") from None
 
 
-@_needs_store
+@needs_store
 async def delete(request: web.Request) -> web.Response:
     svc, rec = await _stored(request)
     run = svc.runs.get(rec.id)
@@ -266,29 +271,13 @@ async def delete(request: web.Request) -> web.Response:
     return web.json_response({"id": rec.id, "object": "response", "deleted": True})
 
 
-@_needs_store
+@needs_store
 async def input_items(request: web.Request) -> web.Response:
     _, rec = await _stored(request)
-    q = dict(request.query)
-    limit = opt_int({"limit": int(q["limit"]) if q.get("limit", "").isdigit() else q.get("limit")},
-                    "limit", 1, 100) or 20
-    order = q.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise invalid_value("order", "expected 'asc' or 'desc'.")
-    items = list(rec.input_items if order == "asc" else reversed(rec.input_items))
-    if q.get("after"):
-        ids = [i["id"] for i in items]
-        if q["after"] not in ids:
-            raise invalid_value("after", f"No input item with id '{q['after']}'.")
-        items = items[ids.index(q["after"]) + 1:]
-    page = items[:limit]
-    return web.json_response({"object": "list", "data": page,
-                              "first_id": page[0]["id"] if page else None,
-                              "last_id": page[-1]["id"] if page else None,
-                              "has_more": len(items) > limit})
+    return web.json_response(page(rec.input_items, request.query, "input item"))
 
 
-@_needs_store
+@needs_store
 async def cancel(request: web.Request) -> web.Response:
     svc, rec = await _stored(request)
     if not rec.response.get("background"):

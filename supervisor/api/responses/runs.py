@@ -29,12 +29,16 @@ log = logging.getLogger("mlxd.responses")
 
 class Run:
     def __init__(self, builder: ResponseBuilder, gen: Generation, store: ResponseStore | None,
-                 input_items: list):
+                 input_items: list, append=None):
         self.builder = builder
         self.gen = gen
         self.handle = gen.handle
         self.store = store
         self.input_items = input_items
+        # A conversation's hook (api/conversations/turns.py), called once at the end
+        # before the final write: its write is queued before any later request can read
+        # the conversation (the store runs its work in order), so the next turn sees it.
+        self.append = append
         self.events: list[dict] = []
         self.finished = asyncio.Event()
         self._changed = asyncio.Event()
@@ -115,9 +119,12 @@ class Run:
 
     async def _write_final(self) -> float | None:
         """Record the end; None when done (or nothing to do), else seconds to the retry."""
-        if self.store is None:
-            return None
         try:
+            if self.append is not None:
+                await self.append(self.builder.status, self.input_items, self.builder.output)
+                self.append = None  # done: a retry of the write below does not repeat it
+            if self.store is None:
+                return None
             self._final_written = await self.store.update(self.id, self.builder.status,
                                                           self.builder.response())
         except StoreUnavailable as e:

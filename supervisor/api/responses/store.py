@@ -1,4 +1,6 @@
-"""The response store: stored Responses API objects and their replayable conversations.
+"""The response store: stored Responses API objects and their replayable conversations,
+and the tables of the Conversations API (api/conversations/store.py reads and writes them
+through `read`/`write`, so they share this file's thread, checks and recovery).
 
 SQLite in WAL mode in the state directory (file mode 0600), so responses survive a
 supervisor restart. One row per response: the response object as the API returns it and
@@ -64,6 +66,23 @@ MIGRATIONS = [
         input_items TEXT NOT NULL
     );
     CREATE INDEX responses_by_age ON responses (created_at);
+    """,
+    # Conversations (api/conversations/store.py): items in the order they were added.
+    """
+    CREATE TABLE conversations (
+        id TEXT PRIMARY KEY,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        metadata TEXT NOT NULL
+    );
+    CREATE INDEX conversations_by_use ON conversations (updated_at);
+    CREATE TABLE conversation_items (
+        seq INTEGER PRIMARY KEY,
+        conversation_id TEXT NOT NULL,
+        id TEXT NOT NULL,
+        item TEXT NOT NULL,
+        UNIQUE (conversation_id, id)
+    );
     """,
 ]
 
@@ -358,6 +377,26 @@ class ResponseStore:
         level = logging.ERROR if self._failures == 1 else logging.INFO
         log.log(level, "response store %s is unavailable (%s): stored responses answer 503 "
                 "until it reopens; next try in %gs", self.path, describe(e), delay)
+
+    # ---- other tables in this file (api/conversations/store.py) ----------------------
+    async def read(self, fn, *args):
+        """fn(connection, now, *args) on the store thread, guarded as every read here."""
+        return await self._guarded(lambda: fn(self._db, self._clock(), *args))
+
+    async def write(self, fn, *args):
+        """read() for a write, in one transaction: all of it or, when `fn` raises,
+        nothing (the connection autocommits, so the transaction is begun here)."""
+        def tx():
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(db, self._clock(), *args)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            return result
+        return await self._written(tx)
 
     # ---- records ---------------------------------------------------------------------
     async def check(self) -> None:
