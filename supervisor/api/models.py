@@ -6,7 +6,9 @@ are not loaded (the Hugging Face cache, `demo` once built) are listed with state
 runs in a thread and is cached for a few seconds: clients poll this endpoint.
 `/v1/models/{id}` answers for what a request could load (inside the model roots) and
 nothing else, with the same 404 for everything it does not serve: asking must not be a
-way to probe the disk.
+way to probe the disk. A request with `anthropic-version` (every Anthropic client sends
+it) gets Anthropic's Models API shape instead, with each model's window
+(api/messages/models.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Iterable
 
 from aiohttp import web
 
+from supervisor.api.messages import models as anthropic
 from supervisor.memory import catalog
 from supervisor.memory.catalog import LocalModel
 from supervisor.config import Config
@@ -104,6 +107,8 @@ async def list_models(request: web.Request) -> web.Response:
     data = [loaded_object(pool, r) for r in pool.runners.values()]
     data += [local_object(m) for m in await request.app[LOCAL_MODELS].all()
              if pool.find(m.id) is None]
+    if anthropic.wanted(request):
+        return web.json_response(anthropic.page(data, request.query))
     return web.json_response(model_list(data))
 
 
@@ -115,11 +120,13 @@ async def get_model(request: web.Request) -> web.Response:
         found = await asyncio.to_thread(catalog.target, name, pool.config.state_dir)
         runner = pool.at(found.real) if found is not None else None
     if runner is not None:
-        return web.json_response(loaded_object(pool, runner))
-    local = await request.app[LOCAL_MODELS].one(name)
-    if local is None:
-        raise APIError.model_not_found(name)
-    return web.json_response(local_object(local))
+        entry = loaded_object(pool, runner)
+    else:
+        local = await request.app[LOCAL_MODELS].one(name)
+        if local is None:
+            raise APIError.model_not_found(name)
+        entry = local_object(local)
+    return web.json_response(anthropic.one(entry) if anthropic.wanted(request) else entry)
 
 
 def setup(app: web.Application, config: Config) -> None:

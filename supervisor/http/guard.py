@@ -44,7 +44,7 @@ from supervisor.http.errors import APIError
 log = logging.getLogger("mlxd.guard")
 
 API_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/rerank", "/reranking")
-ANTHROPIC_PREFIX = "/v1/messages"
+ANTHROPIC_PREFIX = ("/v1/messages", "/v1/models")  # where Anthropic clients send x-api-key
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 JSON_TYPES = ("application/json",)
