@@ -1,0 +1,1 @@
+"""The Open Responses compliance suite, ported (SOURCE.md), and the schema it checks."""
