@@ -390,6 +390,10 @@ class Delta(Message, frozen=True, kw_only=True, tag="delta"):
     top_logprobs: bytes = b""   # float32, aligned with top_ids
     token_bytes: list[bytes] = []  # per token: its bytes, then its alternatives' bytes
     #                                (1 + top each)
+    # The tool call the output ran out of tokens inside (last Delta only): its name and
+    # its arguments as far as they got, not valid JSON; never in `tool_calls`. (A short
+    # name: every Delta carries it.)
+    cut: Optional[ToolCall] = None
 
     # Readers ask the message, never do byte arithmetic on its packed fields.
     @property

@@ -1,7 +1,8 @@
 """A generation's output as the worker streams it, independent of any API's JSON shape.
 
 `Part.of(batch)` folds a batch of Deltas (what one SSE write sends) into one Part:
-answer text, reasoning text, complete tool calls (protocol.ToolCall) and per-token
+answer text, reasoning text, complete tool calls (protocol.ToolCall), the call the output
+ran out of tokens inside (`cut_call`: only the Responses API shows it) and per-token
 logprobs (TokenLogprob). `Output` adds Parts up for a whole (non-streamed) response.
 Chat completions and the Responses API render these their own way.
 """
@@ -42,6 +43,7 @@ class Part:
     tool_calls: list = field(default_factory=list)   # [ToolCall]
     logprobs: list = field(default_factory=list)     # [TokenLogprob]
     tokens: int = 0
+    cut_call: ToolCall | None = None
 
     @classmethod
     def of(cls, batch, want_logprobs: bool = False) -> "Part":
@@ -53,6 +55,8 @@ class Part:
                 reasoning.append(d.reasoning)
             for item in d.tool_calls:
                 part.tool_calls.append(ToolCall.from_wire(item))
+            if d.cut is not None:
+                part.cut_call = ToolCall.from_wire(d.cut)
             if want_logprobs and d.logprobs:
                 part.logprobs.extend(token_logprobs(d))
             part.tokens += d.n_tokens
@@ -61,7 +65,8 @@ class Part:
         return part
 
     def __bool__(self) -> bool:
-        return bool(self.text or self.reasoning or self.tool_calls or self.logprobs)
+        return bool(self.text or self.reasoning or self.tool_calls or self.logprobs
+                    or self.cut_call)
 
 
 @dataclass

@@ -26,10 +26,10 @@ GOLDEN = [
     (Cancel(rid="r1"), b"\x83\xa4type\xa6cancel\xa1v\x07\xa3rid\xa2r1"),
     (Shutdown(), b"\x82\xa4type\xa8shutdown\xa1v\x07"),
     (Delta(epoch=2, rid="r1", text="h\u00e9", token_ids=pack_ids([1, 258])),
-     b"\x8c\xa4type\xa5delta\xa1v\x07\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
+     b"\x8d\xa4type\xa5delta\xa1v\x07\xa5epoch\x02\xa3rid\xa2r1\xa4text\xa3h\xc3\xa9"
      b"\xa9token_ids\xc4\x08\x01\x00\x00\x00\x02\x01\x00\x00"
      b"\xa9reasoning\xa0\xaatool_calls\x90\xa8logprobs\xc4\x00\xa7top_ids\xc4\x00"
-     b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90"),
+     b"\xactop_logprobs\xc4\x00\xabtoken_bytes\x90\xa3cut\xc0"),
     (Done(epoch=2, rid="r1", finish_reason=FinishReason.LENGTH, prompt_tokens=3,
           completion_tokens=4),
      b"\x8a\xa4type\xa4done\xa1v\x07\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"

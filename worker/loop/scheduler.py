@@ -94,7 +94,7 @@ class Sequence:
 class Held:
     """What steps not sent yet produced besides text and ids, for the next Delta."""
     __slots__ = ("reasoning", "tool_calls", "logprobs", "top_ids", "top_logprobs",
-                 "token_bytes")
+                 "token_bytes", "cut_call")
 
     def __init__(self):
         self.reasoning = ""
@@ -103,11 +103,14 @@ class Held:
         self.top_ids: list = []
         self.top_logprobs: list = []
         self.token_bytes: list = []
+        self.cut_call = None
 
     def add(self, extra) -> None:
         self.reasoning += extra.reasoning
         for call in extra.tool_calls:
             self.tool_calls.append(call)
+        if extra.cut_call is not None:
+            self.cut_call = extra.cut_call
         if extra.logprob is not None:
             self.logprobs.append(extra.logprob)
             for tok, lp in extra.top:
@@ -119,7 +122,7 @@ class Held:
         return {"reasoning": self.reasoning, "tool_calls": self.tool_calls,
                 "logprobs": pack_floats(self.logprobs), "top_ids": pack_ids(self.top_ids),
                 "top_logprobs": pack_floats(self.top_logprobs),
-                "token_bytes": self.token_bytes}
+                "token_bytes": self.token_bytes, "cut": self.cut_call}
 
 
 class Scheduler:
@@ -406,7 +409,8 @@ class Scheduler:
     def _flush(self, seq: Sequence) -> None:
         held = seq.held
         if held is not None:
-            if seq.held_ids or seq.held_text or held.reasoning or held.tool_calls:
+            if seq.held_ids or seq.held_text or held.reasoning or held.tool_calls \
+                    or held.cut_call:
                 self.link.send(Delta(epoch=self.epoch, rid=seq.rid, text=seq.held_text,
                                      token_ids=seq.held_ids, **held.fields()))
                 seq.held = None

@@ -12,8 +12,11 @@ with the family's parser (worker/text/tool_formats.py) into ToolCall items. Call
 whole: an OpenAI stream may carry a call's arguments in one fragment. Their arguments are
 the model's own JSON text where it wrote JSON (tool_formats.arguments_text), never
 re-serialised. Markup never reaches the answer; a call that does not parse (a model's
-malformed output, one cut off by max_tokens, or arguments no strict JSON parser takes,
-such as a number beyond a double) is logged and dropped, as mlx-lm's server does.
+malformed output, or arguments no strict JSON parser takes, such as a number beyond a
+double) is logged and dropped, as mlx-lm's server does. A call the output was cut off
+inside (max_tokens) is not a call, but it is what the tokens were spent on: `finish(cut=
+True)` keeps what can be read of it as `cut_call` (name and arguments so far), which the
+Responses API shows as an incomplete function_call item.
 
 Llama 3 marks nothing: an answer that starts with "{" is held back and, at the end,
 is a call if it parses as one, else plain text.
@@ -28,7 +31,7 @@ import secrets
 from mlx_lm.generate import TextStateMachine
 
 from protocol.messages import ToolCall
-from worker.text.tool_formats import ToolFormat, normalize_calls
+from worker.text.tool_formats import ToolFormat, cut_call, normalize_calls
 
 log = logging.getLogger("worker.text.channels")
 
@@ -42,7 +45,7 @@ def new_call_id() -> str:
 
 class OutputSplitter:
     __slots__ = ("_sm", "_state", "_fmt", "_tools", "_tool_text", "_calls", "_markerless",
-                 "_held", "_seen_answer", "_gap")
+                 "_held", "_seen_answer", "_gap", "cut_call")
 
     def __init__(self, tokenizer, fmt: ToolFormat | None, tools: list | None,
                  initial: str = NORMAL):
@@ -65,6 +68,7 @@ class OutputSplitter:
         self._held = ""           # markerless: an answer that may be a JSON call
         self._seen_answer = False
         self._gap = ""            # whitespace after a call: kept only if text follows
+        self.cut_call: ToolCall | None = None  # the call the output ended inside (finish)
 
     @property
     def reasoning(self) -> bool:
@@ -80,14 +84,20 @@ class OutputSplitter:
         self._state, segments = self._sm.split(self._state, text)
         return self._route(segments)
 
-    def finish(self) -> tuple[str, str, tuple]:
+    def finish(self, cut: bool = False) -> tuple[str, str, tuple]:
         """At the end: release held text; a call without its end marker is parsed if
-        the format has no end marker (Mistral), else dropped (cut off)."""
+        the format has no end marker (Mistral), else dropped; with `cut` (the output
+        ran out of tokens) what can be read of it is kept as `cut_call`."""
+        in_call = self._state[0] == TOOL
         self._state, tail, state = self._sm.flush(self._state)
         content, reasoning, calls = self._route([(state, tail)])
-        if self._tool_text and self._fmt is not None and not self._fmt.end:
-            calls += self._parse(self._tool_text)
-        elif self._tool_text.strip():
+        unended = self._fmt is not None and not self._fmt.end  # Mistral: parse what came
+        parsed = self._parse(self._tool_text, quiet=cut) if self._tool_text and unended else ()
+        calls += parsed
+        if cut and not parsed and (in_call or self._tool_text.strip()):
+            name, arguments = cut_call(self._tool_text.strip())
+            self.cut_call = ToolCall(self._calls, new_call_id(), name, arguments)
+        elif self._tool_text.strip() and not unended:
             log.warning("dropped an unfinished tool call (%d chars)", len(self._tool_text))
         self._tool_text = ""
         self._gap = ""  # whitespace after the last call is the calls' layout, not text

@@ -39,7 +39,8 @@ _NEG_INF = None  # made on first use, on the MLX thread
 
 class StepExtra:
     """What a decode step produced besides answer text (only for requests that need it)."""
-    __slots__ = ("reasoning", "tool_calls", "in_reasoning", "logprob", "top", "token_bytes")
+    __slots__ = ("reasoning", "tool_calls", "in_reasoning", "logprob", "top", "token_bytes",
+                 "cut_call")
 
     def __init__(self, reasoning: str = "", tool_calls: tuple = (), in_reasoning: bool = False):
         self.reasoning = reasoning
@@ -48,6 +49,7 @@ class StepExtra:
         self.logprob: Optional[float] = None  # None: logprobs were not asked for
         self.top: list = []                   # [(id, logprob)] best first
         self.token_bytes: list = []           # the token's bytes, then each top entry's
+        self.cut_call: Optional[ToolCall] = None  # the call the output ran out inside
 
 
 class GrammarMask:
@@ -144,8 +146,9 @@ class Decoding:
             return text, finish, extra
         content, reasoning, calls = splitter.feed(text)
         if final:
-            c2, r2, k2 = splitter.finish()
+            c2, r2, k2 = splitter.finish(cut=finish == LENGTH)
             content, reasoning, calls = content + c2, reasoning + r2, calls + k2
+            extra.cut_call = splitter.cut_call
         extra.reasoning, extra.tool_calls = reasoning, calls
         if finish == STOP and splitter.made_calls:
             finish = FinishReason.TOOL_CALLS

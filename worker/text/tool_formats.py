@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -246,3 +247,27 @@ def arguments_text(args: dict, text: str, pos: int = 0) -> tuple[str, int]:
 def _same_value(value) -> str:
     """A key for comparing parsed JSON values exactly (1, 1.0 and true differ)."""
     return json.dumps(value, sort_keys=True)
+
+
+# A call cut off mid-way (max_tokens): what can be read of it. JSON formats write the
+# name first ("name": "f", then "arguments"/"parameters": {...); the others open with
+# the name (<function=f>, call:f{, f( , f[ARGS]).
+_CUT_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"|<function=([^>\s]+)>'
+                       r'|call:([\w.-]+)|^\W*([A-Za-z_][\w.-]*)(?=\(|\[ARGS\])')
+_CUT_ARGS = re.compile(r'"(?:arguments|parameters)"\s*:\s*|\[ARGS\]')
+
+
+def cut_call(text: str) -> tuple[str, str]:
+    """(name, arguments so far) of a call the output ended inside: the name where it was
+    written whole ("" before that), and the arguments' text as far as it got where the
+    format writes them as JSON (else ""). Never raises: the text is unfinished."""
+    m = _CUT_NAME.search(text)
+    name = ""
+    if m is not None:
+        raw = next(g for g in m.groups() if g is not None)
+        try:
+            name = json.loads(f'"{raw}"') if m.group(1) is not None else raw
+        except ValueError:
+            name = raw
+    a = _CUT_ARGS.search(text, m.end() if m is not None else 0)
+    return name, (text[a.end():].rstrip() if a is not None else "")
