@@ -19,6 +19,7 @@ from typing import Iterable
 
 from aiohttp import web
 
+from supervisor.api.audio import voices
 from supervisor.api.messages import models as anthropic
 from supervisor.memory import catalog
 from supervisor.memory.catalog import LocalModel
@@ -87,8 +88,9 @@ LOCAL_MODELS = web.AppKey("local_models", LocalModels)
 
 def loaded_object(pool: Pool, runner: ModelRunner) -> dict:
     extra = {"dimensions": runner.dimensions} if runner.dimensions else {}
-    if runner.voices:
+    if runner.voices:  # and what OpenAI's voice names stand for on this model
         extra["voices"] = runner.voices
+        extra["voice_aliases"] = voices.aliases(runner.voices)
     return model_object(runner.id, pool.created.get(runner.id, 0), "mlxd",
                                state=runner.state, context_length=runner.context_length,
                                random_weights=runner.random_weights, kind=runner.kind,

@@ -67,6 +67,9 @@ def test_models_list_speech_kinds_capabilities_and_voices(sclient, stt_model, tt
     assert "audio.translations" in stt["capabilities"]
     assert tts["kind"] == "tts" and tts["capabilities"] == ["audio.speech"]
     assert tts["voices"] == ["ash", "birch", "cedar"]
+    aliases = tts["voice_aliases"]  # OpenAI's names: its own ash and cedar stay its own
+    assert aliases["alloy"] == "ash" and aliases["ballad"] == "birch"
+    assert "ash" not in aliases and "cedar" not in aliases and len(aliases) == 11
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "ogg", "m4a"])
@@ -155,8 +158,22 @@ def test_speech_streams_before_it_ends_and_an_unknown_voice_lists_the_voices(scl
             half_at = at
     assert half_at < arrivals[-1][0]  # streamed: half the audio came before the end
     with pytest.raises(openai.BadRequestError) as e:
-        sclient.audio.speech.create(model=str(tts_model), input="Hi", voice="alloy")
+        sclient.audio.speech.create(model=str(tts_model), input="Hi", voice="bella")
     assert e.value.body["param"] == "voice" and "ash, birch, cedar" in e.value.message
+
+
+def test_openai_voice_names_speak_as_the_models_voices(sclient, tts_model):
+    """Every OpenAI name is accepted on a model whose voices have other names (the demo's
+    ash, birch, cedar), and speaks: the same length of audio as the model's own voice."""
+    def speak(voice: str) -> bytes:
+        return sclient.audio.speech.create(model=str(tts_model), input="Hi there.",
+                                           voice=voice, response_format="pcm").content
+
+    own = len(speak("birch"))
+    assert own > 0
+    for voice in ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage",
+                  "shimmer", "verse", "marin", "cedar"):
+        assert len(speak(voice)) == own, voice
 
 
 def test_a_worker_killed_mid_transcription_fails_cleanly_and_the_next_is_served(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import aiohttp
 import numpy as np
@@ -14,7 +15,8 @@ import pytest
 
 from protocol import Generate, ModelKind, Task
 from supervisor.api.audio.encode import PCM_RATE
-from tests.schema import validate
+from supervisor.api.audio.voices import OPENAI_VOICES, aliases, resolve
+from tests.schema import spec, validate
 from tests.supervisor.fakes import FAKE_RATE, FakeBehaviour, FakeWorld
 from tests.supervisor.test_app import client_for
 from worker.speech.decode import decode_audio
@@ -249,6 +251,41 @@ async def test_speech_pcm_is_24khz_16bit_and_sse_streams_base64_chunks():
         await client.close()
 
 
+async def test_openai_voice_names_speak_in_the_models_voices():
+    world, client = await _client(ModelKind.TTS)
+    try:
+        sent = []
+        # the first request loads the model: an OpenAI name waits for its voices
+        for voice in ("alloy", "ash", "onyx", "fable", "shimmer"):
+            r = await client.post("/v1/audio/speech", json={
+                "model": "fake", "input": "x", "voice": voice, "response_format": "pcm"})
+            assert r.status == 200, await r.text()
+            sent.append(_sent(world).speech.voice)
+        assert sent == ["fable", "onyx", "onyx", "fable", "onyx"]
+    finally:
+        await client.close()
+
+
+def test_the_voice_mapping_prefers_the_models_own_names():
+    kokoro = ["af_alloy", "af_heart", "am_echo", "bm_fable"]
+    m = aliases(kokoro)
+    assert m["alloy"] == "af_alloy" and m["echo"] == "am_echo" and m["fable"] == "bm_fable"
+    assert m["ash"] == "af_alloy" and m["ballad"] == "af_heart"  # the rest in turn
+    assert aliases(list(reversed(kokoro)))["alloy"] == "af_alloy"  # stable: by name
+    assert aliases(kokoro) == m and aliases([]) == {}
+    assert set(m) == set(OPENAI_VOICES)
+    assert resolve("af_heart", kokoro) == "af_heart" and resolve("zz", kokoro) == "zz"
+    assert resolve(None, kokoro) is None and resolve("alloy", kokoro) == "af_alloy"
+
+
+def test_the_names_are_the_specifications():
+    schemas = spec()["components"]["schemas"]
+    words = schemas["CreateSpeechRequest"]["properties"]["voice"]["description"]
+    shared = schemas["VoiceIdsShared"]["anyOf"][1]["enum"]
+    named = set(re.findall(r"`([a-z]+)`", words.split("custom voice")[0]))
+    assert set(OPENAI_VOICES) == named | set(shared)
+
+
 @pytest.mark.parametrize("body,param", [
     ({"input": "x"}, "model"),
     ({"model": "fake"}, "input"),
@@ -259,13 +296,13 @@ async def test_speech_pcm_is_24khz_16bit_and_sse_streams_base64_chunks():
     ({"model": "fake", "input": "x", "speed": 5}, "speed"),
     ({"model": "fake", "input": "x", "speed": True}, "speed"),
     ({"model": "fake", "input": "x", "stream_format": "chunks"}, "stream_format"),
-    ({"model": "fake", "input": "x", "voice": "alloy"}, "voice"),
+    ({"model": "fake", "input": "x", "voice": "bella"}, "voice"),
 ])
 async def test_bad_speech_bodies_are_400s_naming_the_param(body, param):
     world, client = await _client(ModelKind.TTS)
     try:
         err = await _error(await client.post("/v1/audio/speech", json=body), 400, param)
-        if body.get("voice") == "alloy":  # the worker's refusal lists the voices
+        if body.get("voice") == "bella":  # the worker's refusal lists the voices
             assert "fable" in err["message"] and "onyx" in err["message"]
     finally:
         await client.close()
@@ -282,5 +319,9 @@ async def test_models_list_kinds_capabilities_and_voices():
             assert ("voices" in entry) is (kind is ModelKind.TTS)
             if kind is ModelKind.TTS:
                 assert entry["voices"] == ["fable", "onyx"]
+                aliases = entry["voice_aliases"]  # OpenAI's other names, the voices in turn
+                assert aliases["alloy"] == "fable" and aliases["ash"] == "onyx"
+                assert aliases["ballad"] == "fable" and "fable" not in aliases
+                assert set(aliases.values()) == {"fable", "onyx"} and len(aliases) == 11
         finally:
             await client.close()

@@ -6,14 +6,18 @@ the `response_format` asked (encode.py): the body streams, so a client starts pl
 before the synthesis ends. `stream_format: "sse"` sends OpenAI's `speech.audio.delta`
 events (base64 chunks of the encoded audio) and a `speech.audio.done` instead.
 
-A failure before the first audio keeps its HTTP status (a 400 for an unknown voice,
-listing the voices); after it, the body is cut short (the status line has gone out).
+`voice` is one of the model's voices or one of OpenAI's built-in names, which stand for
+the model's voices (voices.py); a model still loading is waited for when such a name
+needs its list. A failure before the first audio keeps its HTTP status (a 400 for an
+unknown voice, listing the voices); after it, the body is cut short (the status line has
+gone out).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -22,9 +26,11 @@ from aiohttp import web
 
 from protocol import Audio, Generate, SpeechSpec, Task
 from supervisor.api.audio.encode import CONTENT_TYPES, FORMATS, Encoder
-from supervisor.api.lifecycle import log_request, submit
+from supervisor.api.audio.voices import is_alias, resolve
+from supervisor.api.lifecycle import log_request, queue
 from supervisor.http import sse
 from supervisor.http.errors import APIError, read_json
+from supervisor.keys import CONFIG, POOL
 
 MAX_INPUT = 4096  # characters, as OpenAI's
 
@@ -38,9 +44,10 @@ class SpeechRequest:
     speed: float
     sse: bool
 
-    def to_generate(self) -> Generate:
+    def to_generate(self, voices: list[str]) -> Generate:
+        """`voices`: the model's, to map an OpenAI voice name onto (voices.py)."""
         return Generate(rid="", task=Task.SPEAK, prompt=self.input,
-                        speech=SpeechSpec(voice=self.voice, speed=self.speed))
+                        speech=SpeechSpec(voice=resolve(self.voice, voices), speed=self.speed))
 
 
 def parse(body: dict) -> SpeechRequest:
@@ -76,7 +83,11 @@ def parse(body: dict) -> SpeechRequest:
 
 async def speech(request: web.Request) -> web.StreamResponse:
     parsed = parse(await read_json(request))
-    runner, gen = await submit(request, parsed.model, parsed.to_generate())
+    runner = await request.app[POOL].get(parsed.model)
+    if is_alias(parsed.voice) and not runner.voices:  # loading: its voices come with it
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(runner.wait_loaded(), request.app[CONFIG].queue_timeout)
+    gen = await queue(request, runner, parsed.to_generate(runner.voices))
     t0 = time.monotonic()
     try:
         await gen.started()
