@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import assert_envelope, sse_events
+from tests.openresponses.schema import check_event, check_response
 from tests.schema import validate
 from tests.serverproc import ServerProcess
 
@@ -33,7 +34,7 @@ def check_events(events: list) -> dict:
     """Every event valid against the spec, sequence numbers 0, 1, 2, ...; returns the
     final response."""
     for ev in events:
-        validate(ev, "ResponseStreamEvent")
+        check_event(ev)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     assert [e["type"] for e in events[:2]] == ["response.created", "response.in_progress"]
     assert events[-1]["type"] in ("response.completed", "response.incomplete", "response.failed")
@@ -44,7 +45,7 @@ def test_create_shape_usage_and_incomplete(http, model_id):
     r = create(http, model_id)
     assert r.status_code == 200
     resp = r.json()
-    validate(resp, "Response")
+    check_response(resp)
     assert resp["status"] == "incomplete"
     assert resp["incomplete_details"] == {"reason": "max_output_tokens"}
     assert resp["usage"]["output_tokens"] == 8 and resp["usage"]["input_tokens"] > 3
@@ -97,7 +98,7 @@ def test_previous_response_chain_and_instructions_not_inherited(http, model_id):
                  instructions=instructions).json()
     t3 = create(http, model_id, previous_response_id=t2["id"], input="third").json()
     for t in (t1, t2, t2i, t3):
-        validate(t, "Response")
+        check_response(t)
     assert t2["previous_response_id"] == t1["id"] and t2["instructions"] is None
     u1, u2, u2i, u3 = (t["usage"]["input_tokens"] for t in (t1, t2, t2i, t3))
     # The history is replayed: turn 2 sees turn 1's input and output...
@@ -175,7 +176,7 @@ def test_background_poll_and_cancel(http, model_id):
     r = create(http, model_id, background=True, max_output_tokens=16)
     assert r.status_code == 200
     first = r.json()
-    validate(first, "Response")
+    check_response(first)
     assert first["status"] in ("queued", "in_progress") and first["background"] is True
     deadline = time.monotonic() + 30
     while True:
@@ -189,7 +190,7 @@ def test_background_poll_and_cancel(http, model_id):
     cancelled = http.post(f"/v1/responses/{long['id']}/cancel")
     assert cancelled.status_code == 200
     body = cancelled.json()
-    validate(body, "Response")
+    check_response(body)
     assert body["status"] == "cancelled"
     assert http.get(f"/v1/responses/{long['id']}").json()["status"] == "cancelled"
     # cancelling a foreground response is refused
@@ -235,7 +236,7 @@ def test_chain_survives_a_restart_and_in_progress_is_failed(tiny_model, tmp_path
             assert t2.json()["usage"]["input_tokens"] > t1["usage"]["input_tokens"]
             lost = http.get(f"/v1/responses/{running['id']}").json()
             assert lost["status"] == "failed" and "restarted" in lost["error"]["message"]
-            validate(lost, "Response")
+            check_response(lost)
 
 
 def test_worker_crash_mid_stream_is_response_failed(tiny_model):
@@ -257,3 +258,6 @@ def test_worker_crash_mid_stream_is_response_failed(tiny_model):
         final = check_events(parsed)
         assert parsed[-1]["type"] == "response.failed" and final["status"] == "failed"
         assert "retry" in final["error"]["message"]
+        # The message it ended inside is not `completed`; usage counts what was read.
+        assert [o["status"] for o in final["output"]] == ["incomplete"]
+        assert final["usage"]["input_tokens"] > 0

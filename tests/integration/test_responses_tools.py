@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import sse_events
-from tests.schema import validate
+from tests.openresponses.schema import check_event, check_response
 
 WEATHER = {"type": "function", "name": "get_weather", "strict": True, "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -36,7 +36,7 @@ def test_tool_round_trip_with_required_choice(oai, qwen):
                                  tools=[WEATHER], tool_choice="required",
                                  parallel_tool_calls=False,  # one call, then the grammar ends
                                  reasoning=NO_THINKING, max_output_tokens=200)
-    validate(first.model_dump(exclude_unset=True), "Response")
+    check_response(first.model_dump(exclude_unset=True))
     calls = [o for o in first.output if o.type == "function_call"]
     assert len(calls) == 1 and first.status == "completed"
     for call in calls:
@@ -63,7 +63,7 @@ def test_tool_call_events_stream(qwen):
         with http.stream("POST", "/v1/responses", json=body) as r:
             events = sse_events(r)
     for ev in events:
-        validate(ev, "ResponseStreamEvent")
+        check_event(ev)
     kinds = [e["type"] for e in events]
     assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
     assert "<tool_call>" not in json.dumps(events)  # markup never leaks
@@ -102,7 +102,7 @@ def test_reasoning_becomes_a_reasoning_item(qwen):
         with http.stream("POST", "/v1/responses", json=body) as r:
             events = sse_events(r)
     for ev in events:
-        validate(ev, "ResponseStreamEvent")
+        check_event(ev)
     final = events[-1]["response"]
     assert final["output"][0]["type"] == "reasoning"
     text = final["output"][0]["content"][0]["text"]

@@ -13,6 +13,7 @@ from supervisor.api.responses.items import normalize_input, output_to_items, to_
 from supervisor.api.responses.request import parse_responses_request
 from supervisor.config import Config
 from supervisor.http.errors import APIError
+from tests.openresponses.schema import check_event, check_response
 from tests.schema import validate
 
 
@@ -30,10 +31,10 @@ def test_builder_events_for_reasoning_text_and_calls_are_valid_and_ordered():
     events += b.text("after")
     events += b.finish("completed", usage=usage(5, 9, reasoning_tokens=3))
     for ev in events:
-        validate(ev, "ResponseStreamEvent")
+        check_event(ev)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     final = events[-1]["response"]
-    validate(final, "Response")
+    check_response(final)
     assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call",
                                                     "function_call", "message"]
     assert final["output"][0]["content"][0]["text"] == "thinking more"
@@ -54,7 +55,7 @@ def test_terminal_states(status, extra, event):
     b = ResponseBuilder(req(), "m")
     events = b.start() + b.text("x") + b.finish(status, usage=usage(1, 1), **extra)
     for ev in events:
-        validate(ev, "ResponseStreamEvent")
+        check_event(ev)
     assert events[-1]["type"] == event and events[-1]["response"]["status"] == status
 
 
@@ -64,7 +65,7 @@ def test_replay_retells_a_stored_response():
     live += b.finish("completed", usage=usage(1, 3))
     again = replay(live[-1]["response"])
     for ev in again:
-        validate(ev, "ResponseStreamEvent")
+        check_event(ev)
     assert again[-1]["response"] == live[-1]["response"]
     assert [e.get("item_id") for e in again] == [e.get("item_id") for e in live
                                                  if e["type"] != "response.output_text.delta"

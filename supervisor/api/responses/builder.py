@@ -4,7 +4,12 @@ The same builder serves streaming and non-streaming requests (and replay): feed 
 the worker produced (`text`, `reasoning`, `function_call`), then `finish`; each call
 returns the events to send, with a strictly increasing `sequence_number`, and
 `response()` is the response object at any moment. Shapes follow OpenAI's spec
-(Response, ResponseStreamEvent and its members).
+(Response, ResponseStreamEvent and its members) and the Open Responses one
+(ResponseResource and its streaming events), which clients validate strictly: so every
+field either requires is present in every state, with null where nothing is known
+(`usage` until the end, `max_tool_calls`, `safety_identifier`), and an item the response
+ended inside (failed, cancelled, or cut off by max_output_tokens: a tool call included)
+says `incomplete`, never `completed`.
 """
 
 from __future__ import annotations
@@ -62,14 +67,18 @@ class ResponseBuilder:
             "temperature": 1.0 if r.temperature is None else r.temperature,
             "top_p": 1.0 if r.top_p is None else r.top_p,
             "text": {"format": r.text_format_echo},
-            "tool_choice": r.tool_choice_echo, "tools": r.tools_echo,
+            "tool_choice": r.tool_choice_echo,
+            # a FunctionTool's description may be null but not absent (Open Responses)
+            "tools": [{"description": None, **t} for t in r.tools_echo],
             "truncation": "disabled", "metadata": r.metadata,
             "prompt_cache_key": r.prompt_cache_key,
+            # Not applied by this server, so the neutral values; the Open Responses
+            # schema requires them all.
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
+            "service_tier": "default", "max_tool_calls": None, "safety_identifier": None,
+            "usage": self.usage,  # null until the end (as OpenAI's own examples show)
         }
-        # Present when known; the spec has no null for these.
-        if self.usage is not None:
-            obj["usage"] = self.usage
-        if r.user is not None:
+        if r.user is not None:  # OpenAI's `user` is a string, never null
             obj["user"] = r.user
         if r.conversation is not None:
             obj["conversation"] = {"id": r.conversation}
@@ -112,8 +121,10 @@ class ResponseBuilder:
         return events
 
     def function_call(self, name: str, arguments: str, call_id: str | None = None,
-                      item_id: str | None = None) -> list[dict]:
-        """A complete call (the worker parses calls whole): added, arguments, done."""
+                      item_id: str | None = None, status: str = "completed") -> list[dict]:
+        """A call, whole (the worker parses calls whole): added, arguments, done. A call
+        cut off by max_output_tokens comes the same way, `incomplete`, with its arguments
+        as far as they got (not valid JSON)."""
         events = self._close()
         item = {"id": item_id or new_id("fc"), "type": "function_call", "status": "in_progress",
                 "call_id": call_id or new_id("call"), "name": name, "arguments": ""}
@@ -127,7 +138,7 @@ class ResponseBuilder:
         item["arguments"] = arguments
         events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
                                   output_index=index, name=name, arguments=arguments))
-        item["status"] = "completed"
+        item["status"] = status
         events.append(self._event("response.output_item.done", output_index=index,
                                   item=dict(item)))
         return events
@@ -180,7 +191,7 @@ class ResponseBuilder:
     def finish(self, status: str, *, usage: dict | None = None, error: dict | None = None,
                incomplete_reason: str | None = None) -> list[dict]:
         """completed | incomplete (max_output_tokens) | failed (error) | cancelled."""
-        events = self._close("incomplete" if status == "incomplete" else "completed")
+        events = self._close(item_status(status))
         self.status = status
         self.usage = usage
         self.error = error
@@ -189,6 +200,12 @@ class ResponseBuilder:
             self.completed_at = int(time.time())
         events.append(self._event(TERMINAL_EVENTS[status], response=self.response()))
         return events
+
+
+def item_status(response_status: str) -> str:
+    """The status of the item a response ended inside: only a completed response
+    finished it."""
+    return "completed" if response_status == "completed" else "incomplete"
 
 
 def _copy(item: dict) -> dict:
@@ -206,8 +223,7 @@ class _Replay(ResponseBuilder):
     def response(self) -> dict:
         obj = {**self.stored, "status": self.status, "output": self.output}
         if self.status == "in_progress":  # as it looked before it finished
-            obj.pop("usage", None)
-            obj.update(error=None, incomplete_details=None, completed_at=None)
+            obj.update(error=None, incomplete_details=None, completed_at=None, usage=None)
         return obj
 
 
@@ -226,8 +242,8 @@ def replay(stored: dict) -> list[dict]:
                                   item.get("id"))
         elif kind == "function_call":
             events += b.function_call(item["name"], item["arguments"], item.get("call_id"),
-                                      item.get("id"))
-    events += b._close("incomplete" if stored["status"] == "incomplete" else "completed")
+                                      item.get("id"), item.get("status") or "completed")
+    events += b._close(item_status(stored["status"]))
     b.output = stored.get("output") or b.output  # the stored items, ids and all
     b.status = stored["status"]
     events.append(b._event(TERMINAL_EVENTS.get(stored["status"], "response.completed"),

@@ -45,6 +45,8 @@ class Run:
         self.task: asyncio.Task | None = None
         self._final_written = False
         self.cancelled = False  # by its client (POST .../cancel, or gone), not by the server
+        self.prompt: tuple[int, int] = (0, 0)  # (prompt, cached) tokens, once started
+        self.produced = 0  # output tokens so far: a failed response's usage
 
     @property
     def id(self) -> str:
@@ -62,7 +64,9 @@ class Run:
         (the messages also hold the instructions and the stored chain, so an index would
         mislead)."""
         try:
-            return await self.gen.started()
+            started = await self.gen.started()
+            self.prompt = (started.prompt_tokens, started.cached_tokens)
+            return started
         except BadRequest as e:  # only the client's faults name a field
             if e.param and e.param.startswith("messages"):
                 e.param = "input"
@@ -81,10 +85,15 @@ class Run:
         self._emit(b.start())
         try:
             async for part in gen.parts():
+                self.produced += part.tokens
                 self._emit(b.reasoning(part.reasoning))
                 self._emit(b.text(part.text))
                 for call in part.tool_calls:
                     self._emit(b.function_call(call.name, call.arguments, call.id))
+                if part.cut_call is not None:  # max_output_tokens ran out inside it
+                    c = part.cut_call
+                    self._emit(b.function_call(c.name or _only_tool(b.req), c.arguments, c.id,
+                                               status="incomplete"))
             done = gen.done
             u = usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
                       done.reasoning_tokens)
@@ -97,7 +106,8 @@ class Run:
         except (APIError, WorkerError) as e:
             # Mid-stream failures (worker died: retryable; timeout; a grammar the request
             # brought failing) end the response.
-            self._emit(b.finish("failed", error=response_error(e)))
+            self._emit(b.finish("failed", error=response_error(e),
+                                usage=usage(self.prompt[0], self.produced, self.prompt[1])))
         finally:
             gen.close()
             await self._final_save()
@@ -137,12 +147,14 @@ class Run:
         """A background run that never started: cancelled while queued, or refused
         (context too long, waited too long in the queue, ...): the response says so
         rather than an HTTP error nobody is there to read."""
+        nothing = usage(0, 0)  # no token was read or written
         if self.cancelled:  # the handle's own cancel_requested is also set by a timeout
-            self._emit(self.builder.finish("cancelled"))
+            self._emit(self.builder.finish("cancelled", usage=nothing))
         else:
             log.warning("background response %s failed before it started: %s", self.id,
                         error.message)
-            self._emit(self.builder.finish("failed", error=response_error(error)))
+            self._emit(self.builder.finish("failed", error=response_error(error),
+                                           usage=nothing))
         await self._final_save()
 
     async def follow(self, start: int = 0) -> AsyncIterator[dict]:
@@ -162,6 +174,12 @@ class Run:
     def cancel(self) -> None:
         self.cancelled = True
         self.handle.cancel()
+
+
+def _only_tool(req) -> str:
+    """The one function a call could name (a call cut off before its name was written)."""
+    names = req.tool_choice.allowed or tuple(t["function"]["name"] for t in req.tools)
+    return names[0] if len(names) == 1 else ""
 
 
 def response_error(e: APIError | WorkerError) -> dict:
