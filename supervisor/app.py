@@ -24,6 +24,7 @@ from supervisor.api.conversations import routes as conversations
 from supervisor.api.fields import remote_media
 from supervisor.api.messages import routes as messages
 from supervisor.api.pooling import routes as pooling
+from supervisor.api.responses import compact
 from supervisor.api.responses import routes as responses
 from supervisor.http import guard, metrics, serving
 from supervisor.config import Config
@@ -54,6 +55,7 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     completions.setup(app)
     listing.setup(app, config)
     health.setup(app)
+    compact.setup(app)  # before responses: /v1/responses/compact, not {id}
     responses.setup(app)
     conversations.setup(app)
     pooling.setup(app)

@@ -20,25 +20,34 @@ def token_path(state_dir: Path) -> Path:
 
 
 def read_token(state_dir: Path) -> str | None:
+    return read_secret(token_path(state_dir))
+
+
+def read_secret(path: Path) -> str | None:
     try:
-        token = token_path(state_dir).read_text(encoding="utf-8").strip()
+        token = Path(path).read_text(encoding="utf-8").strip()
     except (OSError, ValueError):  # missing, unreadable or not text: no usable token
         return None
     return token or None
 
 
 def ensure_token(state_dir: Path) -> str:
-    """The token, created (0600, atomically: never readable by others, never half
-    written) if missing, empty or not text. An existing file's mode is tightened to 0600."""
-    path = token_path(state_dir)
+    return ensure_secret(token_path(state_dir))
+
+
+def ensure_secret(path: Path) -> str:
+    """The secret in `path` (the admin token; the Responses compaction key), created
+    (0600, atomically: never readable by others, never half written) if missing, empty
+    or not text. An existing file's mode is tightened to 0600."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    token = read_token(state_dir)
+    token = read_secret(path)
     if token is not None:
         if path.stat().st_mode & 0o077:
             os.chmod(path, 0o600)
         return token
     token = secrets.token_urlsafe(32)
-    tmp = path.with_name(f".{TOKEN_FILE}.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.write(fd, token.encode() + b"\n")

@@ -78,11 +78,18 @@ def _item(where: str, item) -> dict:
         return {"id": item.get("id") or new_id("rs"), "type": "reasoning",
                 "summary": [p for p in item.get("summary") or [] if isinstance(p, dict)],
                 "content": [p for p in item.get("content") or [] if isinstance(p, dict)]}
+    if kind == "compaction":
+        # Checked when the prompt is built (seal.py: only this server's open), kept as sent.
+        if not isinstance(item.get("encrypted_content"), str):
+            raise invalid_type(f"{where}.encrypted_content", "a string",
+                               item.get("encrypted_content"))
+        return {"id": item.get("id") or new_id("cmp"), "type": "compaction",
+                "encrypted_content": item["encrypted_content"]}
     if kind == "item_reference":
         raise unsupported(f"{where}.type", "Item references are not supported by this server; "
                           "send the item itself or use previous_response_id.")
     raise invalid_value(f"{where}.type", f"Invalid value: '{kind}'. Supported input item types "
-                        "are: message, function_call, function_call_output, reasoning.")
+                        "are: message, function_call, function_call_output, reasoning, compaction.")
 
 
 def _parse_message(where: str, item: dict) -> dict:
@@ -242,4 +249,5 @@ def _parts_with_images(item: dict, images: list) -> list[dict]:
 
 def output_to_items(output: list[dict]) -> list[dict]:
     """A response's output items, as conversation items for the next turn."""
-    return [o for o in output if o.get("type") in ("message", "function_call", "reasoning")]
+    return [o for o in output
+            if o.get("type") in ("message", "function_call", "reasoning", "compaction")]

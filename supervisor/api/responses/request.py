@@ -49,6 +49,8 @@ class ResponsesRequest:
     metadata: dict = field(default_factory=dict)
     prompt_cache_key: Optional[str] = None
     user: Optional[str] = None
+    compact_threshold: Optional[int] = None  # context_management: compact past this many
+    #                                          prompt tokens (api/responses/summary.py)
 
     @property
     def reasoning_effort(self) -> Optional[str]:
@@ -127,6 +129,7 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         metadata=parse_metadata(body) or {},
         prompt_cache_key=cache_key(body),
         user=opt_str(body, "user"),
+        compact_threshold=_compact_threshold(body),
     )
 
 
@@ -160,3 +163,21 @@ def _parse_reasoning(body: dict) -> Optional[dict]:
         return None
     effort = parse_reasoning_effort(reasoning, "effort", "reasoning.effort")
     return {"effort": effort, "summary": reasoning.get("summary")}
+
+
+def _compact_threshold(body: dict) -> Optional[int]:
+    """`context_management: [{"type": "compaction", "compact_threshold": N}]` → N (at
+    least 1000, as OpenAI's spec says), or 0 for null (then 80% of the model's window).
+    Other entry types are refused: this server knows only compaction."""
+    threshold = None
+    for i, entry in enumerate(opt_list(body, "context_management") or []):
+        where = f"context_management[{i}]"
+        if not isinstance(entry, dict):
+            raise invalid_type(where, "an object", entry)
+        if entry.get("type") != "compaction":
+            raise invalid_value(f"{where}.type", "the only context management type is "
+                                "'compaction'.")
+        threshold = opt_int(entry, "compact_threshold", minimum=1000,
+                            param=f"{where}.compact_threshold")
+        threshold = 0 if threshold is None else threshold
+    return threshold

@@ -20,11 +20,12 @@ from aiohttp import web
 from supervisor.http import sse
 from supervisor.api.fields.paging import page
 from supervisor.api.fields.params import invalid_value
-from supervisor.api.responses.builder import ResponseBuilder, replay
+from supervisor.api.responses.builder import replay
 from supervisor.api.responses.items import output_to_items
 from supervisor.api.responses.request import ResponsesRequest, parse_responses_request
 from supervisor.api import lifecycle
 from supervisor.api.conversations import turns
+from supervisor.api.responses import summary
 from supervisor.api.responses.runs import Run
 from supervisor.http.errors import SERVER_ERROR, APIError, read_json
 from supervisor.workers.errors import Internal, WorkerError
@@ -137,15 +138,15 @@ async def prepare(request: web.Request, req: ResponsesRequest, items: list | Non
     """A new response's run, its generation queued on the model. The conversation is read
     from the store unless `items` gives it (WebSocket mode's in-connection cache).
     POST /v1/responses and WebSocket mode (api/responses/websocket.py) both start here."""
-    config, svc = request.app[CONFIG], request.app[RESPONSES]
+    svc = request.app[RESPONSES]
     if req.store:
         await svc.store.check()  # a store that is down refuses before the model works
     runner = await request.app[POOL].get(req.model)
     if items is None:
         items = await conversation(svc, req)
-    builder = ResponseBuilder(req, runner.id)  # its id names the KV snapshot
-    gen = await lifecycle.queue(request, runner, req.to_generate(items, config, builder.id),
-                                {"max_tokens": "max_output_tokens"})
+    # Compaction items expanded; with context_management, compacted past its threshold.
+    builder, message = await summary.start(request, runner, req, items)
+    gen = await lifecycle.queue(request, runner, message, {"max_tokens": "max_output_tokens"})
     return Run(builder, gen, svc.store if req.store else None, req.input_items,
                turns.appender(svc.store, req.conversation) if req.conversation else None)
 
