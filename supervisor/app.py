@@ -26,6 +26,7 @@ from supervisor.api.messages import routes as messages
 from supervisor.api.pooling import routes as pooling
 from supervisor.api.responses import compact
 from supervisor.api.responses import routes as responses
+from supervisor.api.responses import websocket as responses_ws
 from supervisor.http import guard, metrics, serving
 from supervisor.config import Config
 from supervisor.http.errors import BODY_TIMEOUT, install
@@ -57,6 +58,7 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     health.setup(app)
     compact.setup(app)  # before responses: /v1/responses/compact, not {id}
     responses.setup(app)
+    responses_ws.setup(app)  # GET /v1/responses: WebSocket mode
     conversations.setup(app)
     pooling.setup(app)
     tokenize.setup(app)

@@ -386,6 +386,12 @@ async def read_json(request: web.BaseRequest) -> dict:
     except asyncio.TimeoutError:
         raise APIError(408, f"The request body did not arrive within {timeout:g} s.",
                        code="request_timeout", headers={"Connection": "close"}) from None
+    return await parse_json(raw)
+
+
+async def parse_json(raw: bytes | str) -> dict:
+    """A request body (or a WebSocket message) as a JSON object, or the 400 read_json
+    gives."""
     if len(raw) > INLINE_PARSE_BYTES:
         # Parsing and checking a body of megabytes takes seconds of Python: on a thread,
         # the event loop keeps serving everyone else meanwhile.

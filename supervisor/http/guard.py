@@ -21,6 +21,9 @@ Why each, for a server that listens on a laptop while its owner browses the web:
   OpenAI's do: a "simple" type, so there the guard against other sites is the Origin
   header every browser sends on a cross-site POST: one that is not this server's own
   origin nor one `--cors-origin` allows is refused. Clients outside a browser send none.
+- **WebSockets** (`GET /v1/responses` upgraded): no CORS rule keeps a page of any site from
+  opening one to localhost and reading it, and a browser cannot send a key on it, so the
+  same Origin rule as uploads applies to every upgrade.
 - **CORS**: off by default (no Access-Control-* headers: browsers keep pages from reading
   the answers); `--cors-origin ORIGIN` (repeatable, `*` for any) allows those origins,
   preflights included. Keys still apply.
@@ -177,11 +180,13 @@ def _needs_json(request: web.BaseRequest) -> bool:
         request.path.startswith(API_PREFIXES) or request.path.startswith("/admin/"))
 
 
-def _foreign_form(request: web.BaseRequest, guard: "Guard") -> bool:
-    """An upload sent by a page of another site: its Origin is neither this server's
-    own (scheme://Host) nor one --cors-origin allows."""
+def _foreign_page(request: web.BaseRequest, guard: "Guard") -> bool:
+    """An upload or a WebSocket upgrade sent by a page of another site: its Origin is
+    neither this server's own (scheme://Host) nor one --cors-origin allows."""
     origin = request.headers.get("Origin")
-    if request.path not in FORM_ROUTES or not origin or guard.cors_origin(origin):
+    exposed = request.path in FORM_ROUTES or \
+        request.headers.get("Upgrade", "").lower() == "websocket"
+    if not exposed or not origin or guard.cors_origin(origin):
         return False
     own = f"{request.scheme}://{request.headers.get('Host', '')}"
     return origin.lower() != own.lower()
@@ -216,8 +221,9 @@ async def guard_middleware(request: web.Request, handler) -> web.StreamResponse:
             "Missing or invalid API key: send it as `Authorization: Bearer KEY`"
             + (" or `x-api-key: KEY`" if request.path.startswith(ANTHROPIC_PREFIX) else "")
             + ".")
-    if _foreign_form(request, guard):
-        raise APIError.forbidden("Uploads from the pages of other sites are refused: this "
+    if _foreign_page(request, guard):
+        raise APIError.forbidden("Uploads and WebSockets from the pages of other sites are "
+                                 "refused: this "
                                  "Origin is not allowed (start mlxd with --cors-origin "
                                  "ORIGIN to allow it).")
     if _needs_json(request) and not _json_type(request.headers.get("Content-Type"),
