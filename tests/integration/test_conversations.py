@@ -155,7 +155,8 @@ def test_bad_bodies_are_400(http, path, body, param):
 ])
 def test_bad_conversation_on_responses_is_400(http, model_id, extra, param):
     conv = http.post("/v1/conversations", json={"items": [{**said("a"), "id": "m1"}]}).json()
-    body = {"model": model_id, "input": "x", "conversation": conv["id"], **extra}
+    body = {"model": model_id, "input": "x", "conversation": conv["id"], "max_output_tokens": 4,
+            **extra}
     assert_envelope(http.post("/v1/responses", json=body), 400, param=param)
     items = http.get(f"/v1/conversations/{conv['id']}/items").json()
     assert [i["id"] for i in items["data"]] == ["m1"]  # nothing ran, nothing was added

@@ -33,8 +33,15 @@ def _store(request: web.Request) -> ConversationStore:
     return ConversationStore(request.app[RESPONSES].store)
 
 
-def _missing(request: web.Request) -> APIError:
-    return shapes.not_found(request.match_info["id"], "conversation_id")
+async def _found(request: web.Request, value):
+    """`value`, unless the store found nothing (None or False): then the 404 for what is
+    missing, the conversation or else its item."""
+    if value is not None and value is not False:
+        return value
+    cid, item_id = request.match_info["id"], request.match_info.get("item_id")
+    if item_id is not None and await _store(request).get(cid) is not None:
+        raise shapes.item_not_found(item_id)
+    raise shapes.not_found(cid, "conversation_id")
 
 
 def _refused(e: Duplicate | TooMany) -> APIError:
@@ -57,34 +64,28 @@ async def create(request: web.Request) -> web.Response:
 
 @needs_store
 async def retrieve(request: web.Request) -> web.Response:
-    conv = await _store(request).get(request.match_info["id"])
-    if conv is None:
-        raise _missing(request)
+    conv = await _found(request, await _store(request).get(request.match_info["id"]))
     return web.json_response(shapes.conversation(conv))
 
 
 @needs_store
 async def update(request: web.Request) -> web.Response:
     metadata = parse_update(await read_json(request))
-    conv = await _store(request).set_metadata(request.match_info["id"], metadata)
-    if conv is None:
-        raise _missing(request)
+    conv = await _found(request, await _store(request).set_metadata(request.match_info["id"],
+                                                                    metadata))
     return web.json_response(shapes.conversation(conv))
 
 
 @needs_store
 async def delete(request: web.Request) -> web.Response:
     cid = request.match_info["id"]
-    if not await _store(request).delete(cid):
-        raise _missing(request)
+    await _found(request, await _store(request).delete(cid))
     return web.json_response(shapes.deleted(cid))
 
 
 @needs_store
 async def list_items(request: web.Request) -> web.Response:
-    items = await _store(request).items(request.match_info["id"])
-    if items is None:
-        raise _missing(request)
+    items = await _found(request, await _store(request).items(request.match_info["id"]))
     return web.json_response(page(items, request.query, "item"))
 
 
@@ -92,32 +93,22 @@ async def list_items(request: web.Request) -> web.Response:
 async def add_items(request: web.Request) -> web.Response:
     items = parse_items(await read_json(request), required=True)
     try:
-        added = await _store(request).add(request.match_info["id"], items)
+        await _found(request, await _store(request).add(request.match_info["id"], items))
     except (Duplicate, TooMany) as e:
         raise _refused(e) from None
-    if not added:
-        raise _missing(request)
     # All of them, in the order sent (at most MAX_ADDED, within one page's 100).
     return web.json_response(page(items, {"order": "asc", "limit": "100"}, "item"))
 
 
 @needs_store
 async def get_item(request: web.Request) -> web.Response:
-    store, cid, item_id = _store(request), request.match_info["id"], request.match_info["item_id"]
-    item = await store.item(cid, item_id)
-    if item is None:
-        if await store.get(cid) is None:
-            raise _missing(request)
-        raise shapes.item_not_found(item_id)
-    return web.json_response(item)
+    m = request.match_info
+    return web.json_response(await _found(request, await _store(request).item(m["id"],
+                                                                               m["item_id"])))
 
 
 @needs_store
 async def delete_item(request: web.Request) -> web.Response:
-    store, cid, item_id = _store(request), request.match_info["id"], request.match_info["item_id"]
-    conv = await store.delete_item(cid, item_id)
-    if conv is None:
-        if await store.get(cid) is None:
-            raise _missing(request)
-        raise shapes.item_not_found(item_id)
+    m = request.match_info
+    conv = await _found(request, await _store(request).delete_item(m["id"], m["item_id"]))
     return web.json_response(shapes.conversation(conv))
