@@ -93,7 +93,7 @@ async def test_compact_answers_openais_shape_and_its_item_continues(app):
     ask = _generates(world)[-1]
     assert len(ask.messages) == 1 and ask.messages[0]["content"].startswith(SUMMARY_INTRO)
     assert "assistant: I changed utils/dates.py." in ask.messages[0]["content"]
-    assert ask.cache.keep_as is None  # nobody resumes from the summarising request
+    assert ask.cache.keep_as is None and ask.cache.resume_from is None  # a transcript
     # The output, sent back with a new message: the summary stands where the item was.
     r = await client.post("/v1/responses", json={
         "model": "fake", "store": False,

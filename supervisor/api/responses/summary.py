@@ -19,10 +19,11 @@ model summarises the whole conversation, and the turn in progress (from the late
 message on) is kept word for word inside the compaction item. The response's output then
 starts with that item, the generation reads the summary and the kept turn, and a later
 turn that continues the response (previous_response_id, a conversation, or the client's
-own history) reads from the item on (seal.expand). The compacted prompt is a new prefix: the generation resumes from
-no snapshot, and is kept under the response's id (or the cache key) as usual, so the
-next turn resumes from the compacted state. The summarising request itself resumes from
-the previous turn's snapshot when it has one and is kept under no name.
+own history) reads from the item on (seal.expand). The compacted prompt is a new prefix:
+the generation resumes from no snapshot, and is kept under the response's id (or the
+cache key) as usual, so the next turn resumes from the compacted state. The summarising
+request (a transcript, a prefix of its own) neither resumes from a snapshot nor is kept
+under a name.
 """
 
 from __future__ import annotations
@@ -151,7 +152,9 @@ async def summarise(request: web.Request, runner, req: ResponsesRequest,
         message, sampling=msgspec.structs.replace(message.sampling,
                                                   repetition_penalty=REPETITION_PENALTY),
         output=msgspec.structs.replace(message.output, stop=TURN_STOPS),
-        cache=msgspec.structs.replace(message.cache, keep_as=None))  # nobody resumes from it
+        # A transcript begins no snapshot, and nobody resumes from this one.
+        cache=msgspec.structs.replace(message.cache, keep_as=None, resume_from=None,
+                                      resume_label=""))
     gen = await lifecycle.queue(request, runner, message)
     try:
         await gen.started()
