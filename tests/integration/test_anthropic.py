@@ -6,6 +6,7 @@ Anthropic's shapes (tests/anthropic/shapes.json)."""
 from __future__ import annotations
 
 import json
+import re
 
 import anthropic
 import httpx
@@ -164,8 +165,9 @@ def test_bad_requests_are_anthropic_errors_never_500s(client, qwen):
     with pytest.raises(anthropic.BadRequestError) as e:  # the context is 4096 tokens
         client.messages.create(model=model, max_tokens=5,
                                messages=[{"role": "user", "content": "word " * 5000}])
-    validate(e.value.body, "ErrorResponse")
-    assert "context length" in e.value.body["error"]["message"]
+    validate(e.value.body, "ErrorResponse")  # in Anthropic's words, which Claude Code reads
+    assert re.fullmatch(r"prompt is too long: \d+ tokens > 4096 maximum",  # to compact
+                        e.value.body["error"]["message"])
     with httpx.Client(base_url=srv.url, timeout=30) as http:
         for bad in ({"model": model}, {"model": model, "max_tokens": 3, "messages": "hi"},
                     {"model": model, "max_tokens": 3, "messages": [{"role": "user",
@@ -187,3 +189,52 @@ def test_max_tokens_is_a_ceiling_as_claude_code_sends_it(client, qwen):
     with client.messages.stream(**body, max_tokens=32000, stop_sequences=[text[4:7]]) as s:
         msg = s.get_final_message()
     assert msg.stop_reason == "stop_sequence" and msg.content[0].text == text[:text.find(text[4:7])]
+
+
+# What Claude Code 2.1.332 sends (logged through a proxy): these betas, adaptive thinking
+# with display omitted, output_config.effort, context_management, deferred tools.
+CLAUDE_CODE_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14",
+                     "context-management-2025-06-27", "mid-conversation-tool-changes-2026-07-01",
+                     "thinking-token-count-2026-05-13", "advanced-tool-use-2025-11-20",
+                     "effort-2025-11-24"]
+
+
+def test_models_list_gives_each_models_window(client, qwen):
+    _, model = qwen
+    [info] = [m for m in client.models.list() if m.id == model]
+    assert info.type == "model" and info.max_input_tokens == 4096 == info.max_tokens
+    assert client.models.retrieve(model).max_input_tokens == 4096
+
+
+def test_claude_codes_betas_and_context_management_pass(client, qwen):
+    """Old tool results cleared (the worker's token counts), the last kept, an edit this
+    server does not do named in X-MLXD-Warning rather than refused."""
+    _, model = qwen
+    messages = [{"role": "user", "content": "Weather?"}]
+    for i in range(3):
+        messages += [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{i}",
+                                               "name": "get_weather",
+                                               "input": {"city": "Paris", "days": 1}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{i}",
+                                          "content": "sunny and warm " * 40}]}]
+    edits = [{"type": "clear_thinking_20251015", "keep": "all"},
+             {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens",
+                                                              "value": 100},
+              "keep": {"type": "tool_uses", "value": 1}},
+             {"type": "compact_20260112"}]
+    raw = client.beta.messages.with_raw_response.create(
+        model=model, max_tokens=8, messages=messages, betas=CLAUDE_CODE_BETAS,
+        tools=[{**WEATHER, "defer_loading": False}], context_management={"edits": edits},
+        thinking={"type": "adaptive", "display": "omitted"},
+        extra_body={"output_config": {"effort": "high"}, "temperature": 0})
+    assert "compact_20260112" in raw.headers["x-mlxd-warning"]
+    msg = raw.parse()
+    [applied] = msg.context_management.applied_edits
+    assert applied.type == "clear_tool_uses_20250919" and applied.cleared_tool_uses == 2
+    counted = client.messages.count_tokens(model=model, messages=messages, tools=[WEATHER])
+    assert 0 < applied.cleared_input_tokens < counted.input_tokens
+    # the edited prompt is what generation read: counted less what was cleared
+    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) \
+        == counted.input_tokens - applied.cleared_input_tokens
+

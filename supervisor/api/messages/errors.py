@@ -3,9 +3,12 @@
 event that ends a stream. The status (and Retry-After) stay what the server decided:
 Anthropic's SDK retries on 408, 409, 429 and 5xx by the status, as OpenAI's does. The type
 names are those the SDK's ErrorResponse knows (a 413 is an `invalid_request_error` there:
-the documentation's `request_too_large` is not one of them)."""
+the documentation's `request_too_large` is not one of them). A prompt over the model's
+context is worded as Anthropic words it ("prompt is too long: N tokens > M maximum")."""
 
 from __future__ import annotations
+
+import re
 
 from aiohttp import web
 
@@ -23,8 +26,22 @@ def error_type(status: int) -> str:
 
 
 def envelope(err: APIError, request_id: str) -> dict:
-    return {"type": "error", "error": {"type": error_type(err.status), "message": err.message},
+    return {"type": "error", "error": {"type": error_type(err.status), "message": message(err)},
             "request_id": request_id}
+
+
+# How the server words a prompt over the context (worker/text/engine.py), and how
+# Anthropic's API words it: Claude Code reads the two numbers out of the latter to compact
+# the conversation and retry (its reactive compaction).
+_OURS = re.compile(r"maximum context length is (\d+) tokens\. However, (?:the messages "
+                   r"resulted in|you requested) (?:at least )?(\d+) tokens")
+
+
+def message(err: APIError) -> str:
+    found = _OURS.search(err.message) if err.code == "context_length_exceeded" else None
+    if found is None:
+        return err.message
+    return f"prompt is too long: {found[2]} tokens > {found[1]} maximum"
 
 
 class AnthropicEnvelope(Envelope):

@@ -4,18 +4,20 @@ A message runs the one request lifecycle (api/lifecycle.py): admission, `started
 before it keep their own status, in this API's envelope), then the whole message or its
 event stream. count_tokens is the same request, rendered and tokenized by the worker as
 generation would prefill it, without generating (the TOKENIZE task): its count equals the
-`input_tokens + cache_read_input_tokens` the same request reports.
+`input_tokens + cache_read_input_tokens` the same request reports. Both do the request's
+`context_management` edits first (context.py) and report what they cleared.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from aiohttp import web
 
 from protocol import Task
 from supervisor.api.lifecycle import Generation, compute, log_request, submit
-from supervisor.api.messages import shapes
+from supervisor.api.messages import context, shapes
 from supervisor.api.messages.errors import AnthropicEnvelope
 from supervisor.api.messages.request import MessagesRequest, parse_messages_request
 from supervisor.api.messages.stream import PING, BlockWriter, event
@@ -28,24 +30,49 @@ PREFIX = "/v1/messages"
 PARAMS = {"max_tokens": "max_tokens", "top_k": "top_k"}
 
 
-def _headers(request: web.Request, parsed: MessagesRequest) -> dict:
+def _headers(request: web.Request, parsed: MessagesRequest, edits: context.Edits) -> dict:
     headers = {"request-id": get_request_id(request)}
+    warnings = []
     if parsed.skipped_tools:
-        headers["X-MLXD-Warning"] = ("skipped tools this server cannot run: "
-                                     + ", ".join(parsed.skipped_tools))[:500]
+        warnings.append("skipped tools this server cannot run: "
+                        + ", ".join(parsed.skipped_tools))
+    if edits.skipped:
+        warnings.append("skipped context_management edits this server does not do: "
+                        + ", ".join(edits.skipped))
+    if warnings:
+        headers["X-MLXD-Warning"] = "; ".join(warnings)[:500]
     return headers
 
 
+async def _parse(request: web.Request, count_only: bool = False):
+    """The request with its context edits done (context.py): (parsed, edits, the
+    `context_management` a response carries or None)."""
+    body = await read_json(request)
+    parsed = parse_messages_request(body, count_only=count_only)
+    edits = context.parse(body.get("context_management"))
+    if not edits.edits:
+        return parsed, edits, {"applied_edits": []} if edits.given else None
+
+    async def count(messages: tuple) -> int:
+        message = replace(parsed, messages=messages).to_generate(request.app[CONFIG],
+                                                                 Task.TOKENIZE)
+        return len((await compute(request, parsed.model, message, PARAMS)).result.id_list())
+
+    parsed, applied = await context.apply(parsed, edits, count)
+    return parsed, edits, {"applied_edits": applied}
+
+
 async def create_message(request: web.Request) -> web.StreamResponse:
-    parsed = parse_messages_request(await read_json(request))
+    parsed, edits, managed = await _parse(request)
     runner, gen = await submit(request, parsed.model,
                                parsed.to_generate(request.app[CONFIG]), PARAMS)
     t0 = time.monotonic()
     try:
         started = await gen.started()
-        msg_id, headers = shapes.new_message_id(), _headers(request, parsed)
+        msg_id, headers = shapes.new_message_id(), _headers(request, parsed, edits)
+        extra = {"context_management": managed} if managed is not None else {}
         if parsed.stream:
-            return await _stream(request, gen, started, msg_id, runner.id, headers)
+            return await _stream(request, gen, started, msg_id, runner.id, headers, extra)
         output = await gen.collect()
         done = gen.done
         blocks = shapes.content(output.reasoning_text, output.content, output.tool_calls)
@@ -53,7 +80,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
             msg_id, runner.id, blocks, shapes.stop_reason(done.finish_reason, done.stop_sequence),
             _stop_sequence(done), shapes.usage(done.prompt_tokens, done.cached_tokens,
                                                done.completion_tokens))
-        return web.json_response(body, headers=headers)
+        return web.json_response({**body, **extra}, headers=headers)
     finally:
         gen.close()
         log_request(request, gen, runner.id, parsed.stream, t0)
@@ -65,7 +92,7 @@ def _stop_sequence(done) -> str | None:
 
 
 async def _stream(request, gen: Generation, started, msg_id: str, model: str,
-                  headers: dict) -> web.StreamResponse:
+                  headers: dict, extra: dict) -> web.StreamResponse:
     resp = await sse.open_stream(request, headers=headers)
     start = shapes.message(msg_id, model, [], None, None,
                            shapes.usage(started.prompt_tokens, started.cached_tokens, 0))
@@ -86,18 +113,22 @@ async def _stream(request, gen: Generation, started, msg_id: str, model: str,
         "type": "message_delta",
         "delta": {"stop_reason": shapes.stop_reason(done.finish_reason, done.stop_sequence),
                   "stop_sequence": _stop_sequence(done)},
-        "usage": shapes.usage(done.prompt_tokens, done.cached_tokens, done.completion_tokens)}))
+        "usage": shapes.usage(done.prompt_tokens, done.cached_tokens, done.completion_tokens),
+        **extra}))
     await resp.write(event("message_stop", {"type": "message_stop"}))
     await resp.write_eof()
     return resp
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    parsed = parse_messages_request(await read_json(request), count_only=True)
+    parsed, edits, managed = await _parse(request, count_only=True)
     counted = await compute(request, parsed.model,
                             parsed.to_generate(request.app[CONFIG], Task.TOKENIZE), PARAMS)
-    return web.json_response({"input_tokens": len(counted.result.id_list())},
-                             headers=_headers(request, parsed))
+    n = len(counted.result.id_list())
+    extra = {} if managed is None else {"context_management": {"original_input_tokens": n + sum(
+        e["cleared_input_tokens"] for e in managed["applied_edits"])}}
+    return web.json_response({"input_tokens": n, **extra},
+                             headers=_headers(request, parsed, edits))
 
 
 def setup(app: web.Application) -> None:
