@@ -56,7 +56,7 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     completions.setup(app)
     listing.setup(app, config)
     health.setup(app)
-    compact.setup(app)  # before responses: /v1/responses/compact, not {id}
+    compact.setup(app)  # POST /v1/responses/compact
     responses.setup(app)
     responses_ws.setup(app)  # GET /v1/responses: WebSocket mode
     conversations.setup(app)

@@ -129,7 +129,7 @@ async def test_a_compaction_item_not_made_here_is_refused_before_any_work(app, c
 
 async def test_context_management_compacts_past_its_threshold(app):
     client, world = app
-    first = {"model": "fake", "input": [
+    first = {"model": "fake", "prompt_cache_key": "agent", "input": [
         {"role": "user", "content": LONG},
         {"type": "message", "role": "assistant", "content": "Reading it."},
         {"role": "user", "content": "Keep the signature."}],
@@ -145,7 +145,8 @@ async def test_context_management_compacts_past_its_threshold(app):
     # is a new prefix: it resumes from no snapshot and is kept under the response's id.
     assert [m["content"] for m in answering.messages][1:] == ["Keep the signature."]
     assert answering.messages[0]["content"].startswith(SUMMARY_HEADER)
-    assert answering.cache.resume_from is None and answering.cache.keep_as == resp["id"]
+    assert summarising.cache.resume_from is answering.cache.resume_from is None
+    assert answering.cache.keep_as == resp["id"] and answering.cache.namespace == "agent"
     # The next turn reads from the compaction item on, and resumes from this response.
     r = await client.post("/v1/responses", json={
         "model": "fake", "previous_response_id": resp["id"], "input": "Done?",

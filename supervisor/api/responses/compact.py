@@ -10,8 +10,7 @@ item whose sealed content (seal.py) holds the model's summary of everything
 (summary.py). A compaction item in the input stands for what it summarised: it is
 expanded before summarising, and the new summary covers it. Nothing is stored.
 
-Registered before the `/v1/responses/{id}` routes, which would otherwise take `compact`
-for a response id (a 405).
+(Before this route, the path was taken for a response id: a 405.)
 """
 
 from __future__ import annotations
@@ -66,6 +65,5 @@ async def compact(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application) -> None:
-    """Before responses.routes.setup: the route must come before `/v1/responses/{id}`."""
     seal.setup(app)
     app.router.add_post("/v1/responses/compact", compact)
