@@ -26,15 +26,7 @@ NEEDS_A_TOOL_CHOICE = {
 }
 # Cases that fail only because a part of issue 32 is still being built: strict, so each
 # turns into a failure the moment its feature lands (then its line goes).
-_WS = "issue 32: WebSocket mode not built yet ("
 BEING_BUILT = {
-    "websocket-previous-response-not-found":
-        _WS + "its error event carries no sequence_number)",
-    "websocket-reconnect-store-false-recovery":
-        _WS + "its error event carries no sequence_number)",
-    "websocket-failed-continuation-evicts-cache":
-        _WS + "a function_call_output naming no call of the previous response is accepted, "
-              "so the continuation does not fail and nothing is evicted)",
     # Not a feature being built: mlxd refuses an image for a text model by design (400).
     # It needs a vision test model that ends its own replies (model.py's edit on the
     # Qwen2-VL demo of worker/demos/vision.py), not done yet.

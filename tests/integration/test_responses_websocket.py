@@ -18,6 +18,8 @@ import openai
 
 from tests.integration.conftest import assert_envelope
 from tests.integration.test_responses import check_events
+from tests.openresponses import schema as openresponses
+from tests.schema import validate
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
@@ -48,6 +50,8 @@ def ws_url(server) -> str:
 def error_of(events: list, status: int, code: str | None = None) -> dict:
     (event,) = events
     assert event["type"] == "error" and event["status"] == status, event
+    validate(event, "ResponseWsError")  # OpenAI's WebSocket error event
+    openresponses.validate(event, "StreamingEvent")  # and the Open Responses error event
     assert set(event["error"]) >= {"message", "type", "param", "code"}
     if code is not None:
         assert event["error"]["code"] == code, event
@@ -117,16 +121,23 @@ async def test_stored_responses_continue_across_connections(server, model_id):
     assert r2["usage"]["input_tokens"] > r1["usage"]["input_tokens"]
 
 
-async def test_a_failed_turn_evicts_the_cache(server, model_id):
+ORPHAN = [{"type": "function_call_output", "call_id": "call_none", "output": "a result"}]
+
+
+async def test_a_failed_turn_evicts_the_cache(server, model_id, http):
     async with aiohttp.ClientSession() as s, s.ws_connect(ws_url(server)) as ws:
         await ws.send_str(json.dumps(create(model_id, store=False, input="seed")))
         r1 = check_events(await turn(ws))
-        await ws.send_str(json.dumps(create(model_id, store=False, temperature=5,
+        # A tool output that answers no call of the chain fails (as over HTTP, below).
+        await ws.send_str(json.dumps(create(model_id, store=False, input=ORPHAN,
                                             previous_response_id=r1["id"])))
-        assert error_of(await turn(ws), 400)["param"] == "temperature"
+        assert error_of(await turn(ws), 400)["param"] == "input"
         await ws.send_str(json.dumps(create(model_id, store=False,
                                             previous_response_id=r1["id"])))
         error_of(await turn(ws), 404, "previous_response_not_found")
+    assert "call_none" in assert_envelope(
+        http.post("/v1/responses", json={"model": model_id, "input": ORPHAN}), 400,
+        param="input")["message"]
 
 
 async def test_bad_messages_are_error_events_and_the_socket_stays(server, model_id, http):

@@ -134,6 +134,21 @@ async def conversation(svc: Responses, req: ResponsesRequest) -> list:
     return items + list(req.input_items)
 
 
+def _check_tool_outputs(items: list) -> None:
+    """Every function_call_output answers a function_call before it (the chain's or the
+    input's): OpenAI refuses an orphan, and some chat templates fail on one. After a
+    compaction item nothing is checked: its summary may hold the call."""
+    calls = set()
+    for item in items:
+        if item["type"] == "compaction":
+            return
+        if item["type"] == "function_call":
+            calls.add(item["call_id"])
+        elif item["type"] == "function_call_output" and item["call_id"] not in calls:
+            raise APIError.bad_request("No tool call found for function call output with "
+                                       f"call_id {item['call_id'][:128]}.", "input")
+
+
 async def prepare(request: web.Request, req: ResponsesRequest, items: list | None = None) -> Run:
     """A new response's run, its generation queued on the model. The conversation is read
     from the store unless `items` gives it (WebSocket mode's in-connection cache).
@@ -144,6 +159,7 @@ async def prepare(request: web.Request, req: ResponsesRequest, items: list | Non
     runner = await request.app[POOL].get(req.model)
     if items is None:
         items = await conversation(svc, req)
+    _check_tool_outputs(items)
     # Compaction items expanded; with context_management, compacted past its threshold.
     builder, message = await summary.start(request, runner, req, items)
     gen = await lifecycle.queue(request, runner, message, {"max_tokens": "max_output_tokens"})

@@ -203,4 +203,6 @@ class Connection:
         error = err.to_envelope()["error"]
         if "Retry-After" in err.headers:
             error["headers"] = {"Retry-After": err.headers["Retry-After"]}
-        await self._send({"type": "error", "status": err.status, "error": error}, stream_id)
+        # The turn's one event: sequence_number 0, as the specifications' error event has one.
+        await self._send({"type": "error", "sequence_number": 0, "status": err.status,
+                          "error": error}, stream_id)
