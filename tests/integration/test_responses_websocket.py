@@ -146,6 +146,8 @@ async def test_bad_messages_are_error_events_and_the_socket_stays(server, model_
                            (json.dumps({"model": model_id, "input": "x"}), "type"),
                            (json.dumps({"type": "session.update"}), "type"),
                            (json.dumps(create(model_id, background=True)), "background"),
+                           (json.dumps(create(model_id, generate=False)), "generate"),
+                           (json.dumps(create(model_id, stream_id="a b")), "stream_id"),
                            (json.dumps(create(model_id, input=None)), "input"),
                            (json.dumps(create("no-such-model")), "model")]:
             await ws.send_str(bad)

@@ -7,7 +7,8 @@ the Open Responses specification's:
 
 - The client sends text messages, one JSON object each: `{"type": "response.create", ...}`
   with the fields of a `POST /v1/responses` body (`stream` is implied; `background` is
-  refused). Responses run one at a time, in the order they were sent (a FIFO per
+  refused, and so is a warm-up, `generate: false`, rather than generate an output the
+  client would then continue from). Responses run one at a time, in the order they were sent (a FIFO per
   connection); each one's events are sent as they come, one text message per event,
   the same objects as the `data:` of the HTTP stream (supervisor/api/responses/runs.py
   records them; nothing here builds events). With `stream_id`, every event of that
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import weakref
 from typing import Optional
 
@@ -57,6 +59,7 @@ log = logging.getLogger("mlxd.responses")
 
 MAX_WAITING = 16  # response.create messages queued behind the running one
 CONTINUED = ("completed", "incomplete")  # the ends a later turn may continue from
+STREAM_ID = re.compile(r"[A-Za-z0-9_.-]{1,256}")
 SOCKETS = web.AppKey("responses_websockets", weakref.WeakSet)
 
 
@@ -83,6 +86,16 @@ async def connect(request: web.Request) -> web.WebSocketResponse:
 async def _shutdown(app: web.Application) -> None:
     for conn in list(app[SOCKETS]):
         await conn.close_when_idle()
+
+
+def _stream_id(body: dict) -> Optional[str]:
+    """The lane the response's events echo (OpenAI's pattern: 1-256 of [A-Za-z0-9_.-])."""
+    sid = body.get("stream_id")
+    if sid is None:
+        return None
+    if not isinstance(sid, str) or not STREAM_ID.fullmatch(sid):
+        raise invalid_value("stream_id", "expected 1 to 256 letters, digits, '_', '.' or '-'.")
+    return sid
 
 
 class Connection:
@@ -144,8 +157,7 @@ class Connection:
                 raise APIError.bad_request("WebSocket mode takes text messages, one JSON "
                                            "object each; this one was binary.")
             body = await parse_json(data)
-            stream_id = body.get("stream_id") if isinstance(body.get("stream_id"), str) \
-                else None
+            stream_id = _stream_id(body)
             kind = body.get("type")
             if kind is None:
                 raise missing("type")
@@ -173,6 +185,9 @@ class Connection:
         if body.get("background"):
             raise invalid_value("background", "background responses are not supported in "
                                               "WebSocket mode: use POST /v1/responses.")
+        if body.get("generate") is False:  # a warm-up must not leave generated output behind
+            raise invalid_value("generate", "warm-up responses (generate: false) are not "
+                                            "supported here; leave `generate` out.")
         body = {k: v for k, v in body.items() if k not in ("type", "stream", "stream_id")}
         req = parse_responses_request(body)
         if last is not None and req.previous_response_id == last[0]:
