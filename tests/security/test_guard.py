@@ -41,8 +41,13 @@ async def test_keys_guard_every_api_route_and_leave_health_open():
         bad = {"Authorization": "Bearer k-on"}
         await _envelope(await client.get("/v1/models", headers=bad), 401)
         await _envelope(await client.get("/v1/models", headers={"Authorization": "k-one"}), 401)
-        # x-api-key is Anthropic's header: taken on its routes, not on OpenAI's.
-        await _envelope(await client.get("/v1/models", headers={"x-api-key": "k-one"}), 401)
+        # x-api-key is Anthropic's header: taken on its routes (Messages, and the Models API
+        # on /v1/models that Anthropic clients list models with), not on OpenAI's.
+        await _envelope(await client.post("/v1/chat/completions", json=CHAT,
+                                          headers={"x-api-key": "k-one"}), 401)
+        r = await client.get("/v1/models", headers={"x-api-key": "k-one"})
+        assert r.status == 200
+        await _envelope(await client.get("/v1/models", headers={"x-api-key": "wrong"}), 401)
         r = await client.post("/v1/messages", json={}, headers={"x-api-key": "k-one"})
         assert r.status != 401
         r = await client.post("/v1/messages", json={}, headers={"x-api-key": "wrong"})
