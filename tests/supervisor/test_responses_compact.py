@@ -11,6 +11,7 @@ tests/integration/test_compaction_real.py's.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 
@@ -193,3 +194,31 @@ async def test_compact_needs_something_to_compact(app):
     client, _ = app
     r = await client.post("/v1/responses/compact", json={"model": "fake"})
     assert r.status == 400 and (await r.json())["error"]["param"] == "input"
+
+
+async def test_a_compaction_trigger_makes_the_response_the_compaction(app):
+    """Codex's remote compaction: its history, then a compaction_trigger, streamed; it
+    takes the one compaction item of the output_item.done events and keeps its history's
+    user messages before it."""
+    client, world = app
+    history = [{"role": "user", "content": "Fix utils/dates.py"},
+               {"type": "message", "role": "assistant", "content": "Done."}]
+    r = await client.post("/v1/responses", json={
+        "model": "fake", "store": False, "stream": True,
+        "input": history + [{"type": "compaction_trigger"}]})
+    assert r.status == 200
+    events = [json.loads(line[6:]) for line in (await r.text()).splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["compaction"]
+    final = events[-1]
+    assert final["type"] == "response.completed" and final["response"]["output"] == done
+    assert final["response"]["usage"]["output_tokens"] == 4
+    assert _generates(world)[-1].messages[0]["content"].startswith(SUMMARY_INTRO)
+    summary = Sealer.of_state_dir(client.app[CONFIG].state_dir).open(
+        done[0]["encrypted_content"])
+    assert summary["summary"].startswith("Task: Fix utils/dates.py") and not summary["whole"]
+    assert "Notes: " in summary["summary"]
+    r = await client.post("/v1/responses", json={"model": "fake", "input": [
+        {"type": "compaction_trigger"}, {"role": "user", "content": "x"}]})
+    assert r.status == 400 and (await r.json())["error"]["param"] == "input[0].type"

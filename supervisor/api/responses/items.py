@@ -37,6 +37,10 @@ def normalize_input(value, param: str = "input") -> list[dict]:
     check_length(param, value, MAX_MESSAGES)
     check_parts(param, value)
     items = [_item(f"{param}[{i}]", item) for i, item in enumerate(value)]
+    for i, item in enumerate(items[:-1]):
+        if item["type"] == "compaction_trigger":
+            raise invalid_value(f"{param}[{i}].type", "a compaction_trigger must be the last "
+                                "input item.")
     last = last_user_index(items)
     if last >= 0:  # audio and files in the turn being answered: no model here reads them
         for j, part in enumerate(items[last]["content"]):
@@ -85,11 +89,14 @@ def _item(where: str, item) -> dict:
                                item.get("encrypted_content"))
         return {"id": item.get("id") or new_id("cmp"), "type": "compaction",
                 "encrypted_content": item["encrypted_content"]}
+    if kind == "compaction_trigger":  # compact what came before (summary.start)
+        return {"id": item.get("id") or new_id("ct"), "type": "compaction_trigger"}
     if kind == "item_reference":
         raise unsupported(f"{where}.type", "Item references are not supported by this server; "
                           "send the item itself or use previous_response_id.")
     raise invalid_value(f"{where}.type", f"Invalid value: '{kind}'. Supported input item types "
-                        "are: message, function_call, function_call_output, reasoning, compaction.")
+                        "are: message, function_call, function_call_output, reasoning, compaction, "
+                        "compaction_trigger.")
 
 
 def _parse_message(where: str, item: dict) -> dict:

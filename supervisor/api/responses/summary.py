@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import msgspec
@@ -132,53 +132,81 @@ def facts(items: list[dict]) -> str:
     return "\n".join(out)
 
 
-async def summarise(request: web.Request, runner, req: ResponsesRequest,
-                    items: list[dict]) -> tuple[str, Done]:
-    """The summary of `items` (prompt items: compaction items already expanded) and the
-    usage of the request that wrote it."""
-    config = request.app[CONFIG]
+def asking(config, runner, req: ResponsesRequest, items: list[dict]) -> Generate:
+    """The request that has the model summarise `items` (prompt items: compaction items
+    already expanded)."""
     window = runner.context_length or 4096
     budget = int((window - SUMMARY_MAX_TOKENS - 64) * CHARS_PER_TOKEN) - len(SUMMARY_PROMPT)
     text = "\n".join(_fit(transcript_lines(items), max(budget, 1000)))
     text = SUMMARY_INTRO + text + SUMMARY_PROMPT
-    asking = dataclasses.replace(
+    plain = dataclasses.replace(
         req, instructions=None, tools=(), tool_choice=toolspec.ToolChoice(),
         text_format=toolspec.ResponseFormat(), reasoning=None, store=False,
         max_output_tokens=SUMMARY_MAX_TOKENS, temperature=0.0, top_p=None)
     prompt = [{"id": "summary", "type": "message", "role": "user", "status": "completed",
                "content": [{"type": "input_text", "text": text}]}]
-    message = asking.to_generate(prompt, config, None)
-    message = msgspec.structs.replace(
+    message = plain.to_generate(prompt, config, None)
+    return msgspec.structs.replace(
         message, sampling=msgspec.structs.replace(message.sampling,
                                                   repetition_penalty=REPETITION_PENALTY),
         output=msgspec.structs.replace(message.output, stop=TURN_STOPS),
         # A transcript begins no snapshot, and nobody resumes from this one.
         cache=msgspec.structs.replace(message.cache, keep_as=None, resume_from=None,
                                       resume_label=""))
-    gen = await lifecycle.queue(request, runner, message)
+
+
+def written(items: list[dict], notes: str) -> str:
+    """The summary of `items`: the facts, then the model's `notes`."""
+    notes = _clean(notes)
+    return "\n".join(p for p in (facts(items), notes and "Notes: " + notes) if p)
+
+
+async def summarise(request: web.Request, runner, req: ResponsesRequest,
+                    items: list[dict]) -> tuple[str, Done]:
+    """The summary of `items` and the usage of the request that wrote it."""
+    gen = await lifecycle.queue(request, runner, asking(request.app[CONFIG], runner, req, items))
     try:
         await gen.started()
-        notes = _clean("".join((await gen.collect()).text))
+        notes = "".join((await gen.collect()).text)
         done = gen.done
     finally:
         gen.close()
-    return "\n".join(p for p in (facts(items), notes and "Notes: " + notes) if p), done
+    return written(items, notes), done
 
 
 @dataclass
 class CompactingBuilder(ResponseBuilder):
-    """A response whose output starts with the compaction item made for it."""
+    """A response whose output starts with the compaction item made for it; or, with
+    `trigger` (a compaction_trigger ended its input: the sealer and the items before
+    it), a response that is the compaction itself: the model's text becomes the item."""
     compaction: Optional[dict] = None
+    trigger: Optional[tuple] = None
+    notes: list = field(default_factory=list)
 
     def start(self) -> list[dict]:
         events = super().start()
         if self.compaction is not None:
-            self.output.append(self.compaction)
-            events.append(self._event("response.output_item.added", output_index=0,
-                                      item=dict(self.compaction)))
-            events.append(self._event("response.output_item.done", output_index=0,
-                                      item=dict(self.compaction)))
+            events += self._item(self.compaction)
         return events
+
+    def _item(self, item: dict) -> list[dict]:
+        self.output.append(item)
+        index = len(self.output) - 1
+        return [self._event("response.output_item.added", output_index=index, item=dict(item)),
+                self._event("response.output_item.done", output_index=index, item=dict(item))]
+
+    def text(self, delta: str, item_id: str | None = None) -> list[dict]:
+        if self.trigger is None:
+            return super().text(delta, item_id)
+        self.notes.append(delta)
+        return []
+
+    def finish(self, status: str, **kw) -> list[dict]:
+        if self.trigger is None or status not in ("completed", "incomplete"):
+            return super().finish(status, **kw)
+        sealer, items = self.trigger  # a summary cut at its budget is still one
+        events = self._item(sealer.item(written(items, "".join(self.notes))))
+        return events + super().finish("completed", usage=kw.get("usage"))
 
 
 def _turn_start(items: list[dict]) -> int:
@@ -193,10 +221,16 @@ async def start(request: web.Request, runner, req: ResponsesRequest,
                 items: list[dict]) -> tuple[ResponseBuilder, Generate]:
     """A response's builder and the Generate it queues: `items` (the conversation) with
     its compaction items expanded; with `context_management` and a prompt past its
-    threshold, compacted first (the builder then holds the compaction item)."""
+    threshold, compacted first (the builder then holds the compaction item); ended by a
+    `compaction_trigger`, the summarising request itself (the response's one output
+    item is the compaction item, after the user messages the client keeps, as
+    /v1/responses/compact's)."""
     config = request.app[CONFIG]
     sealer = request.app[SEALER]
     items = expand(items, sealer)
+    if items and items[-1]["type"] == "compaction_trigger":  # Codex's compaction
+        builder = CompactingBuilder(req, runner.id, trigger=(sealer, items[:-1]))
+        return builder, asking(config, runner, req, items[:-1])
     builder = CompactingBuilder(req, runner.id)  # its id names the KV snapshot
     message = req.to_generate(items, config, builder.id)
     if req.compact_threshold is None:
