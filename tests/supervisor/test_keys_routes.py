@@ -21,7 +21,7 @@ from tests.supervisor.test_app import client_for
 KEY = "sk-test-key"
 # Open with keys set: health for probes, the web UI's pages (the page asks for the key).
 PUBLIC = frozenset({"/health", "/", "/ui", "/ui/", "/ui/chat", "/ui/static/{name}"})
-SAMPLE = {"model": "x", "id": "resp_x", "name": "x"}  # values for the path's variables
+SAMPLE = {"model": "x", "id": "resp_x", "name": "x", "item_id": "msg_x"}  # values for the path's variables
 
 
 def route_table(app=None, **cfg) -> list[tuple[str, str, bool]]:
