@@ -311,6 +311,9 @@ SETTINGS: tuple[Setting, ...] = (
     S("sharding", choice("auto", "tensor", "pipeline"), "auto", "how a worker group splits "
       "its model: tensor (each layer over every rank) or pipeline (consecutive layers per "
       "rank); auto: tensor where mlx-lm's model supports it", worker=True),
+    S("group_join_timeout", FLOAT, 30.0, "seconds a worker group's leader, once loaded, "
+      "waits for every other rank to reach its control channel before the start fails",
+      worker=True),
     # GGUF import (worker/loading/gguf/): the precision a GGUF is converted to, once per file.
     S("gguf_dtype", choice("auto", "float32", "bfloat16", "float16"), "auto", "precision of "
       "converted GGUF weights (auto: float32 on MLX's CPU backend, bfloat16 on a GPU)",

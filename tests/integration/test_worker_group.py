@@ -354,8 +354,10 @@ def test_a_host_with_another_groups_keys_is_refused(shard_model, tmp_path, netns
     other = keys.ensure(tmp_path / "other-state")
     env = {"PATH": f"{netns_host['path']}:{os.environ['PATH']}",
            "MLXD_TEST_WRONG_KEYS": netns_host["ns"], "MLXD_TEST_OTHER_KEYS": str(other)}
+    # The rank with the wrong keys never reaches the control channel: the start fails when
+    # --group-join-timeout runs out (30 s by default; short here, the test waits it out).
     with ServerProcess([shard_model], "--hosts", netns_hostfile(tmp_path, netns_host),
-                       env=env) as s:
+                       "--group-join-timeout", "5", env=env) as s:
         w = _settle(s)
         assert w["state"] == "broken", w
         assert "did not reach the leader's control channel" in w["last_error"], w

@@ -30,7 +30,6 @@ CONTROL_ENV = "MLXD_GROUP_CONTROL"   # tcp://HOST:PORT of the leader's control c
 KEYS_ENV = "MLXD_GROUP_KEYS"         # the folder of its CURVE keys (worker/group/keys.py)
 LINK_UP_ENV = "MLXD_GROUP_LINK_UP"   # a file the leader creates once its link beats
 DEVICES_ENV = "MLXD_GROUP_DEVICES"   # each rank's GPU, by rank (protocol/hosts.py)
-HELLO_TIMEOUT = 30.0    # s after the leader's load: the followers said hello as they started
 
 
 def leave(code: int) -> int:
@@ -138,7 +137,7 @@ def serve(args) -> int:
                               latency, bandwidth)
         if rank == 0:
             try:
-                control.wait_hellos(HELLO_TIMEOUT)
+                control.wait_hellos(args.group_join_timeout)
             except RuntimeError as e:  # a wrong key, or a firewall: the same silence
                 raise LoadError(f"{e}: check that every host has the same "
                                 f"STATE_DIR/group-keys and can reach {endpoint}") from None
