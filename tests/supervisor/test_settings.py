@@ -45,8 +45,9 @@ def test_the_worker_takes_the_settings_it_always_took():
         "prefill_batch_size", "prompt_cache_bytes", "prompt_cache_ttl", "kv_disk_bytes", "warm_prompt",
         "max_kv_size",
         "kv_bits", "gguf_dtype", "quantize",
-        # a worker group's ranks: how to shard, and the per-host memory check's factor
-        "sharding", "memory_factor"}
+        # a worker group's ranks: how to shard, the per-host memory check's factor, and how
+        # long the leader waits for the other ranks to join
+        "sharding", "memory_factor", "group_join_timeout"}
 
 
 def worker_values(argv: list[str], parser: argparse.ArgumentParser | None = None) -> dict:
