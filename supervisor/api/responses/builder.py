@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from supervisor.api.chat.shapes import chat_logprobs
 from supervisor.api.responses.items import new_id
 from supervisor.api.responses.request import ResponsesRequest
 
@@ -72,9 +73,11 @@ class ResponseBuilder:
             "tools": [{"description": None, **t} for t in r.tools_echo],
             "truncation": "disabled", "metadata": r.metadata,
             "prompt_cache_key": r.prompt_cache_key,
+            "presence_penalty": r.presence_penalty or 0.0,
+            "frequency_penalty": r.frequency_penalty or 0.0,
+            "top_logprobs": r.top_logprobs,
             # Not applied by this server, so the neutral values; the Open Responses
             # schema requires them all.
-            "presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
             "service_tier": "default", "max_tool_calls": None, "safety_identifier": None,
             "usage": self.usage,  # null until the end (as OpenAI's own examples show)
         }
@@ -98,15 +101,21 @@ class ResponseBuilder:
         self.status = "queued"
         return [self._event("response.queued", response=self.response())]
 
-    def text(self, delta: str, item_id: str | None = None) -> list[dict]:
+    def text(self, delta: str, item_id: str | None = None,
+             logprobs: list | None = None) -> list[dict]:
+        """`logprobs`: the delta's tokens (supervisor.api.output.TokenLogprob), when the
+        request included them: on the delta event and on the output_text part."""
         if not delta:
             return []
         events = self._ensure("message", item_id)
         item = self._open
-        item["content"][0]["text"] += delta
+        part = item["content"][0]
+        part["text"] += delta
+        shown = chat_logprobs(logprobs or ())["content"]  # OpenAI's LogProb, as chat's
+        part["logprobs"] = part["logprobs"] + shown  # a new list: events hold the old
         events.append(self._event("response.output_text.delta", item_id=item["id"],
                                   output_index=len(self.output) - 1, content_index=0,
-                                  delta=delta, logprobs=[]))
+                                  delta=delta, logprobs=shown))
         return events
 
     def reasoning(self, delta: str, item_id: str | None = None) -> list[dict]:
@@ -175,7 +184,7 @@ class ResponseBuilder:
         if item["type"] == "message":
             events.append(self._event("response.output_text.done", item_id=item["id"],
                                       output_index=index, content_index=0,
-                                      text=part["text"], logprobs=[]))
+                                      text=part["text"], logprobs=part["logprobs"]))
             events.append(self._event("response.content_part.done", item_id=item["id"],
                                       output_index=index, content_index=0, part=dict(part)))
         else:

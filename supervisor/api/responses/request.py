@@ -38,6 +38,10 @@ class ResponsesRequest:
     max_output_tokens: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
+    presence_penalty: Optional[float] = None   # -2..2, as chat completions takes them
+    frequency_penalty: Optional[float] = None
+    logprobs: bool = False                 # include: ["message.output_text.logprobs"]
+    top_logprobs: int = 0                  # alternatives per token (0..20)
     tools: tuple = ()                      # function tools, normalised (chat's nested form)
     skipped_tools: list = field(default_factory=list)  # built-in tool types not run here
     tool_choice: toolspec.ToolChoice = field(default_factory=toolspec.ToolChoice)
@@ -82,9 +86,12 @@ class ResponsesRequest:
             messages=messages,
             images=resolve(images, config.allowed_media_dirs),
             sampling=build.sampling(config, max_tokens=self.max_output_tokens,
-                                    temperature=self.temperature, top_p=self.top_p),
+                                    temperature=self.temperature, top_p=self.top_p,
+                                    presence_penalty=self.presence_penalty,
+                                    frequency_penalty=self.frequency_penalty),
             output=toolspec.output(self.tools, self.tool_choice, self.text_format,
                                 parallel_tool_calls=self.parallel_tool_calls,
+                                logprobs=self.logprobs, top_logprobs=self.top_logprobs,
                                 reasoning_effort=self.reasoning_effort),
             cache=build.prompt_cache(self.prompt_cache_key,
                                      response_id=response_id if self.store else None,
@@ -106,6 +113,7 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
     tools = toolspec.normalize_tools(tool_list)
     text = opt_object(body, "text") or {}
     fmt = text.get("format")
+    top_logprobs = opt_int(body, "top_logprobs", 0, 20) or 0
     return ResponsesRequest(
         model=model,
         input_items=items,
@@ -118,6 +126,10 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         max_output_tokens=opt_int(body, "max_output_tokens", minimum=1),
         temperature=opt_number(body, "temperature", 0, 2),
         top_p=opt_number(body, "top_p", 0, 1, exclusive_minimum=True),
+        presence_penalty=opt_number(body, "presence_penalty", -2, 2),
+        frequency_penalty=opt_number(body, "frequency_penalty", -2, 2),
+        logprobs=LOGPROBS in _include(body),
+        top_logprobs=top_logprobs,
         tools=tools,
         skipped_tools=skipped,
         tool_choice=toolspec.parse_tool_choice(body.get("tool_choice"), tools),
@@ -131,6 +143,20 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         user=opt_str(body, "user"),
         compact_threshold=_compact_threshold(body),
     )
+
+
+LOGPROBS = "message.output_text.logprobs"
+
+
+def _include(body: dict) -> list:
+    """`include`: strings. Only LOGPROBS changes the output here; the other values
+    (reasoning.encrypted_content, which Codex sends, and the built-in tools' results)
+    name nothing this server produces, so they are accepted and have no effect."""
+    include = opt_list(body, "include") or []
+    for i, value in enumerate(include):
+        if not isinstance(value, str):
+            raise invalid_type(f"include[{i}]", "a string", value)
+    return include
 
 
 def _split_tools(body: dict) -> tuple[list, list]:

@@ -83,11 +83,15 @@ class Run:
         """After wait_started(): stream the worker's output into events, then finish."""
         b, gen = self.builder, self.gen
         self._emit(b.start())
+        logprobs = []  # a token's logprobs wait for text (a token may end mid-character)
         try:
             async for part in gen.parts():
                 self.produced += part.tokens
                 self._emit(b.reasoning(part.reasoning))
-                self._emit(b.text(part.text))
+                logprobs += part.logprobs
+                if part.text:
+                    self._emit(b.text(part.text, logprobs=logprobs))
+                    logprobs = []
                 for call in part.tool_calls:
                     self._emit(b.function_call(call.name, call.arguments, call.id))
                 if part.cut_call is not None:  # max_output_tokens ran out inside it

@@ -142,7 +142,8 @@ def asking(config, runner, req: ResponsesRequest, items: list[dict]) -> Generate
     plain = dataclasses.replace(
         req, instructions=None, tools=(), tool_choice=toolspec.ToolChoice(),
         text_format=toolspec.ResponseFormat(), reasoning=None, store=False,
-        max_output_tokens=SUMMARY_MAX_TOKENS, temperature=0.0, top_p=None)
+        max_output_tokens=SUMMARY_MAX_TOKENS, temperature=0.0, top_p=None,
+        presence_penalty=None, frequency_penalty=None, logprobs=False, top_logprobs=0)
     prompt = [{"id": "summary", "type": "message", "role": "user", "status": "completed",
                "content": [{"type": "input_text", "text": text}]}]
     message = plain.to_generate(prompt, config, None)
@@ -195,9 +196,10 @@ class CompactingBuilder(ResponseBuilder):
         return [self._event("response.output_item.added", output_index=index, item=dict(item)),
                 self._event("response.output_item.done", output_index=index, item=dict(item))]
 
-    def text(self, delta: str, item_id: str | None = None) -> list[dict]:
+    def text(self, delta: str, item_id: str | None = None,
+             logprobs: list | None = None) -> list[dict]:
         if self.trigger is None:
-            return super().text(delta, item_id)
+            return super().text(delta, item_id, logprobs)
         self.notes.append(delta)
         return []
 
