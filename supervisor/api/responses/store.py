@@ -86,6 +86,27 @@ MIGRATIONS = [
     """,
 ]
 
+# The fields a Response gained after rows were written (its JSON has no schema of its
+# own): a row read back gets each one's default, as the response would have had it when
+# it was written, so a stored response always reads as complete as a new one.
+RESPONSE_DEFAULTS = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "top_logprobs": 0,
+                     "service_tier": "default", "max_tool_calls": None,
+                     "safety_identifier": None, "usage": None}
+
+
+def completed(response: dict) -> dict:
+    """A stored response with the defaults of the fields it was written without (a
+    Response object's: a row holding anything else is returned as it is)."""
+    if response.get("object") != "response":
+        return response
+    for key, value in RESPONSE_DEFAULTS.items():
+        response.setdefault(key, value)
+    for tool in response.get("tools") or []:
+        if isinstance(tool, dict) and tool.get("type") == "function":
+            tool.setdefault("description", None)  # may be null, never absent
+    return response
+
+
 # Statuses of a response still being generated: a restart leaves them orphaned.
 UNFINISHED = ("queued", "in_progress")
 
@@ -440,7 +461,8 @@ class ResponseStore:
             (rid, self._clock() - self.max_age_s)).fetchone()
         if row is None:
             return None
-        return StoredResponse(row[0], row[1], row[2], json.loads(row[3]), json.loads(row[4]), row[5])
+        return StoredResponse(row[0], row[1], row[2], completed(json.loads(row[3])),
+                              json.loads(row[4]), row[5])
 
     async def delete(self, rid: str) -> bool:
         def _delete():
