@@ -103,6 +103,9 @@ def test_a_conversation_survives_a_restart(tiny_model, tmp_path):
         r2 = oai.responses.create(model=model, conversation=conv.id, input="Again",
                                   max_output_tokens=4)
         assert r2.usage.input_tokens > r1.usage.input_tokens + r1.usage.output_tokens
+        # The new process's memory holds no state: the turn resumed from the first
+        # response's KV snapshot, read from the disk tier (worker/kvcache/snapshots.py).
+        assert r2.usage.input_tokens_details.cached_tokens >= r1.usage.input_tokens
 
 
 @pytest.mark.parametrize("method,path,body,param", [

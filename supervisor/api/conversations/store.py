@@ -28,6 +28,7 @@ class Conversation:
     created_at: float
     metadata: dict
     item_count: int = 0
+    last_response: str | None = None  # its latest stored response (a KV snapshot's name)
 
 
 class Duplicate(Exception):
@@ -51,7 +52,8 @@ class ConversationStore:
 
     def _create(self, db: sqlite3.Connection, now: float, metadata: dict, items: list):
         conv = Conversation(new_id("conv"), now, metadata)
-        db.execute("INSERT INTO conversations VALUES (?, ?, ?, ?)",
+        db.execute("INSERT INTO conversations (id, created_at, updated_at, metadata) "
+                   "VALUES (?, ?, ?, ?)",
                    (conv.id, now, now, json.dumps(metadata)))
         self._insert(db, conv.id, items, strict=True)
         self._evict(db, now)
@@ -61,14 +63,15 @@ class ConversationStore:
         return await self.store.read(self._get, cid)
 
     def _get(self, db: sqlite3.Connection, now: float, cid: str) -> Conversation | None:
-        row = db.execute("SELECT id, created_at, metadata FROM conversations "
+        row = db.execute("SELECT id, created_at, metadata, last_response_id "
+                         "FROM conversations "
                          "WHERE id=? AND updated_at >= ?",
                          (cid, now - self.store.max_age_s)).fetchone()
         if row is None:
             return None
         count = db.execute("SELECT COUNT(*) FROM conversation_items WHERE conversation_id=?",
                            (cid,)).fetchone()[0]
-        return Conversation(row[0], row[1], json.loads(row[2]), count)
+        return Conversation(row[0], row[1], json.loads(row[2]), count, row[3])
 
     async def set_metadata(self, cid: str, metadata: dict) -> Conversation | None:
         def update(db, now):
@@ -108,14 +111,16 @@ class ConversationStore:
             return True
         return await self.store.write(add)
 
-    async def append(self, cid: str, items: list[dict]) -> None:
+    async def append(self, cid: str, items: list[dict], response_id: str | None = None) -> None:
         """A finished response's items: nothing when the conversation is gone, items it
         already holds skipped, and the oldest items dropped past MAX_ITEMS (the response
-        ran; losing its record because of a limit would be worse)."""
+        ran; losing its record because of a limit would be worse). `response_id`: the
+        response when it is stored (else None): the next turn resumes from its KV snapshot."""
         def append(db, now):
             if self._get(db, now, cid) is not None:
                 self._insert(db, cid, items, strict=False)
-                db.execute("UPDATE conversations SET updated_at=? WHERE id=?", (now, cid))
+                db.execute("UPDATE conversations SET updated_at=?, last_response_id=? "
+                           "WHERE id=?", (now, response_id, cid))
         await self.store.write(append)
 
     async def item(self, cid: str, item_id: str) -> dict | None:

@@ -5,6 +5,12 @@ Before it runs: the conversation's items, oldest first, come before the request'
 400). When it ends `completed` or `incomplete`, its input items and then its output items
 are appended (api/responses/runs.py calls the appender before it reports the end, so the
 next request on the conversation sees them); a failed or cancelled response adds nothing.
+
+The KV cache: a stored response keeps its final state under its id (a named snapshot,
+worker/kvcache/snapshots.py), and the conversation remembers its latest such response, so
+the next turn resumes from that state as a `previous_response_id` turn does (the worker
+checks that the state's tokens begin the new prompt: items added or deleted since make
+it fall back to prefix matching, never to a wrong state).
 """
 
 from __future__ import annotations
@@ -37,15 +43,25 @@ async def prefix(store: ResponseStore, cid: str, input_items: list) -> list:
     return items + list(input_items)
 
 
+async def resume_point(store: ResponseStore, cid: str) -> str | None:
+    """The snapshot the conversation's next turn resumes from: its latest stored
+    response's id (None: none, or no such conversation, which `prefix` refuses)."""
+    conv = await ConversationStore(store).get(cid)
+    return None if conv is None else conv.last_response
+
+
 def appender(store: ResponseStore, cid: str):
-    """The runs.py hook: (status, input items, output items) → the conversation."""
+    """The runs.py hook: (status, input items, output items, the response's id when it
+    is stored) → the conversation."""
     conversations = ConversationStore(store)
 
-    async def append(status: str, input_items: list, output: list) -> None:
+    async def append(status: str, input_items: list, output: list,
+                     response_id: str | None) -> None:
         if status not in APPENDED:
             return
         try:
-            await conversations.append(cid, list(input_items) + output_to_items(output))
+            await conversations.append(cid, list(input_items) + output_to_items(output),
+                                       response_id)
         except StoreUnavailable:
             raise  # the run retries it with its final write
         except Exception:  # a bug: the response's own final write must still happen

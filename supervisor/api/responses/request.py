@@ -32,6 +32,8 @@ class ResponsesRequest:
     instructions: Optional[str] = None
     previous_response_id: Optional[str] = None
     conversation: Optional[str] = None     # its id (api/conversations/)
+    resume_from: Optional[str] = None      # not the client's: the conversation's latest
+    #                                        stored response (api/conversations/turns.py)
     stream: bool = False
     store: bool = True
     background: bool = False
@@ -78,7 +80,8 @@ class ResponsesRequest:
         (a stored chain's, then this input's) as chat messages, with the server's
         defaults from `config` (supervisor/api/fields/generate.py). Its final KV state is
         kept under the response's id when the response is stored (else under its
-        prompt_cache_key), and it resumes from its previous response's (else the key's)."""
+        prompt_cache_key), and it resumes from its previous response's (or its
+        conversation's latest, else the key's)."""
         images: list[bytes] = []
         messages = to_chat_messages(items, self.instructions, images)
         return Generate(
@@ -95,7 +98,8 @@ class ResponsesRequest:
                                 reasoning_effort=self.reasoning_effort),
             cache=build.prompt_cache(self.prompt_cache_key,
                                      response_id=response_id if self.store else None,
-                                     previous_response_id=self.previous_response_id),
+                                     previous_response_id=(self.previous_response_id
+                                                           or self.resume_from)),
         )
 
 

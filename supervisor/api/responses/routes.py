@@ -10,6 +10,7 @@ given to a model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import math
@@ -159,6 +160,9 @@ async def prepare(request: web.Request, req: ResponsesRequest, items: list | Non
     runner = await request.app[POOL].get(req.model)
     if items is None:
         items = await conversation(svc, req)
+    if req.conversation is not None:
+        req = dataclasses.replace(req, resume_from=await turns.resume_point(svc.store,
+                                                                            req.conversation))
     _check_tool_outputs(items)
     # Compaction items expanded; with context_management, compacted past its threshold.
     builder, message = await summary.start(request, runner, req, items)

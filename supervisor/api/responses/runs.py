@@ -135,7 +135,8 @@ class Run:
         """Record the end; None when done (or nothing to do), else seconds to the retry."""
         try:
             if self.append is not None:
-                await self.append(self.builder.status, self.input_items, self.builder.output)
+                await self.append(self.builder.status, self.input_items, self.builder.output,
+                                  self.id if self.store is not None else None)
                 self.append = None  # done: a retry of the write below does not repeat it
             if self.store is None:
                 return None

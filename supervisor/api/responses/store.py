@@ -84,6 +84,11 @@ MIGRATIONS = [
         UNIQUE (conversation_id, id)
     );
     """,
+    # A conversation's latest stored response: its KV snapshot is where the next turn
+    # resumes (api/conversations/turns.py).
+    """
+    ALTER TABLE conversations ADD COLUMN last_response_id TEXT;
+    """,
 ]
 
 # The fields a Response gained after rows were written (its JSON has no schema of its
