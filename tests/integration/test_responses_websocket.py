@@ -2,8 +2,8 @@
 the real supervisor and worker, aiohttp's WebSocket client and the official SDK's
 `responses.connect()`, the cases of the Open Responses suite's WebSocket tests
 (sequential responses, continuation, store:false in-connection cache, missing previous
-response, a failed continuation evicting the cache) and ours (bad messages, closing
-mid-response). The guard on the upgrade (keys, Origin) and shutdown are in
+response, a failed continuation evicting the cache), a warm-up (`generate: false`) and
+ours (bad messages, closing mid-response). The guard on the upgrade (keys, Origin) and shutdown are in
 tests/supervisor/test_responses_websocket_guard.py."""
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ async def test_bad_messages_are_error_events_and_the_socket_stays(server, model_
                            (json.dumps({"model": model_id, "input": "x"}), "type"),
                            (json.dumps({"type": "session.update"}), "type"),
                            (json.dumps(create(model_id, background=True)), "background"),
-                           (json.dumps(create(model_id, generate=False)), "generate"),
+                           (json.dumps(create(model_id, generate="no")), "generate"),
                            (json.dumps(create(model_id, stream_id="a b")), "stream_id"),
                            (json.dumps(create(model_id, input=None)), "input"),
                            (json.dumps(create("no-such-model")), "model")]:
@@ -205,3 +205,40 @@ async def test_the_openai_sdk_connects(server, model_id):
         assert event.type == "error" and event.error.code == "previous_response_not_found"
     assert types[:2] == ["response.created", "response.in_progress"]
     assert "response.output_text.delta" in types
+
+
+async def test_a_warm_up_prepares_the_turn_that_continues_it(server, model_id, http):
+    """`generate: false`: a response with no output, continued from like any other, whose
+    prompt the worker already holds: the next turn reports it as cached."""
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    rules = f"You are the warm-up test's assistant, started at {time.time()}."  # unseen
+    async with client.responses.connect() as conn:
+        for store in (False, True):
+            await conn.send(create(model_id, instructions=rules, generate=False, store=store,
+                                   input=f"Here is the plan (store {store})."))
+            events = []
+            async for event in conn:
+                events.append(event.model_dump(mode="json", exclude_unset=True))
+                if event.type in TERMINAL:
+                    break
+            warm = check_events(events)
+            assert [e["type"] for e in events] == [
+                "response.created", "response.in_progress", "response.completed"]
+            assert warm["output"] == [] and warm["status"] == "completed"
+            assert warm["usage"]["output_tokens"] == 0 and warm["usage"]["input_tokens"] > 10
+            await conn.send(create(model_id, instructions=rules, store=store,
+                                   previous_response_id=warm["id"], input="Go."))
+            async for event in conn:
+                if event.type in TERMINAL:
+                    break
+            assert event.response.output  # generated this time
+            cached = event.response.usage.input_tokens_details.cached_tokens
+            # All the warm-up's prompt but the assistant turn it opened was prefilled.
+            assert cached >= warm["usage"]["input_tokens"] - 4, (cached, warm["usage"])
+    # Stored: GET has it, and a POST continues from it.
+    assert http.get(f"/v1/responses/{warm['id']}").json() == warm
+    r = http.post("/v1/responses", json={"model": model_id, "previous_response_id": warm["id"],
+                                         "instructions": rules, "input": "Again.",
+                                         "max_output_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["input_tokens"] > warm["usage"][
+        "input_tokens"]

@@ -57,6 +57,8 @@ class ResponsesRequest:
     user: Optional[str] = None
     compact_threshold: Optional[int] = None  # context_management: compact past this many
     #                                          prompt tokens (api/responses/summary.py)
+    generate: bool = True  # False: a WebSocket mode warm-up (api/responses/websocket.py):
+    #                        the prompt is prefilled and kept, no output is produced
 
     @property
     def reasoning_effort(self) -> Optional[str]:
@@ -88,7 +90,10 @@ class ResponsesRequest:
             rid="",
             messages=messages,
             images=resolve(images, config.allowed_media_dirs),
-            sampling=build.sampling(config, max_tokens=self.max_output_tokens,
+            # A warm-up prefills and keeps the state; the one token it must decode to do
+            # so is dropped (runs.py).
+            sampling=build.sampling(config, max_tokens=self.max_output_tokens
+                                    if self.generate else WARM_UP_TOKENS,
                                     temperature=self.temperature, top_p=self.top_p,
                                     presence_penalty=self.presence_penalty,
                                     frequency_penalty=self.frequency_penalty),
@@ -101,6 +106,9 @@ class ResponsesRequest:
                                      previous_response_id=(self.previous_response_id
                                                            or self.resume_from)),
         )
+
+
+WARM_UP_TOKENS = 1
 
 
 def parse_responses_request(body: dict) -> ResponsesRequest:

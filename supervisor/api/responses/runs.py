@@ -86,6 +86,8 @@ class Run:
         logprobs = []  # a token's logprobs wait for text (a token may end mid-character)
         try:
             async for part in gen.parts():
+                if not b.req.generate:
+                    continue  # a warm-up: the state its prompt leaves is what it is for
                 self.produced += part.tokens
                 self._emit(b.reasoning(part.reasoning))
                 logprobs += part.logprobs
@@ -103,6 +105,9 @@ class Run:
                       done.reasoning_tokens)
             if done.finish_reason == "cancelled":
                 self._emit(b.finish("cancelled", usage=u))
+            elif not b.req.generate:  # its one token is not output: none is counted
+                self._emit(b.finish("completed", usage=usage(done.prompt_tokens, 0,
+                                                             done.cached_tokens)))
             elif done.finish_reason == "length":
                 self._emit(b.finish("incomplete", usage=u, incomplete_reason="max_output_tokens"))
             else:

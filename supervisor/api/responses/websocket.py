@@ -7,12 +7,17 @@ the Open Responses specification's:
 
 - The client sends text messages, one JSON object each: `{"type": "response.create", ...}`
   with the fields of a `POST /v1/responses` body (`stream` is implied; `background` is
-  refused, and so is a warm-up, `generate: false`, rather than generate an output the
-  client would then continue from). Responses run one at a time, in the order they were sent (a FIFO per
+  refused). Responses run one at a time, in the order they were sent (a FIFO per
   connection); each one's events are sent as they come, one text message per event,
   the same objects as the `data:` of the HTTP stream (supervisor/api/responses/runs.py
   records them; nothing here builds events). With `stream_id`, every event of that
   response echoes it.
+- Warm-up: `generate: false` prepares a turn without generating: the response is created
+  and completes with no output (`response.created`, `response.in_progress`,
+  `response.completed`), stored and cached like any other so that a later turn continues
+  from it with `previous_response_id`, and its prompt is prefilled on the worker and kept
+  under its id (one token is decoded and dropped: the worker has no prefill-only task),
+  so the turn that continues it prefills only what is new.
 - In-connection cache: the connection keeps its most recent response (the items the
   model read and the output) in memory, so continuing from it needs no store, which is
   how `store: false` chains work here. Any other `previous_response_id` is read from the
@@ -36,6 +41,7 @@ the Open Responses specification's:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -44,7 +50,7 @@ from typing import Optional
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from supervisor.api.fields.params import invalid_value, missing
+from supervisor.api.fields.params import invalid_value, missing, opt_bool
 from supervisor.api.responses.items import output_to_items
 from supervisor.api.responses.request import parse_responses_request
 from supervisor.api.responses.routes import (RESPONSES, conversation, launch, prepare,
@@ -185,11 +191,9 @@ class Connection:
         if body.get("background"):
             raise invalid_value("background", "background responses are not supported in "
                                               "WebSocket mode: use POST /v1/responses.")
-        if body.get("generate") is False:  # a warm-up must not leave generated output behind
-            raise invalid_value("generate", "warm-up responses (generate: false) are not "
-                                            "supported here; leave `generate` out.")
+        generate = opt_bool(body, "generate") is not False
         body = {k: v for k, v in body.items() if k not in ("type", "stream", "stream_id")}
-        req = parse_responses_request(body)
+        req = dataclasses.replace(parse_responses_request(body), generate=generate)
         if last is not None and req.previous_response_id == last[0]:
             items = last[1] + list(req.input_items)
         else:
