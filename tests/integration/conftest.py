@@ -29,6 +29,24 @@ def qwen_server(family_model) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
+def stopping_server(models_dir) -> ServerProcess:
+    """A server on a tiny model with Qwen3-Coder's tool-call template, edited to end each
+    reply after one token (tests/openresponses/model.py), with an 8,192-token window: the
+    Open Responses cases and the coding agents driven end to end (Codex, Claude Code)."""
+    from tests.families import FAMILIES
+    from tests.openresponses.model import build_stopping_model
+    from worker.demos.text import build_model
+
+    source = build_model(models_dir / "tiny-qwen3_coder-8k", "tiny", context_length=8192,
+                         template=FAMILIES["qwen3_coder"]).path
+    model = build_stopping_model(source, models_dir / "tiny-qwen3_coder-8k-stopping")
+    with ServerProcess([str(model)]) as srv:
+        srv.wait_healthy()
+        srv.model = str(model)
+        yield srv
+
+
+@pytest.fixture(scope="session")
 def model_id(tiny_model) -> str:
     return str(tiny_model)  # a path's id is the path as given
 

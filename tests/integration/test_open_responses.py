@@ -2,8 +2,9 @@
 a real mlxd: HTTP, SSE, WebSocket and compaction, one pytest test per upstream case id.
 
 The model is a tiny one with a real tool-call template (Qwen3-Coder's) that ends its own
-replies after one token (tests/openresponses/model.py), since the cases send no
-`max_output_tokens` and expect `completed`. Every case must pass except those listed in
+replies after one token (tests/openresponses/model.py; the session's `stopping_server`,
+shared with the coding agents' tests), since the cases send no `max_output_tokens` and
+expect `completed`. Every case must pass except those listed in
 NEEDS_A_TOOL_CHOICE (skipped): they pass only when the model decides by itself to call a
 tool, which random weights do not. BEING_BUILT lists, as strict xfails, the cases that
 fail while their part of issue 32 is built.
@@ -15,8 +16,6 @@ import pytest
 
 from tests.openresponses.cases import CASES
 from tests.openresponses.compliance import Suite
-from tests.openresponses.model import build_stopping_model
-from tests.serverproc import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -35,12 +34,8 @@ BEING_BUILT = {
 
 
 @pytest.fixture(scope="module")
-def suite(family_model, models_dir) -> Suite:
-    model = build_stopping_model(family_model("qwen3_coder"),
-                                 models_dir / "tiny-qwen3_coder-stopping")
-    with ServerProcess([str(model)]) as srv:
-        srv.wait_healthy()
-        yield Suite(srv.url + "/v1", str(model))
+def suite(stopping_server) -> Suite:
+    return Suite(stopping_server.url + "/v1", stopping_server.model)
 
 
 def _marks(case: str):
