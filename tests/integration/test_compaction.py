@@ -2,7 +2,8 @@
 `openai` SDK: `client.responses.compact` returns OpenAI's shape and a summary that keeps
 what an agent needs (read back here with the server's key, which only a test may do);
 its output continues a conversation; `context_management` on `responses.create` compacts
-past its threshold and the next turn resumes from the compacted response's KV snapshot;
+past its threshold (streamed: the compaction item before the answer's) and the next turn
+resumes from the compacted response's KV snapshot;
 another mlxd instance refuses the item.
 
 Lean: one compaction and one compacted chain for the module (this CPU runs the model at
@@ -73,14 +74,22 @@ def test_the_compacted_output_continues_the_conversation(client, compacted):
 def test_context_management_compacts_and_the_next_turn_resumes_from_it(client):
     long_file = "\n".join(f"def helper_{i}(value):\n    return value + {i}\n"
                           for i in range(120))  # about 2,000 tokens of a file read
-    first = client.responses.create(
-        model="demo", temperature=0, max_output_tokens=4,
+    events = list(client.responses.create(
+        model="demo", temperature=0, max_output_tokens=4, stream=True,
         context_management=[{"type": "compaction", "compact_threshold": 1000}],
         input=[{"role": "user", "content": TASK},
                {"type": "function_call", "call_id": "c1", "name": "read_file",
                 "arguments": '{"path": "utils/helpers.py"}'},
                {"type": "function_call_output", "call_id": "c1", "output": long_file},
-               {"role": "user", "content": "Which helper adds 7?"}])
+               {"role": "user", "content": "Which helper adds 7?"}]))
+    # Streamed: the response opens before the summary is written, the compaction item
+    # comes whole before the answer's items.
+    kinds = [(e.type, getattr(getattr(e, "item", None), "type", None)) for e in events]
+    assert kinds[:5] == [("response.created", None), ("response.in_progress", None),
+                         ("response.output_item.added", "compaction"),
+                         ("response.output_item.done", "compaction"),
+                         ("response.output_item.added", "message")]
+    first = events[-1].response
     assert [o.type for o in first.output][0] == "compaction"
     assert first.usage.input_tokens < 1000  # the summary and the turn, not the file
     nxt = client.responses.create(model="demo", temperature=0, max_output_tokens=4,

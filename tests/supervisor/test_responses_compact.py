@@ -11,6 +11,7 @@ tests/integration/test_compaction_real.py's.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
@@ -22,6 +23,7 @@ from supervisor.api.responses.items import normalize_input, to_chat_messages
 from supervisor.api.responses.seal import KEY_FILE, SUMMARY_HEADER, Sealer, expand
 from supervisor.api.responses.summary import SUMMARY_INTRO, SUMMARY_PROMPT
 from supervisor.keys import CONFIG
+from tests.openresponses.schema import check_event
 from tests.schema import validate
 from tests.supervisor.fakes import FakeBehaviour, FakeWorld
 from tests.supervisor.test_app import client_for
@@ -222,3 +224,66 @@ async def test_a_compaction_trigger_makes_the_response_the_compaction(app):
     r = await client.post("/v1/responses", json={"model": "fake", "input": [
         {"type": "compaction_trigger"}, {"role": "user", "content": "x"}]})
     assert r.status == 400 and (await r.json())["error"]["param"] == "input[0].type"
+
+
+@pytest.fixture
+async def slow_app():
+    """Each generation takes about a second: long enough to read the stream's first events
+    while the summary is still being written."""
+    world = FakeWorld(FakeBehaviour(context_length=100_000, tokens=3, step_s=0.3))
+    client = await client_for(world)
+    yield client, world
+    await client.close()
+
+
+COMPACTING = {"model": "fake", "stream": True, "input": [
+    {"role": "user", "content": LONG}, {"role": "user", "content": "Keep the signature."}],
+    "context_management": [{"type": "compaction", "compact_threshold": 1000}]}
+
+
+async def _event(r) -> dict:
+    while True:
+        line = (await r.content.readline()).decode()
+        if line.startswith("data: "):
+            return json.loads(line[6:])
+
+
+async def test_a_streamed_compaction_starts_the_stream_before_the_summary_is_written(slow_app):
+    """OpenAI's specification has no event for a compaction in progress, and its item
+    needs its encrypted_content: so the response opens at once, the compaction item comes
+    whole (added, done) once written, then the answer's items."""
+    client, world = slow_app
+    r = await client.post("/v1/responses", json=COMPACTING)
+    assert r.status == 200
+    first = [await _event(r), await _event(r)]
+    assert [e["type"] for e in first] == ["response.created", "response.in_progress"]
+    assert len(_generates(world)) == 1  # only the summary is asked for so far
+    rest = [json.loads(line[6:]) for line in (await r.text()).splitlines()
+            if line.startswith("data: ")]
+    events = first + rest
+    kinds = [e["type"] for e in events]
+    assert kinds[2:4] == ["response.output_item.added", "response.output_item.done"]
+    assert events[2]["item"] == events[3]["item"] and events[3]["item"]["type"] == "compaction"
+    assert kinds[4] == "response.output_item.added"
+    assert events[4]["item"]["type"] == "message"
+    final = events[-1]["response"]
+    assert final["status"] == "completed"
+    assert [o["type"] for o in final["output"]] == ["compaction", "message"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    for ev in events:
+        check_event(ev)  # both schemas
+
+
+async def test_a_client_that_leaves_during_the_summary_cancels_it(slow_app):
+    client, world = slow_app
+    r = await client.post("/v1/responses", json=COMPACTING)
+    assert (await _event(r))["type"] == "response.created"
+    rid = (await _event(r))["response"]["id"]
+    r.close()  # gone while the summary is written
+    for _ in range(100):
+        got = await (await client.get(f"/v1/responses/{rid}")).json()
+        if got["status"] != "in_progress":
+            break
+        await asyncio.sleep(0.05)
+    assert got["status"] == "cancelled"
+    assert len(_generates(world)) == 1  # the answer was never asked for

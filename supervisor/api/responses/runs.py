@@ -79,12 +79,32 @@ class Run:
                 b.id, float(b.created_at), status or b.status, b.response(), self.input_items,
                 b.req.previous_response_id))
 
+    async def _then(self, then) -> bool:
+        """The first generation was a summary (summary.py `then`): read it whole, then
+        start the answer it leads to; False when the run was cancelled meanwhile."""
+        notes = "".join((await self.gen.collect()).text)
+        self.gen.close()
+        if self.cancelled or self.gen.done.finish_reason == "cancelled":
+            return False
+        events, self.gen = await then(notes)
+        self.handle = self.gen.handle
+        if self.cancelled:  # while it was queued
+            self.handle.cancel()
+        self._emit(events)
+        await self.wait_started()
+        return True
+
     async def generate(self) -> None:
         """After wait_started(): stream the worker's output into events, then finish."""
-        b, gen = self.builder, self.gen
+        b = self.builder
         self._emit(b.start())
         logprobs = []  # a token's logprobs wait for text (a token may end mid-character)
         try:
+            then = getattr(b, "then", None)  # (a CompactingBuilder's)
+            if then is not None and not await self._then(then):
+                self._emit(b.finish("cancelled", usage=usage(0, 0)))  # no answer was read
+                return
+            gen = self.gen
             async for part in gen.parts():
                 if not b.req.generate:
                     continue  # a warm-up: the state its prompt leaves is what it is for
@@ -118,7 +138,7 @@ class Run:
             self._emit(b.finish("failed", error=response_error(e),
                                 usage=usage(self.prompt[0], self.produced, self.prompt[1])))
         finally:
-            gen.close()
+            self.gen.close()
             await self._final_save()
 
     async def _final_save(self) -> None:

@@ -16,7 +16,12 @@ model's notes follow.
 Context management: when the prompt a response would prefill passes `compact_threshold`
 tokens (counted by the worker: the tokenize task, exactly as generation renders it), the
 model summarises the whole conversation, and the turn in progress (from the latest user
-message on) is kept word for word inside the compaction item. The response's output then
+message on) is kept word for word inside the compaction item. The summary is the run's
+first generation (runs.py), so a streaming client has `response.created` and
+`response.in_progress` while it is written: OpenAI's specification has no event for a
+compaction in progress, and its compaction item cannot be announced before its
+`encrypted_content` exists, so the item comes whole (`output_item.added`, then `.done`)
+once written, before the answer's items. The response's output then
 starts with that item, the generation reads the summary and the kept turn, and a later
 turn that continues the response (previous_response_id, a conversation, or the client's
 own history) reads from the item on (seal.expand). The compacted prompt is a new prefix:
@@ -31,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Awaitable, Callable, Optional
 
 import msgspec
 from aiohttp import web
@@ -183,6 +188,9 @@ class CompactingBuilder(ResponseBuilder):
     compaction: Optional[dict] = None
     trigger: Optional[tuple] = None
     notes: list = field(default_factory=list)
+    # context_management past its threshold: the run's first generation is the summary;
+    # its text → (the compaction item's events, the answer's Generation). runs.py.
+    then: Optional[Callable[[str], Awaitable[tuple[list, lifecycle.Generation]]]] = None
 
     def start(self) -> list[dict]:
         events = super().start()
@@ -242,13 +250,19 @@ async def start(request: web.Request, runner, req: ResponsesRequest,
     threshold = req.compact_threshold or int(DEFAULT_THRESHOLD * (runner.context_length or 0))
     if len(counted.result.id_list()) <= threshold:
         return builder, message
-    summary, _ = await summarise(request, runner, req, items)
-    kept = items[_turn_start(items):]
-    builder.compaction = sealer.item(summary, kept, whole=True)
-    items = [summary_message(builder.compaction["id"], summary)] + kept
-    message = req.to_generate(items, config, builder.id)
-    # A new prefix: no snapshot begins it; its final state is kept as usual.
-    message = msgspec.structs.replace(
-        message, cache=msgspec.structs.replace(message.cache, resume_from=None,
-                                               resume_label=""))
-    return builder, message
+
+    async def answer(notes: str) -> tuple[list, lifecycle.Generation]:
+        summary = written(items, notes)
+        kept = items[_turn_start(items):]
+        builder.compaction = sealer.item(summary, kept, whole=True)
+        message = req.to_generate([summary_message(builder.compaction["id"], summary)] + kept,
+                                  config, builder.id)
+        # A new prefix: no snapshot begins it; its final state is kept as usual.
+        message = msgspec.structs.replace(
+            message, cache=msgspec.structs.replace(message.cache, resume_from=None,
+                                                   resume_label=""))
+        gen = await lifecycle.queue(request, runner, message, {"max_tokens": "max_output_tokens"})
+        return builder._item(builder.compaction), gen
+
+    builder.then = answer
+    return builder, asking(config, runner, req, items)
