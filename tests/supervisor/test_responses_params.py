@@ -12,13 +12,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from protocol import Done, FinishReason, Started
+from protocol import Done, FinishReason
 from supervisor.api.output import Part, TokenLogprob
 from supervisor.api.responses.builder import ResponseBuilder
 from supervisor.api.responses.request import LOGPROBS, parse_responses_request
 from supervisor.api.responses.runs import Run
 from supervisor.http.errors import APIError
 from tests.openresponses.schema import check_event, check_response
+from tests.supervisor.test_responses_objects import FakeGeneration
 
 CONFIG = SimpleNamespace(default_max_tokens=None, default_temperature=None,
                          default_repetition_penalty=None, allowed_media_dirs=())
@@ -64,27 +65,6 @@ def test_bad_values_are_400s_naming_the_field(body, param):
     assert e.value.status == 400 and e.value.param == param
 
 
-class Generation:
-    """The lifecycle Generation as a Run sees it."""
-
-    def __init__(self, parts, done):
-        self._parts, self.done = parts, done
-        self.handle = self
-
-    async def started(self):
-        return Started(epoch=1, rid="r", prompt_tokens=3, cached_tokens=0)
-
-    async def parts(self):
-        for p in self._parts:
-            yield p
-
-    def close(self):
-        pass
-
-    def cancel(self):
-        pass
-
-
 def lp(token: str, value: float) -> TokenLogprob:
     raw = list(token.encode())
     return TokenLogprob(token, value, raw, [(token, value, raw), ("x", -3.0, [120])])
@@ -97,7 +77,7 @@ def test_logprobs_on_the_deltas_the_done_event_and_the_part():
     done = Done(epoch=1, rid="r", finish_reason=FinishReason.STOP, prompt_tokens=3,
                 completion_tokens=3)
     run = Run(ResponseBuilder(req(include=[LOGPROBS], top_logprobs=2), "m"),
-              Generation(parts, done), None, [])
+              FakeGeneration(parts, done), None, [])
 
     async def go():
         await run.wait_started()
