@@ -287,3 +287,21 @@ async def test_a_client_that_leaves_during_the_summary_cancels_it(slow_app):
         await asyncio.sleep(0.05)
     assert got["status"] == "cancelled"
     assert len(_generates(world)) == 1  # the answer was never asked for
+
+
+async def test_a_background_response_compacts_then_answers(app):
+    client, world = app
+    r = await client.post("/v1/responses", json={**COMPACTING, "stream": False,
+                                                 "background": True})
+    assert r.status == 200, await r.text()
+    rid = (await r.json())["id"]
+    for _ in range(200):
+        got = await (await client.get(f"/v1/responses/{rid}")).json()
+        if got["status"] not in ("queued", "in_progress"):
+            break
+        await asyncio.sleep(0.02)
+    assert got["status"] == "completed", got
+    assert [o["type"] for o in got["output"]] == ["compaction", "message"]
+    summarising, answering = _generates(world)[-2:]
+    assert summarising.messages[0]["content"].endswith(SUMMARY_PROMPT)
+    assert answering.messages[0]["content"].startswith(SUMMARY_HEADER)
