@@ -14,7 +14,7 @@ import pytest
 
 from protocol import Done, FinishReason
 from supervisor.api.output import Part, TokenLogprob
-from supervisor.api.responses.builder import ResponseBuilder
+from supervisor.api.responses.builder import ResponseBuilder, replay
 from supervisor.api.responses.request import LOGPROBS, parse_responses_request
 from supervisor.api.responses.runs import Run
 from supervisor.http.errors import APIError
@@ -98,3 +98,10 @@ def test_logprobs_on_the_deltas_the_done_event_and_the_part():
     # The part as first announced held none: events do not change after they are sent.
     (added,) = [e for e in run.events if e["type"] == "response.content_part.added"]
     assert added["part"]["logprobs"] == []
+    # Replayed from the stored object: the same logprobs, in one delta.
+    again = replay(run.builder.response())
+    for ev in again:
+        check_event(ev)
+    (delta,) = [e for e in again if e["type"] == "response.output_text.delta"]
+    (done,) = [e for e in again if e["type"] == "response.output_text.done"]
+    assert delta["logprobs"] == done["logprobs"] == part["logprobs"]

@@ -244,8 +244,12 @@ def replay(stored: dict) -> list[dict]:
     for item in stored.get("output") or []:
         kind = item.get("type")
         if kind == "message":
-            events += b.text("".join(p.get("text", "") for p in item.get("content") or []),
-                             item.get("id"))
+            parts = item.get("content") or []
+            told = b.text("".join(p.get("text", "") for p in parts), item.get("id"))
+            if told:  # the stored logprobs, already in their shown shape
+                shown = [t for p in parts for t in p.get("logprobs") or []]
+                told[-1]["logprobs"] = b._open["content"][0]["logprobs"] = shown
+            events += told
         elif kind == "reasoning":
             events += b.reasoning("".join(p.get("text", "") for p in item.get("content") or []),
                                   item.get("id"))
