@@ -14,6 +14,7 @@ import os
 import signal
 import threading
 import time
+from contextlib import nullcontext
 
 import openai
 import pytest
@@ -92,8 +93,11 @@ def rank_pids(server) -> list[int]:
 
 @pytest.mark.parametrize("ranks,sharding", [(2, "tensor"), (2, "pipeline"), (3, "tensor"),
                                             (3, "pipeline")])
-def test_group_answers_as_one_process(shard_model, reference, tmp_path, ranks, sharding):
-    with group_server(shard_model, tmp_path, ranks, sharding) as s:
+def test_group_answers_as_one_process(shard_model, reference, tmp_path, ranks, sharding,
+                                      request):
+    shared = (ranks, sharding) == (2, "tensor")  # the module's tensor2, left running
+    with (nullcontext(request.getfixturevalue("tensor2")) if shared
+          else group_server(shard_model, tmp_path, ranks, sharding)) as s:
         group = group_of(s)["group"]
         assert group["size"] == ranks and group["sharding"] == sharding
         assert group["backend"] == "ring"
@@ -107,6 +111,8 @@ def test_group_answers_as_one_process(shard_model, reference, tmp_path, ranks, s
 
 @pytest.fixture(scope="module")
 def tensor2(shard_model, tmp_path_factory):
+    """One 2-rank tensor group for the module: the tests that keep its first epoch come
+    first; those that kill a rank (and wait for the next epoch) come last."""
     with group_server(shard_model, tmp_path_factory.mktemp("g2"), 2, "tensor") as s:
         yield s
 
@@ -172,33 +178,35 @@ def _wait_epoch(server, epoch, timeout=120):
 
 
 def test_killed_rank_fails_clients_retryably_and_the_group_respawns(shard_model, reference,
-                                                                   tmp_path):
-    with group_server(shard_model, tmp_path, 2, "tensor") as s:
-        follower = rank_pids(s)[1]
-        errors = []
+                                                                   tensor2):
+    s = tensor2
+    before = group_of(s)
+    follower = rank_pids(s)[1]
+    errors = []
 
-        def long_request():
-            try:
-                complete(s, shard_model, PROMPTS[1], max_tokens=4000)
-            except openai.APIStatusError as e:
-                errors.append(e)
+    def long_request():
+        try:
+            complete(s, shard_model, PROMPTS[1], max_tokens=4000)
+        except openai.APIStatusError as e:
+            errors.append(e)
 
-        t = threading.Thread(target=long_request)
-        t.start()
-        deadline = time.monotonic() + 30
-        while not group_of(s)["worker_active"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        os.kill(follower, signal.SIGKILL)
-        t.join(60)
-        assert len(errors) == 1 and errors[0].status_code == 503, errors
-        assert errors[0].response.headers.get("retry-after")
-        w = _wait_epoch(s, 2)
-        assert w["restart_causes"].get("crash") == 1, w
-        # The leader left with the group's own code (by its step failing, or by
-        # mlx.launch's SIGTERM), which the launcher passed on.
-        assert "lost a rank" in (w["last_error"] or ""), w
-        assert follower not in rank_pids(s)
-        assert complete(s, shard_model, PROMPTS[2]) == reference[PROMPTS[2]]
+    t = threading.Thread(target=long_request)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not group_of(s)["worker_active"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(follower, signal.SIGKILL)
+    t.join(60)
+    assert len(errors) == 1 and errors[0].status_code == 503, errors
+    assert errors[0].response.headers.get("retry-after")
+    w = _wait_epoch(s, before["epoch"] + 1)
+    assert w["restart_causes"].get("crash", 0) == before["restart_causes"].get(
+        "crash", 0) + 1, w
+    # The leader left with the group's own code (by its step failing, or by
+    # mlx.launch's SIGTERM), which the launcher passed on.
+    assert "lost a rank" in (w["last_error"] or ""), w
+    assert follower not in rank_pids(s)
+    assert complete(s, shard_model, PROMPTS[2]) == reference[PROMPTS[2]]
 
 
 def test_hung_rank_is_detected_and_the_group_respawns(shard_model, reference, tmp_path):
@@ -364,11 +372,12 @@ def test_a_host_with_another_groups_keys_is_refused(shard_model, tmp_path, netns
         assert "group-keys" in w["last_error"]
 
 
-def test_a_sigterm_to_the_leader_ends_the_group_as_lost(shard_model, reference, tmp_path):
+def test_a_sigterm_to_the_leader_ends_the_group_as_lost(shard_model, reference, tensor2):
     """mlx.launch SIGTERMs the other ranks when one fails: the leader must leave with the
     group's own code (its clients retry), not die unexplained or drain as cancelled."""
-    with group_server(shard_model, tmp_path, 2, "tensor") as s:
-        os.kill(rank_pids(s)[0], signal.SIGTERM)
-        w = _wait_epoch(s, 2)
-        assert "lost a rank" in (w["last_error"] or ""), w
-        assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
+    s = tensor2
+    epoch = group_of(s)["epoch"]
+    os.kill(rank_pids(s)[0], signal.SIGTERM)
+    w = _wait_epoch(s, epoch + 1)
+    assert "lost a rank" in (w["last_error"] or ""), w
+    assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
