@@ -1,9 +1,9 @@
 """One stream's decode, raw mlx-lm against mlxd servers started with different arguments or
 environment, rounds alternating, each round one prompt for all: the paired per-round
-ratio says more than medians on a machine whose speed drifts between rounds (the H200s
-here did by ±30% within one run).
+ratio with its bootstrap 95% interval (bench/report.py) says more than medians on a machine
+whose speed drifts between rounds (the H200s here did by ±30% within one run).
 
-    python -m bench.single_ab [--shape 0.5b] [--rounds 8] [--tokens 256]
+    python -m bench.single_ab [--shape 0.5b] [--rounds 40] [--tokens 128]
         [--variants '{"default": {}, "no prefix cache": {"args": ["--prompt-cache-bytes", "0"]}}']
 
 Raw is `stream_generate` in this process; "in-process" is mlxd's batch in this process
@@ -19,16 +19,18 @@ import random
 import statistics
 import time
 
+from bench.report import alternate, print_table, ratio_verdict
 from bench.decode_probe import run_batch
 from bench.gpu import SHAPES, Raw, build, default_dtype, in_process, server_stream
 from bench.serverproc import ServerProcess
+from supervisor.workers import blas
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, else float32")
     p.add_argument("--variants", default='{"default": {}}')
     a = p.parse_args()
@@ -53,24 +55,22 @@ def main() -> None:
             print(f"started {name} in {time.perf_counter() - t:.0f} s", flush=True)
         raw.stream(prompt(), 16)
         run_batch(eng, batch, [prompt()], 16, False)
-        got = {"raw": [], "in-process": []} | {n: [] for n in servers}
-        for _ in range(a.rounds):
-            ids = prompt()
-            got["raw"].append(raw.stream(ids, a.tokens)[1])
-            got["in-process"].append(run_batch(eng, batch, [ids], a.tokens, False))
-            for name, s in servers.items():
-                got[name].append(server_stream(s.port, str(path), ids, a.tokens)[1])
+        ids = [prompt() for _ in range(a.rounds)]
+        sides = {"raw": lambda i: raw.stream(ids[i], a.tokens)[1],
+                 "in-process": lambda i: run_batch(eng, batch, [ids[i]], a.tokens, False)}
+        for name, s in servers.items():
+            sides[name] = lambda i, s=s: server_stream(s.port, str(path), ids[i], a.tokens)[1]
+        got = alternate(a.rounds, sides, label=a.shape)
     finally:
         for s in servers.values():
             s.__exit__(None, None, None)
-    print(f"{a.shape} {dtype}: one stream of {a.tokens} tokens, {a.rounds} rounds")
-    print(f"  {'':20} {'median tok/s':>14} {'× raw':>7} {'paired × raw':>13}  rounds")
-    for name, xs in got.items():
-        paired = statistics.median(x / r for x, r in zip(xs, got["raw"]))
-        print(f"  {name:20} {statistics.median(xs):14.1f} "
-              f"{statistics.median(xs) / statistics.median(got['raw']):7.3f} {paired:13.3f}"
-              f"  {[round(x) for x in xs]}")
+    print_table(f"{a.shape} {dtype}: one stream of {a.tokens} tokens, {a.rounds} paired rounds "
+                "(decode tok/s median; × raw: geometric mean of the rounds' ratios, 95% interval)",
+                [(name, f"{statistics.median(got.figures[name]):.1f} tok/s",
+                  ratio_verdict(got.ratio(name, "raw"), ">=", 0.97))
+                 for name in got.figures if name != "raw"])
 
 
 if __name__ == "__main__":
+    blas.reexec()  # raw multiplies with the BLAS the workers use
     main()
