@@ -257,11 +257,15 @@ def test_prefill_chunks_grow_while_steps_are_fast_and_shrink_when_slow():
     from worker.loop.batch import ChunkSizer
 
     sizer = ChunkSizer(512, 2048, target=0.1)
-    assert [sizer.observe(0.01) for _ in range(3)] == [1024, 2048, 2048]  # fast: up to the top
+    assert [sizer.observe(0.04) for _ in range(3)] == [1024, 2048, 2048]  # fast: up to the top
     assert sizer.observe(0.15) == 2048  # between the target and twice it: kept
     assert [sizer.observe(0.3) for _ in range(3)] == [1024, 512, 512]  # slow: back to the floor
     fixed = ChunkSizer(64, 64)
     assert {fixed.observe(t) for t in (0.0, 1.0)} == {64}
+    # Far under the target: at once to the size the step's time allows (0.01 s x 8 < 0.1),
+    # so a first long prompt takes one chunk at the floor and the rest in the next.
+    sizer = ChunkSizer(512, 8192, target=0.1)
+    assert [sizer.observe(0.01) for _ in range(2)] == [4096, 8192]
 
 
 def test_the_batch_prefills_in_chunks_of_the_sizers_size(engine):

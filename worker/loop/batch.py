@@ -158,10 +158,14 @@ class ChunkSizer:
     A fixed chunk is wrong on every machine but one: small on a GPU (a 512-token chunk of
     a small model takes milliseconds, and its per-chunk overhead halves prefill speed),
     and cancel and the running streams wait for a whole chunk however long it takes.
-    So the size doubles while a step with prefill stays under the target time and halves
+    So the size grows while a step with prefill stays under the target time and halves
     when one takes over twice that, between `--prefill-step` and `largest` (mlx-lm's
     default 2048, or --prefill-step if larger): running streams wait at most about two
-    targets per token, and prefill runs at the engine's speed where steps are fast."""
+    targets per token, and prefill runs at the engine's speed where steps are fast. It
+    grows by the largest power of two that the step's time allows under the target (at
+    least 2), not by doubling: a worker's first long prompt on a GPU, whose 512-token
+    chunk takes a few ms, then goes 512 + 1488 in two steps rather than 512 + 1024 + 464
+    in three (each step a forward pass's launch and a wait)."""
 
     def __init__(self, smallest: int, largest: int, target: float = 0.1):
         self.smallest = max(1, smallest)
@@ -172,7 +176,10 @@ class ChunkSizer:
     def observe(self, seconds: float) -> int:
         """The size for the next step, after a step with prefill took `seconds`."""
         if seconds < self.target and self.size < self.largest:
-            self.size = min(self.largest, self.size * 2)
+            grow = 2
+            while seconds * grow * 2 <= self.target and self.size * grow < self.largest:
+                grow *= 2
+            self.size = min(self.largest, self.size * grow)
         elif seconds > 2 * self.target and self.size > self.smallest:
             self.size = max(self.smallest, self.size // 2)
         return self.size
