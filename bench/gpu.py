@@ -1,39 +1,51 @@
-"""mlxd against raw mlx-lm on a GPU (CUDA, or Metal the same way), in one run.
+"""mlxd against raw mlx-lm (and, with --mlx-lm-server, against mlx_lm.server) on a GPU
+(CUDA, or Metal the same way), in one run.
 
-    python -m bench.gpu [--shapes 0.5b,7b] [--rounds 3] [--tokens 256]
+    python -m bench.gpu [--shapes 0.5b,7b] [--rounds 12] [--tokens 128] [--mlx-lm-server]
 
-Random-weight bf16 models of the Qwen2.5-0.5B and 7B shapes are built on the spot (a
-word-level tokenizer with one word per id, so any sampled id decodes). For each shape,
-rounds alternate raw in-process mlx-lm and mlxd over HTTP (so drift hits both); a first
-round, not counted, compiles every kernel shape on both sides; each figure is the median
-of the counted rounds with its spread:
+Random-weight bf16 models of the Qwen2.5-0.5B and 7B shapes are built on the spot (the
+byte-level alphabet and one word per remaining id, so any text tokenizes and any sampled id
+decodes). Every measure runs both sides back to back in each round, the order alternating
+(bench/report.py); a first round, not counted, compiles every kernel shape on both sides.
+Each row gives the sides' medians and the paired ratio (ours / ref, the geometric mean of the
+per-round ratios) with its bootstrap 95% interval; the GPU's clocks are logged after every
+round (stderr):
 - single-stream decode tokens/s and TTFT (a 32-token prompt);
 - aggregate decode tokens/s of 8 and 32 concurrent streams, raw: `batch_generate`;
-- a 2000-token prefill (TTFT), the prompt unseen each round;
+- a 2000-token prefill (TTFT), the prompt unseen each round, as token ids;
 - a warm prefix: TTFT of the same 2000 tokens plus 16 new ones, raw: from a copy of the
-  prompt cache of the 2000 (what mlx-lm gives a caller that keeps its cache).
-Prompts are token ids (`/v1/completions` with a list of ids), so both sides run exactly
-the same tokens. Goals (issue "mlxd on MLX's CUDA backend"): single-stream >= 0.97 x raw,
-8 and 32 streams >= 0.9 x raw batch_generate, prefill >= 0.95 x raw, warm prefix TTFT
-<= 1.5 x raw's cached-prefix TTFT.
+  prompt cache of the 2000 (what mlx-lm gives a caller that keeps its cache);
+- a cold 2000-token chat message through /v1/chat/completions (template, tokenizer, the
+  worker's preparation) against raw prefill of the same templated ids;
+- with --mlx-lm-server, both servers on the chat path: a cold 2000-token message, the same
+  conversation a turn later (warm), one stream's decode, 8 and 32 streams.
+Token-id prompts go through `/v1/completions`, so both sides run exactly the same tokens.
+Goals (issue 36): single-stream >= 0.97 x raw, 8 and 32 streams >= 0.9 x raw
+batch_generate, prefill (ids and chat) >= 0.95 x raw, warm prefix TTFT <= 1.5 x raw's
+cached-prefix TTFT; against mlx_lm.server, ahead on every row.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import copy
 import http.client
 import json
+import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
-from bench.report import goal, print_table
+from bench.report import gpu_clocks, in_turn, paired_ratio, print_table, ratio_verdict
 from bench.serverproc import ServerProcess
+from bench.throughput import MlxLmServer, stream_chat
 from supervisor.workers import blas
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
+TOKENIZER_MARK = "bench-tokenizer-2"  # a model built before it is rebuilt
 SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=128, vocab_size=4096,
@@ -56,12 +68,18 @@ def build(shape: str, dtype: str) -> Path:
     from transformers import PreTrainedTokenizerFast
 
     path = MODELS_DIR / f"gpu-{shape}-{dtype}"
-    if (path / "config.json").exists() and '"ByteLevel"' in (path / "tokenizer.json").read_text():
+    if (path / "config.json").exists() and (path / TOKENIZER_MARK).exists():
         return path
     arch = SHAPES[shape]
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {w: i for i, w in enumerate(specials)}
-    vocab.update({f"w{i}": i for i in range(len(specials), arch["vocab_size"])})
+    # The byte-level alphabet, then one word per remaining id: transformers 5 loads this
+    # tokenizer as Qwen2's own BPE class (for the qwen2 model type) and splits text into
+    # bytes, older versions as the word-level model saved here. Either way any text
+    # tokenizes (without the alphabet Qwen2's class dropped every word: a 2000-word chat
+    # message became 3 tokens) and any id decodes.
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {w: i for i, w in enumerate(specials + alphabet)}
+    vocab.update({f"w{i}": i for i in range(len(vocab), arch["vocab_size"])})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     # A byte-level decoder, as Qwen2.5's own tokenizer has: mlx-lm then streams text with
@@ -86,6 +104,7 @@ def build(shape: str, dtype: str) -> Path:
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     fast.save_pretrained(str(path))
     (path / "config.json").write_text(json.dumps(config, indent=2))
+    (path / TOKENIZER_MARK).write_text("byte-level alphabet, then words\n")
     return path
 
 
@@ -239,8 +258,48 @@ def server_many(port: int, model: str, prompts: list[list[int]], tokens: int) ->
 
 # ---- one shape ---------------------------------------------------------------------------
 
+def chat_text(tokenizer, rng, vocab: int, tokens: int) -> tuple[str, list[int]]:
+    """A user message of words from the vocabulary whose templated prompt is `tokens`
+    tokens or just under (however the installed transformers splits it), and those ids."""
+    words = [f"w{rng.randrange(300, vocab)}" for _ in range(tokens)]
+
+    def ids(n):
+        return list(tokenizer.apply_chat_template(
+            [{"role": "user", "content": " ".join(words[:n])}], add_generation_prompt=True))
+
+    n = tokens
+    for _ in range(8):
+        got = len(ids(n))
+        if got <= tokens and got >= tokens * 0.98:
+            break
+        n = max(1, int(n * tokens / got) - (got > tokens))
+    if not tokens * 0.9 <= len(ids(n)) <= tokens:
+        raise SystemExit(f"the tokenizer makes {len(ids(n))} tokens of {n} words: cannot "
+                         f"build a {tokens}-token chat message")
+    return " ".join(words[:n]), ids(n)
+
+
+def chat_rate(port: int, model: str, messages: list[dict], tokens: int) -> tuple[float, float]:
+    """(TTFT s, decode tokens/s) of a streamed chat completion."""
+    r = stream_chat(port, {"model": model, "messages": messages, "max_tokens": tokens,
+                           "temperature": 0})
+    t = r["times"]
+    return r["ttft"], (r["tokens"] - 1) / (t[-1] - t[0]) if len(t) > 1 else float("nan")
+
+
+def chat_many(port: int, model: str, texts: list[str], tokens: int) -> float:
+    """Aggregate decode tokens/s of one chat stream per text, all at once."""
+    def one(text):
+        return stream_chat(port, {"model": model, "max_tokens": tokens, "temperature": 0,
+                                  "messages": [{"role": "user", "content": text}]})["tokens"]
+    with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
+        t0 = time.perf_counter()
+        made = sum(pool.map(one, texts))
+        return made / (time.perf_counter() - t0)
+
+
 def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[int],
-              kv_budget: str) -> list:
+              kv_budget: str, lm_server: bool) -> list:
     import random
 
     path = build(shape, dtype)
@@ -252,58 +311,96 @@ def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[in
 
     raw = Raw(path)
     most = max(streams)
+    model = str(path)
+    m: dict[str, tuple[list, list]] = {}
+
+    def rec(key: str, i: int, ref, ours) -> None:
+        got = in_turn(i, {"ref": lambda _: ref(), "ours": lambda _: ours()})
+        if i > 0:  # round 0 compiles every shape on both sides: dropped
+            r, o = m.setdefault(key, ([], []))
+            r.append(got["ref"])
+            o.append(got["ours"])
+
     with ServerProcess([str(path)], "--kv-budget", kv_budget, "--max-batch-size", str(most),
-                       "--prefill-batch-size", "8") as srv:
+                       "--prefill-batch-size", "8") as srv, \
+            (MlxLmServer(path) if lm_server else contextlib.nullcontext()) as lm:
         srv.wait_healthy(timeout=900)
-        model = str(path)
-        m: dict[str, list] = {k: [] for k in ("ttft", "decode", "prefill", "warm")}
-        for n in streams:
-            m[f"b{n}"] = []
-        for r in range(rounds + 1):  # round 0 compiles every shape on both sides: dropped
-            if r == 1:
-                m = {k: [] for k in m}
+        for i in range(rounds + 1):
             short = prompt(32)
-            r_ttft, r_dec = raw.stream(short, tokens)
-            s_ttft, s_dec, _ = server_stream(srv.port, model, short, tokens)
-            m["ttft"].append((r_ttft, s_ttft))
-            m["decode"].append((r_dec, s_dec))
+            rec("decode", i, lambda: raw.stream(short, tokens),  # (TTFT, tokens/s)
+                lambda: server_stream(srv.port, model, short, tokens)[:2])
             for n in streams:
                 ps = [prompt(32) for _ in range(n)]
-                m[f"b{n}"].append((raw.batch(ps, tokens), server_many(srv.port, model, ps, tokens)))
+                rec(f"b{n}", i, lambda: raw.batch(ps, tokens),
+                    lambda: server_many(srv.port, model, ps, tokens))
             long = prompt(2000)
-            r_pre = raw.stream(long, 2)[0]
-            s_pre = server_stream(srv.port, model, long, 2)[0]  # unseen: a cold prefill
-            m["prefill"].append((r_pre, s_pre))
+            salt = prompt(1)  # mlxd's copy differs in its first token: unseen, cold
+            rec("prefill", i, lambda: 2000 / raw.stream(long, 2)[0],
+                lambda: 2000 / server_stream(srv.port, model, salt + long[1:], 2)[0])
             suffix = prompt(16)
-            r_warm = raw.warm_prefix(long, suffix)
-            s_warm = server_stream(srv.port, model, long + suffix, 2)[0]  # extends the last
-            m["warm"].append((r_warm, s_warm))
-    return summarize(shape, m, streams)
+            rec("warm", i, lambda: raw.warm_prefix(long, suffix),
+                lambda: server_stream(srv.port, model, salt + long[1:] + suffix, 2)[0])
+            text, ids = chat_text(raw.tokenizer, rng, vocab, 2000)
+            rec("chat prefill", i, lambda: len(ids) / raw.stream(ids, 2)[0],
+                lambda: len(ids) / chat_rate(srv.port, model,
+                                             [{"role": "user", "content": text}], 2)[0])
+            if lm is not None:
+                server_rounds(i, rec, srv.port, lm.port, model, raw.tokenizer, rng, vocab,
+                              tokens, streams)
+            clocks = gpu_clocks()
+            print(f"  {shape} round {i} done{f' [{clocks}]' if clocks else ''}",
+                  file=sys.stderr, flush=True)
+    return summarize(shape, m, streams, lm_server)
 
 
-def _median_spread(pairs: list, i: int) -> tuple[float, float, float]:
-    values = [p[i] for p in pairs]
-    return statistics.median(values), min(values), max(values)
+def server_rounds(i, rec, port: int, lm_port: int, model: str, tokenizer, rng, vocab: int,
+                  tokens: int, streams: list[int]) -> None:
+    """One round of mlxd against mlx_lm.server, both on the chat path: a cold 2000-token
+    message, the same conversation one turn later (warm), one stream's decode, and n
+    streams at once ("ref" is mlx_lm.server)."""
+    text, _ = chat_text(tokenizer, rng, vocab, 2000)
+    first = [{"role": "user", "content": text}]
+    later = first + [{"role": "assistant", "content": "w300 w301"},
+                     {"role": "user", "content": f"w{rng.randrange(300, vocab)}"}]
+    for key, msgs in (("lm cold", first), ("lm warm", later)):
+        rec(key, i, lambda: chat_rate(lm_port, model, msgs, 2)[0],
+            lambda: chat_rate(port, model, msgs, 2)[0])
+    short = [{"role": "user", "content": f"w{rng.randrange(300, vocab)} w{rng.randrange(300, vocab)}"}]
+    rec("lm decode", i, lambda: chat_rate(lm_port, model, short, tokens)[1],
+        lambda: chat_rate(port, model, short, tokens)[1])
+    for n in streams:
+        texts = [f"w{rng.randrange(300, vocab)} w{rng.randrange(300, vocab)}" for _ in range(n)]
+        rec(f"lm b{n}", i, lambda: chat_many(lm_port, model, texts, tokens),
+            lambda: chat_many(port, model, texts, tokens))
 
 
-def summarize(shape: str, m: dict, streams: list[int]) -> list:
+def summarize(shape: str, m: dict, streams: list[int], lm_server: bool) -> list:
+    """Rows: each side's median and the paired ratio (ours / ref) with its 95% interval."""
     rows = []
 
-    def row(name, key, unit, op, target):
-        r, rlo, rhi = _median_spread(m[key], 0)
-        s, slo, shi = _median_spread(m[key], 1)
-        ratio = s / r
-        rows.append((f"{shape} {name}",
-                     f"raw {r:.4g} [{rlo:.4g}-{rhi:.4g}] {unit}, mlxd {s:.4g} [{slo:.4g}-{shi:.4g}]",
-                     f"ratio {ratio:.3f}  {goal(ratio, op, target)}"))
+    def row(name, key, unit, op, target, ref="raw", ours="mlxd", at=None):
+        r, o = m[key]
+        if at is not None:  # one figure of a round's several
+            r, o = [x[at] for x in r], [x[at] for x in o]
+        def med(xs):
+            xs = [x for x in xs if math.isfinite(x)]
+            return statistics.median(xs) if xs else float("nan")
+        rows.append((f"{shape} {name}", f"{ref} {med(r):.4g} {unit}, {ours} {med(o):.4g}",
+                     ratio_verdict(paired_ratio(r, o), op, target)))
 
-    row("single-stream decode", "decode", "tok/s", ">=", 0.97)
-    row("single-stream TTFT", "ttft", "s", "<=", 1.5)
+    row("single-stream decode", "decode", "tok/s", ">=", 0.97, at=1)
+    row("single-stream TTFT", "decode", "s", "<=", 1.5, at=0)
     for n in streams:
         row(f"{n} streams", f"b{n}", "tok/s", ">=", 0.9)
-    m["prefill_rate"] = [(2000 / a, 2000 / b) for a, b in m["prefill"]]
-    row("2000-token prefill", "prefill_rate", "tok/s", ">=", 0.95)
+    row("2000-token prefill (ids)", "prefill", "tok/s", ">=", 0.95)
     row("warm-prefix TTFT", "warm", "s", "<=", 1.5)
+    row("2000-token chat prefill, cold", "chat prefill", "tok/s", ">=", 0.95)
+    if lm_server:
+        row("chat cold 2K TTFT", "lm cold", "s", "<=", 1.0, ref="mlx_lm.server")
+        row("chat warm 2K TTFT", "lm warm", "s", "<=", 1.0, ref="mlx_lm.server")
+        row("chat decode", "lm decode", "tok/s", ">=", 1.0, ref="mlx_lm.server")
+        for n in streams:
+            row(f"chat {n} streams", f"lm b{n}", "tok/s", ">=", 1.0, ref="mlx_lm.server")
     return rows
 
 
@@ -311,12 +408,14 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="0.5b,7b")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--streams", default="8,32")
     p.add_argument("--dtype", default=None, help="bfloat16 (default on a GPU) or float32")
     p.add_argument("--kv-budget", default=None, help="mlxd's --kv-budget (default: 24G on a "
                    "GPU, 2G elsewhere)")
+    p.add_argument("--mlx-lm-server", action="store_true",
+                   help="also mlxd against mlx_lm.server, both on the chat path")
     args = p.parse_args()
 
     import mlx.core as mx
@@ -328,9 +427,10 @@ def main() -> None:
     rows = []
     for shape in args.shapes.split(","):
         rows += run_shape(shape, dtype, args.rounds, args.tokens, streams,
-                          args.kv_budget or ("24G" if gpu else "2G"))
+                          args.kv_budget or ("24G" if gpu else "2G"), args.mlx_lm_server)
     print_table(f"mlxd vs raw mlx-lm: {info.get('device_name', info)} "
-                f"(MLX {mx.__version__}, {dtype}, {args.rounds} rounds, {args.tokens} tokens)",
+                f"(MLX {mx.__version__}, {dtype}, {args.rounds} paired rounds, {args.tokens} "
+                "tokens; ratio: ours / ref, geometric mean of the rounds, [95% interval])",
                 rows)
 
 

@@ -93,16 +93,22 @@ class Rounds:
         return paired_ratio(self.figures[ref], self.figures[side])
 
 
+def in_turn(i: int, sides: dict[str, Callable[[int], float]]) -> dict[str, float]:
+    """Round i of every side (`side(i)`), in the given order when i is even and reversed
+    when odd; {name: figure}."""
+    order = list(sides) if i % 2 == 0 else list(sides)[::-1]
+    return {name: sides[name](i) for name in order}
+
+
 def alternate(rounds: int, sides: dict[str, Callable[[int], float]], *, label: str = "",
               log=sys.stderr) -> Rounds:
     """`rounds` rounds of every side (`side(i)` runs round i and returns its figure), in
     the given order in even rounds and reversed in odd ones; each round's figures and the
     GPU clocks after it are logged to `log` (None: silent)."""
     got = Rounds({name: [] for name in sides})
-    order = list(sides)
     for i in range(rounds):
-        for name in (order if i % 2 == 0 else order[::-1]):
-            got.figures[name].append(sides[name](i))
+        for name, figure in in_turn(i, sides).items():
+            got.figures[name].append(figure)
         got.clocks.append(gpu_clocks())
         if log is not None:
             figs = ", ".join(f"{n} {v[-1]:.4g}" for n, v in got.figures.items())
