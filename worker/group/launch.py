@@ -45,13 +45,14 @@ from pathlib import Path
 import zmq
 
 from protocol import encode, sockets
+from protocol.messages import LOAD_FAILED, Error
 from protocol.exits import EXIT_LOAD_FAILED
 from protocol.hosts import is_local, rank_devices, read_hostfile
 from protocol.settings import worker_parser
 from worker import lifeline
 from worker.group import keys
 from worker.group.rank import (BACKEND_ENV, CONTROL_ENV, DEVICES_ENV, EXIT_FILE_ENV, KEYS_ENV,
-                               LINK_UP_ENV)
+                               LINK_UP_ENV, cause_file)
 from worker.status import WorkerStatus
 
 log = logging.getLogger("worker.group.launch")
@@ -171,6 +172,7 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: log.info("SIGTERM: the leader stops the group"))
     link_up = link_up_file(args.exit_file)
     link_up.unlink(missing_ok=True)
+    cause_file(args.exit_file).unlink(missing_ok=True)
     done = threading.Event()
     beats = threading.Thread(target=beat_until_up, args=(worker, link_up, done), name="beat",
                              daemon=True)
@@ -197,7 +199,29 @@ def main(argv=None) -> int:
         os.unlink(args.exit_file)
     except (OSError, ValueError):
         code = EXIT_NO_CODE
+    report_cause(worker, cause_file(args.exit_file))
     return code
+
+
+def report_cause(worker: list[str], cause: Path) -> bool:
+    """Send the cause a rank left before the group was joined (rank.fail_before_join) as
+    the load's Error on the events socket of the rank command `worker`: the supervisor
+    then marks the model broken with that reason and answers its requests with a
+    retryable 503 naming it. True if there was one."""
+    try:
+        message = cause.read_text().strip()
+        cause.unlink()
+    except OSError:
+        return False
+    opts, _ = worker_parser().parse_known_args(worker)
+    ctx = zmq.Context()
+    sock = sockets.push(ctx, opts.events, bind=False, linger_ms=2000)
+    try:
+        sock.send(encode(Error(epoch=opts.epoch, code=LOAD_FAILED, message=message)))
+    finally:
+        sock.close()
+        ctx.term()
+    return True
 
 
 if __name__ == "__main__":

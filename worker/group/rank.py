@@ -13,7 +13,9 @@ launcher (`mlx.launch` exits 0 whatever its ranks did). The launcher also beats 
 group while its ranks start, until the leader's link beats (the leader creates
 $MLXD_GROUP_LINK_UP: worker/group/launch.py says why). A SIGTERM reaching the leader
 comes from `mlx.launch` after another rank failed: the leader leaves at once with
-EXIT_GROUP_LOST, so its clients get a retryable error, not a "cancelled" ending.
+EXIT_GROUP_LOST, so its clients get a retryable error, not a "cancelled" ending. A rank
+that cannot see its GPU (NCCL) leaves before joining, with the cause in a file beside the
+exit file, which the launcher sends the supervisor as the load's Error.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
+from pathlib import Path
 
 log = logging.getLogger("worker.group")
 
@@ -54,6 +58,55 @@ def pin_device() -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = devices.split(",")[int(rank)]
 
 
+def cause_file(exit_file: str) -> Path:
+    """Where a rank that fails before the group is joined writes why (beside the exit
+    file): the leader's link is not up yet, so the launcher reports it (launch.py)."""
+    return Path(exit_file + ".cause")
+
+
+def device_problem(backend: str, cuda: bool, on_gpu: bool, rank: str | None,
+                   visible: str | None, host: str) -> str | None:
+    """Why this rank cannot run the NCCL backend (None: it can): NCCL needs each rank on
+    a CUDA GPU of its own, and a rank whose CUDA_VISIBLE_DEVICES names no GPU of its host
+    would otherwise fail inside NCCL's init with 'invalid usage' or hang there."""
+    if backend != "nccl" or (cuda and on_gpu):
+        return None
+    return (f"rank {rank} on host {host} cannot see its GPU (CUDA_VISIBLE_DEVICES="
+            f"{visible if visible is not None else '(unset)'}): the NCCL backend needs "
+            f"one GPU per rank; check the hostfile's entries for that host against its GPUs")
+
+
+def check_device() -> str | None:
+    """`device_problem` for this process (imports MLX: after pin_device)."""
+    backend = os.environ.get(BACKEND_ENV, "ring")
+    if backend != "nccl":
+        return None
+    import mlx.core as mx
+
+    try:
+        cuda = bool(mx.cuda.is_available())
+        on_gpu = cuda and mx.default_device() == mx.gpu
+    except Exception:  # (a CUDA runtime that cannot start: the same verdict)
+        cuda = on_gpu = False
+    return device_problem(backend, cuda, on_gpu, os.environ.get("MLX_RANK"),
+                          os.environ.get("CUDA_VISIBLE_DEVICES"), socket.gethostname())
+
+
+def fail_before_join(problem: str) -> int:
+    """Leave the group before joining it: the cause where the launcher reads it, the load
+    failure's exit code for it to exit with, and the log line naming the cause."""
+    log.error("load failed: %s", problem)
+    path = os.environ.get(EXIT_FILE_ENV)
+    if path:
+        try:
+            cause_file(path).write_text(problem)
+        except OSError:
+            log.warning("could not write %s", cause_file(path))
+    from protocol.exits import EXIT_LOAD_FAILED
+
+    return leave(EXIT_LOAD_FAILED)
+
+
 def link_up() -> None:
     """The leader's link beats from now on: the launcher stops beating for the group."""
     path = os.environ.get(LINK_UP_ENV)
@@ -79,6 +132,9 @@ def serve(args) -> int:
     from worker.errors import LoadError
     from worker.status import WorkerStatus
 
+    problem = check_device()
+    if problem is not None:  # before joining: NCCL's init would fail or hang on it
+        return fail_before_join(problem)
     group = setup.join()
     rank, size = group.rank(), group.size()
     chan = setup.channel(group)
