@@ -45,10 +45,18 @@ class MemoryGate:
                                  self.config.memory_factor, self.config.kv_budget, share)
 
     def judge(self, need: int, reading: MemoryReading, *, reserved: int = 0,
-              committed: int = 0) -> Verdict:
+              committed: int = 0, ranks_here: int = 1) -> Verdict:
         """`reserved`: bytes admitted loads will still take; `committed`: the estimates of
-        every model resident or loading (for the budget)."""
+        every model resident or loading (for the budget); `ranks_here`: a worker group's
+        ranks on this machine, which `need` covers together. Where the reading has a GPU
+        for each of them (CUDA: rank i on visible GPU i, protocol/hosts.py rank_devices),
+        each rank's share is judged against its own GPU (the reserved bytes spread over
+        them), so a model larger than one GPU is admitted where the group's GPUs hold it;
+        otherwise the ranks share the one memory read."""
         free = max(0, reading.available_bytes - reserved)
+        if ranks_here > 1 and len(reading.gpus) >= ranks_here:
+            # Each rank needs need / ranks_here: it fits when the least free GPU holds that.
+            free = max(0, min(reading.gpus[:ranks_here]) - reserved // ranks_here) * ranks_here
         budget = self.config.memory_budget
         if budget:
             left = max(0, budget - committed)

@@ -45,6 +45,7 @@ class MemoryReading:
     total_bytes: int
     pressure: str | None = None     # normal | warn | critical; None where the OS has no signal
     source: str = "psutil"
+    gpus: tuple[int, ...] = ()      # free bytes of each visible CUDA GPU (a group's ranks')
 
     def to_dict(self) -> dict:
         return {"available_bytes": self.available_bytes, "total_bytes": self.total_bytes,
@@ -165,9 +166,21 @@ import json, mlx.core as mx
 gpu = mx.default_device().type == mx.DeviceType.gpu
 cuda = gpu and not mx.metal.is_available()
 info = mx.device_info() if cuda else {}
+gpus = [mx.device_info(mx.Device(mx.gpu, i)) for i in range(mx.device_count(mx.gpu))] \
+    if cuda else []
 print(json.dumps({"cuda": cuda, "info": {k: v for k, v in info.items()
-                                         if isinstance(v, (int, float, str))}}))
+                                         if isinstance(v, (int, float, str))},
+                  "gpus": [int(g.get("free_memory") or g.get("total_memory") or 0)
+                           for g in gpus]}))
 """
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """The snippet's output → each visible GPU's free bytes (() if none or unreadable)."""
+    try:
+        return tuple(int(v) for v in json.loads(text.strip().splitlines()[-1]).get("gpus") or ())
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return ()
 
 
 def parse_device_info(text: str) -> tuple[bool, int, int] | None:
@@ -213,7 +226,8 @@ class DeviceProbe:
         if self._last is not None and now - self._last[0] < self.ttl:
             return replace(self._last[1], pressure=host.pressure)
         try:
-            found = parse_device_info(self._run())
+            text = self._run()
+            found = parse_device_info(text)
         except (OSError, subprocess.SubprocessError):
             found = None
         if found is None and self.cuda and self._last is not None:
@@ -227,7 +241,8 @@ class DeviceProbe:
         if self.cuda is None:
             log.info("memory gate: reading the CUDA GPU's memory (%.1f GiB)", found[1] / 2**30)
         self.cuda = True
-        reading = MemoryReading(found[2], found[1], host.pressure, source="mlx-cuda")
+        reading = MemoryReading(found[2], found[1], host.pressure, source="mlx-cuda",
+                                gpus=parse_gpus(text))
         self._last = (now, reading)
         return reading
 

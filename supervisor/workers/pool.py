@@ -250,7 +250,8 @@ class Pool:
     async def _admit(self, runner: ModelRunner) -> None:
         """Admit `runner`'s load, unloading idle models (LRU) while it does not fit;
         raise 507 (or 503 with every slot busy) once `--memory-wait` has passed."""
-        need = await asyncio.to_thread(self.gate.need, runner.id, group_share(self.config, runner.id))
+        share = group_share(self.config, runner.id)
+        need = await asyncio.to_thread(self.gate.need, runner.id, share)
         deadline = self._clock() + self.config.memory_wait
         async with self._admission:
             while True:
@@ -262,7 +263,8 @@ class Pool:
                 else:
                     reading = await asyncio.to_thread(self.gate.probe)
                     verdict = self.gate.judge(need, reading, reserved=self._reserved(runner),
-                                              committed=self._committed(runner))
+                                              committed=self._committed(runner),
+                                              ranks_here=share[0])
                     if verdict.fits:
                         runner.need_bytes = need
                         self._replaces.pop(runner, None)

@@ -65,3 +65,19 @@ def test_ranks_of_a_real_mlx_launch_without_their_gpu_leave_and_the_launcher_say
         events.close()
         ctx.term()
         sockets.remove_runtime_dir(runtime)
+
+
+def test_ranks_on_gpus_of_their_own_are_judged_each_against_its_gpu():
+    from worker.group.setup import memory_problem
+
+    GiB = 1 << 30
+
+    def rank(host, device, free, need):
+        return {"host": host, "device": device, "free": free * GiB, "need": need * GiB}
+
+    # Two ranks on two GPUs of one host, 60 GiB each: each GPU holds its own.
+    assert memory_problem([rank("a", "0", 78, 60), rank("a", "1", 78, 60)]) is None
+    # The same ranks on one memory (CPU ranks, or both on GPU 0): they add up.
+    why = memory_problem([rank("a", None, 78, 60), rank("a", None, 78, 60)])
+    assert "host a cannot hold its 2 rank(s)" in why
+    assert "GPU 1" in memory_problem([rank("a", "0", 78, 60), rank("a", "1", 50, 60)])

@@ -74,24 +74,38 @@ def free_bytes() -> int:
 
 
 def check_memory(chan: Broadcast, need: int) -> list[dict]:
-    """Every rank's host, free memory and need, gathered; raises LoadError on EVERY rank
-    (the same verdict from the same figures) when some host cannot hold the ranks it
-    runs. Before any weight is read: a group loads only where every host passes."""
-    mine = {"host": socket.gethostname(), "free": free_bytes(), "need": int(need),
-            "pid": os.getpid()}
+    """Every rank's host, device, free memory and need, gathered; raises LoadError on EVERY
+    rank (the same verdict from the same figures) when some host or GPU cannot hold the
+    ranks it runs. Before any weight is read: a group loads only where every one passes."""
+    device = os.environ.get("CUDA_VISIBLE_DEVICES", "") if mx.cuda.is_available() else None
+    mine = {"host": socket.gethostname(), "device": device, "free": free_bytes(),
+            "need": int(need), "pid": os.getpid()}
     rows = [msgpack.unpackb(r) for r in chan.gather(msgpack.packb(mine))]
-    hosts: dict[str, list] = {}
+    problem = memory_problem(rows)
+    if problem is not None:
+        raise LoadError(problem)
+    return rows
+
+
+def memory_problem(rows: list[dict]) -> str | None:
+    """Why the ranks' memory cannot hold the group (None: it can). Ranks on one memory
+    (a host's RAM, unified memory, or one GPU) add up their needs against the least free
+    any of them saw; ranks on GPUs of their own (CUDA, each rank's device its own:
+    worker/group/rank.py pin_device) are judged each against its own GPU, so a model
+    larger than one GPU fits a host whose GPUs together hold it."""
+    pools: dict[tuple, list] = {}
     for r in rows:
-        hosts.setdefault(r["host"], []).append(r)
-    for host, ranks in hosts.items():
+        pools.setdefault((r["host"], r.get("device")), []).append(r)
+    gib = 1 << 30
+    for (host, device), ranks in pools.items():
         need_here = sum(r["need"] for r in ranks)
         free_here = min(r["free"] for r in ranks)
         if need_here > free_here:
-            gib = 1 << 30
-            raise LoadError(f"host {host} cannot hold its {len(ranks)} rank(s) of the group: "
-                            f"they need about {need_here / gib:.1f} GiB and "
-                            f"{free_here / gib:.1f} GiB is available")
-    return rows
+            where = f"host {host}" + (f" GPU {device}" if device not in (None, "") else "")
+            return (f"{where} cannot hold its {len(ranks)} rank(s) of the group: they need "
+                    f"about {need_here / gib:.1f} GiB and {free_here / gib:.1f} GiB is "
+                    f"available")
+    return None
 
 
 def rank_need(path: Path, size: int, memory_factor: float, kv_budget: int) -> int:
