@@ -45,7 +45,7 @@ from bench.throughput import MlxLmServer, stream_chat
 from supervisor.workers import blas
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
-TOKENIZER_MARK = "bench-tokenizer-2"  # a model built before it is rebuilt
+TOKENIZER_MARK = "bench-tokenizer-3"  # a model built before it is rebuilt
 SHAPES = {
     "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, intermediate_size=128, vocab_size=4096,
@@ -57,6 +57,20 @@ SHAPES = {
                num_key_value_heads=4, intermediate_size=18944, vocab_size=152064,
                tie_word_embeddings=False),
 }
+
+
+def ascii_byte_chars() -> list[str]:
+    """The byte-level (GPT-2) characters of the bytes 0-127, as Qwen2's tokenizer writes
+    them (the space is 'Ġ')."""
+    printable = [b for b in range(33, 127)]
+    chars, n = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        elif not (0xA1 <= b <= 0xAC or 0xAE <= b <= 0xFF):
+            chars[b] = chr(256 + n)
+            n += 1
+    return [chars[b] for b in range(128)]
 
 
 def build(shape: str, dtype: str) -> Path:
@@ -72,12 +86,13 @@ def build(shape: str, dtype: str) -> Path:
         return path
     arch = SHAPES[shape]
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    # The byte-level alphabet, then one word per remaining id: transformers 5 loads this
-    # tokenizer as Qwen2's own BPE class (for the qwen2 model type) and splits text into
-    # bytes, older versions as the word-level model saved here. Either way any text
-    # tokenizes (without the alphabet Qwen2's class dropped every word: a 2000-word chat
-    # message became 3 tokens) and any id decodes.
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    # The byte-level alphabet's ASCII half, then one word per remaining id: transformers 5
+    # loads this tokenizer as Qwen2's own BPE class (for the qwen2 model type) and splits
+    # text into bytes, older versions as the word-level model saved here. Either way any
+    # ASCII text tokenizes (without the alphabet Qwen2's class dropped every word: a
+    # 2000-word chat message became 3 tokens) and any id decodes to valid UTF-8 (a lone
+    # byte over 127 would not, and a streaming detokenizer holds such text back forever).
+    alphabet = ascii_byte_chars()
     vocab = {w: i for i, w in enumerate(specials + alphabet)}
     vocab.update({f"w{i}": i for i in range(len(vocab), arch["vocab_size"])})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))

@@ -1,15 +1,18 @@
 """What the lockstep of a worker group costs: one model served by one process vs by a
 group of ranks on this machine, in one run.
 
-    python -m bench.multihost [--shapes tiny,0.5b] [--ranks 2] [--rounds 3] [--tokens 128]
+    python -m bench.multihost [--shapes tiny,0.5b] [--ranks 2] [--rounds 8] [--tokens 128]
 
 Random-weight models of bench/gpu.py's Qwen2.5 shapes (bf16 on a GPU, float32 on the
 CPU). Two servers run side by side: `mlxd --model M` and `mlxd --model M --hosts H`,
 H naming this machine once per rank (the ring backend on loopback by default; `--backend
 nccl` on a host with a GPU per rank), tensor-sharded by default. Rounds alternate the two (so
 drift hits both); a first round, not counted, compiles every kernel shape. Figures are
-medians with their spread: single-stream decode tokens/s and TTFT (a 32-token prompt),
-and the aggregate tokens/s of 8 concurrent streams. The ratio is group / one process:
+medians and the paired ratio with its 95% interval (bench/report.py): single-stream decode
+tokens/s and TTFT (a 32-token prompt), and the aggregate tokens/s of 8 concurrent streams;
+then how many words of one greedy completion the group writes as one process does, and
+where a group's decode step goes (its all-reduces per token times the link latency the
+group measured at start, from /health). The ratio is group / one process:
 on one machine whose one GPU (or CPU) every rank shares, a group can only lose (it adds
 collectives and the control channel to the same compute); across GPUs or hosts it
 splits the compute, and the ratio says what that buys.
@@ -18,14 +21,16 @@ splits the compute, and the ratio says what that buys.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
+import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.gpu import build, default_dtype, server_many, server_stream
-from bench.report import print_table
+from bench.gpu import SHAPES, build, default_dtype, server_many, server_stream
+from bench.report import gpu_clocks, in_turn, paired_ratio, print_table, ratio_verdict
 from bench.serverproc import ServerProcess
 from supervisor.workers import blas
 
@@ -46,11 +51,31 @@ def measure(server: ServerProcess, model: str, tokens: int, streams: int, salt: 
                                                                 tokens)}
 
 
+def greedy_text(server: ServerProcess, model: str, tokens: int) -> str:
+    """A greedy completion of a fixed prompt: the group must write what one process
+    writes."""
+    body = {"model": model, "prompt": [100 + i for i in range(32)], "max_tokens": tokens,
+            "temperature": 0}
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200, resp.read()
+    return json.loads(resp.read())["choices"][0]["text"]
+
+
+def group_info(server: ServerProcess) -> dict:
+    """The group's Ready.group as /health reports it (size, backend, sharding, the link's
+    latency and bandwidth measured at start)."""
+    _, body = server.get("/health")
+    return next(w["group"] for w in body.get("workers", []) if w.get("group"))
+
+
 def run_shape(shape: str, dtype: str, ranks: int, backend: str, sharding: str, rounds: int,
               tokens: int, streams: int, kv_budget: str) -> list:
     model = str(build(shape, dtype))
     common = ["--kv-budget", kv_budget, "--prompt-cache-bytes", "0", "--max-batch-size",
               str(max(8, streams))]
+    results: dict[str, list] = {"one": [], "group": []}
     with tempfile.TemporaryDirectory(prefix="mlxd-multihost-") as tmp:
         hosts = hostfile(Path(tmp), ranks, backend)
         with ServerProcess([model], *common) as one, \
@@ -59,28 +84,46 @@ def run_shape(shape: str, dtype: str, ranks: int, backend: str, sharding: str, r
             one.wait_healthy(600)
             group.wait_healthy(300)
             print(f"{shape}: both servers ready", file=sys.stderr, flush=True)
-            results: dict[str, list] = {"one": [], "group": []}
-            for r in range(rounds + 1):
-                order = [("one", one), ("group", group)]
-                for name, server in order if r % 2 else reversed(order):
-                    m = measure(server, model, tokens, streams, r)
-                    print(f"{shape} round {r} {name}: {m}", file=sys.stderr, flush=True)
-                    if r:  # round 0 compiles
-                        results[name].append(m)
+            info = group_info(group)
+            texts = [greedy_text(one, model, tokens), greedy_text(group, model, tokens)]
+            servers = {"one": one, "group": group}
+            for r in range(rounds + 1):  # the order alternates (bench/report.py)
+                got = in_turn(r, {n: lambda _, s=s: measure(s, model, tokens, streams, r)
+                                  for n, s in servers.items()})
+                clocks = gpu_clocks()
+                print(f"{shape} round {r}: {got}{f' [{clocks}]' if clocks else ''}",
+                      file=sys.stderr, flush=True)
+                if r:  # round 0 compiles
+                    for name in results:
+                        results[name].append(got[name])
     rows = []
 
     def row(label, key, unit):
         one = [m[key] for m in results["one"]]
         grp = [m[key] for m in results["group"]]
-        a, b = statistics.median(one), statistics.median(grp)
         rows.append((f"{shape} {label}",
-                     f"1 process {a:.4g} [{min(one):.4g}-{max(one):.4g}] {unit}, "
-                     f"{ranks} ranks {b:.4g} [{min(grp):.4g}-{max(grp):.4g}]",
-                     f"ratio {b / a:.3f}"))
+                     f"1 process {statistics.median(one):.4g} {unit}, "
+                     f"{ranks} ranks {statistics.median(grp):.4g}",
+                     ratio_verdict(paired_ratio(one, grp), "<=" if unit == "s" else ">=", 1.0)))
 
     row("single-stream decode", "decode", "tok/s")
     row("single-stream TTFT", "ttft", "s")
     row(f"{streams} streams", "many", "tok/s")
+    same = len(os.path.commonprefix(texts))
+    rows.append((f"{shape} same greedy text", f"{same} of {len(texts[0])} characters alike",
+                 "PASS" if texts[0] == texts[1] else "MISS"))
+    # Where a group's decode step goes: tensor sharding sums partial results twice per
+    # layer (attention's output and the MLP's down projection: mlx-lm's model.shard), each
+    # a small all-reduce at about the link's latency measured at start.
+    layers = SHAPES[shape]["num_hidden_layers"]
+    reduces = 2 * layers if info["sharding"] == "tensor" else ranks - 1
+    step = 1 / statistics.median(m["decode"] for m in results["group"])
+    spent = reduces * info["latency_s"]
+    rows.append((f"{shape} decode step breakdown",
+                 f"{step * 1e3:.2f} ms/token; {reduces} all-reduces x "
+                 f"{info['latency_s'] * 1e6:.0f} us = {spent * 1e3:.2f} ms "
+                 f"({100 * spent / step:.0f}%)",
+                 f"link {info['bandwidth_bytes_s'] / 1e9:.1f} GB/s, {info['backend']}"))
     return rows
 
 
@@ -89,7 +132,7 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="tiny")
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--sharding", default="tensor", choices=("tensor", "pipeline"))
