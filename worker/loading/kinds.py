@@ -106,14 +106,29 @@ def _start_text(loaded, args):
 
 
 def _start_vision(loaded, args):
-    """One request at a time (worker/vision/), through the text loop."""
+    """The text batch over the language model as mlx-lm's text class, its weights
+    mlx-vlm's (worker/vision/); one request at a time where mlx-lm has no such class."""
     from worker.vision.engine import VisionEngine
-    from worker.vision.serial import SerialBatch
+    from worker.vision.language import shared_language_model
 
+    lm = shared_language_model(loaded.model, loaded.path)
     engine = VisionEngine(loaded.model, loaded.tokenizer, loaded.context_length,
-                          args.prefill_step, loaded.vocab_size)
-    batch = SerialBatch(engine)
+                          args.prefill_step, loaded.vocab_size, lm=lm)
+    if lm is None:
+        from worker.vision.serial import SerialBatch
+
+        batch = SerialBatch(engine)
+        batch.warm()
+        return engine, batch
+    from worker.loading.startup import make_batch
+    from worker.vision.batch import VisionBatch
+
+    batch = make_batch(engine, args, loaded.path, cls=VisionBatch)
     batch.warm()
+    if args.warm_prompt is not None:
+        from worker.kvcache.warm import pin_warm_prompt
+
+        pin_warm_prompt(batch, args.warm_prompt, max(1, args.prefill_step))
     return engine, batch
 
 

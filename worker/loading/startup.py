@@ -14,11 +14,12 @@ log = logging.getLogger("worker")
 PREFILL_LARGEST = 2048
 
 
-def make_batch(engine, args, path, shard: str = ""):
+def make_batch(engine, args, path, shard: str = "", cls=None):
     """The batch the scheduler runs, its KV within --kv-budget: the context is capped to
     what the budget holds for one sequence, so that one always fits alone. With a prompt
     cache, named KV snapshots too (on disk under STATE_DIR/kv/MODEL-IDENTITY; a group's
-    ranks, each with its own shard of every state, under MODEL-IDENTITY-`shard`)."""
+    ranks, each with its own shard of every state, under MODEL-IDENTITY-`shard`). `cls`:
+    the batch's class (a vision-language model's: worker/vision/batch.py)."""
     from worker.loop.batch import Batch, ChunkSizer, KVSize, StepMemory
     from worker.errors import LoadError
 
@@ -38,6 +39,7 @@ def make_batch(engine, args, path, shard: str = ""):
         engine.cap_context(fits)
     kvcache = _kvcache(engine, args, path, shard) if args.prompt_cache_bytes > 0 else None
     step = max(1, args.prefill_step)
+    Batch = cls or Batch
     return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
                  kvcache=kvcache, kv=kv, max_kv_size=args.max_kv_size,

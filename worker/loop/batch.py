@@ -195,6 +195,13 @@ class Member:
     prompt: int                 # its prompt's tokens (what a prefill chunk may follow)
     checkpoints: list = field(default_factory=list)  # prompt lengths to keep the state at
     first_read: bool = False    # its first token was read early (`_first_tokens`)
+    key: Optional[list] = None  # its prompt as the KV cache knows it, where not its ids
+
+    def keyed(self, tokens: list) -> list:
+        """`tokens` (its prompt, then its output) as the KV cache knows them."""
+        if self.key is None:
+            return tokens
+        return self.key[:len(tokens)] + tokens[len(self.key):]
 
 
 @dataclass
@@ -284,9 +291,12 @@ class Batch:
         engine, ids, spec = self.engine, prep.ids, prep.gen.cache
         decoding = engine.decoding(prep)
         hit, checkpoints = None, []  # (checkpoints: prompt lengths to keep the state at)
+        key = self.cache_key(prep)
         if self.kvcache is not None:
-            hit = self.kvcache.start(spec, ids, prep.snapshot)
+            hit = self.kvcache.start(spec, key, prep.snapshot)
             prep.snapshot = None  # (host memory: not kept with a waiting request)
+        reused = hit.tokens if hit is not None else 0
+        hit = self.prefill_media(prep, hit)
         cached = hit.tokens if hit is not None else 0
         if self.kvcache is not None:
             checkpoints = self.kvcache.checkpoints(cached, len(ids))
@@ -300,11 +310,21 @@ class Batch:
             caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
         self.members[uid] = Member(seq, decoding, spec, self.tokens(prep), len(ids),
-                                   checkpoints)
+                                   checkpoints, key=None if key is ids else key)
         seq.uid = uid
         self._reserve()
         self._bound_prefix()
-        return cached
+        return reused
+
+    def cache_key(self, prep) -> list:
+        """`prep`'s prompt as the KV cache knows it: its ids (a vision batch's also say
+        which image each image token shows: worker/vision/batch.py)."""
+        return prep.ids
+
+    def prefill_media(self, prep, hit):
+        """The state `prep` joins the batch from, given the KV cache's `hit` (None: from
+        scratch): the hit (a vision batch prefills the prompt's images first)."""
+        return hit
 
     def _fit_chunk(self) -> None:
         """The next prefill chunk within the budget the running sequences leave: halved
@@ -417,13 +437,13 @@ class Batch:
             return
         m.checkpoints.pop(0)
         for cache, tokens in self.gen.extract_cache([uid]).values():
-            self.kvcache.keep(m.cache, list(tokens), _materialized(cache))
+            self.kvcache.keep(m.cache, m.keyed(list(tokens)), _materialized(cache))
         self._bound_prefix()
 
     def _store(self, m: Member, tokens, cache) -> None:
         """A sequence ended: the KV cache keeps its final state (and its name)."""
         if self.kvcache is not None and tokens and cache:
-            self.kvcache.finish(m.cache, list(tokens), _materialized(cache))
+            self.kvcache.finish(m.cache, m.keyed(list(tokens)), _materialized(cache))
             self._bound_prefix()
 
     def remove(self, seq) -> None:

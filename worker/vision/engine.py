@@ -10,9 +10,16 @@ decoded images (worker/vision/images.py: bounded by the pixels their headers dec
 then decoded no larger than the processor keeps) into token ids, with one image token per patch the image is cut into,
 and the pixel arrays. That runs on the preparation thread, in numpy, like the rest of
 `prepare`: the MLX thread only turns the arrays into MLX ones when the request starts.
+
+An image's tokens are the same ids whatever the image shows, so the KV cache knows an
+image prompt by its ids with each image's tokens replaced by one id made of that image's
+bytes (`media_key`, past any vocabulary): the same words about another image share only
+what comes before it; the next turn about the same image finds its state.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from protocol.messages import INVALID_REQUEST
 from worker.text import prompt as chat_prompt
@@ -20,19 +27,53 @@ from worker.text.engine import Prepared, TextEngine
 from worker.errors import RequestError
 from worker.vision.images import Limits, decode_images
 
+# Where a request's cache key rides with its processed images (`Prepared.media`).
+KEY = "mlxd_cache_key"
 # Keys of the processor's output that are not keyword arguments of the model's step.
-_NOT_KWARGS = ("input_ids", "pixel_values", "attention_mask")
+_NOT_KWARGS = ("input_ids", "pixel_values", "attention_mask", KEY)
+# Image ids of the cache key: at and above this (uint32, as the disk tier keeps tokens).
+_KEY_BASE = 1 << 31
+
+
+def media_tokens(config) -> frozenset:
+    """The token ids that stand for an image's (or a video's) features in `config`'s
+    prompts."""
+    ids = (getattr(config, n, None) for n in
+           ("image_token_id", "image_token_index", "video_token_id", "video_token_index"))
+    return frozenset(i for i in ids if isinstance(i, int) and i >= 0)
+
+
+def media_key(ids: list[int], images: tuple, tokens: frozenset) -> list[int]:
+    """`ids` with the tokens of each image replaced by an id made of its bytes: the k-th
+    run of media tokens is the k-th image's (when there are as many runs as images;
+    otherwise every run gets an id made of all the images, which never reuses wrongly)."""
+    runs, start = [], None
+    for i, t in enumerate(ids + [-1]):
+        if t in tokens and start is None:
+            start = i
+        elif t not in tokens and start is not None:
+            runs.append((start, i))
+            start = None
+    digests = [hashlib.sha256(b).digest() for b in images]
+    if len(runs) != len(digests):
+        digests = [hashlib.sha256(b"".join(digests)).digest()] * len(runs)
+    key = list(ids)
+    for (a, b), digest in zip(runs, digests):
+        key[a:b] = [_KEY_BASE | int.from_bytes(digest[:4], "little") >> 1] * (b - a)
+    return key
 
 
 class VisionEngine(TextEngine):
     def __init__(self, vlm, processor, context_length: int, prefill_step: int = 512,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, lm=None):
+        """`lm`: the language model as mlx-lm's text model (worker/vision/language.py),
+        for the text batch; None: mlx-vlm's own (worker/vision/serial.py)."""
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
         tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
         if getattr(tokenizer, "chat_template", None) is None:
             tokenizer.chat_template = getattr(processor, "chat_template", None)
-        super().__init__(vlm.language_model, TokenizerWrapper(tokenizer), context_length,
+        super().__init__(lm or vlm.language_model, TokenizerWrapper(tokenizer), context_length,
                          prefill_step, vocab_size)
         self.vlm = vlm
         self.processor = processor
@@ -69,5 +110,8 @@ class VisionEngine(TextEngine):
         except Exception as e:  # the processor refused these images (size, mode, count)
             raise RequestError(INVALID_REQUEST, "the model's processor refused the images: "
                                f"{type(e).__name__}", "messages") from None
-        self._media[gen.rid] = {k: v for k, v in inputs.items() if k != "input_ids"}
-        return [int(t) for t in inputs["input_ids"][0]], "messages"
+        ids = [int(t) for t in inputs["input_ids"][0]]
+        media = {k: v for k, v in inputs.items() if k != "input_ids"}
+        media[KEY] = media_key(ids, gen.images, media_tokens(self.vlm.config))
+        self._media[gen.rid] = media
+        return ids, "messages"

@@ -1,0 +1,207 @@
+"""A vision-language model's requests on the continuous batch (worker/vision/batch.py),
+in-process on the tiny Qwen2-VL: text and image requests mixed in one batch give each
+its tokens alone, which are mlx-vlm's own; cancel, joins, grammars and stops per
+sequence; the prefix cache keyed by image content, resuming an image turn without the
+vision tower."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.generates import generate
+from tests.worker.batchrun import Seq, run_all
+from tests.worker.test_worker_vision import png, vision_loaded  # noqa: F401 (a fixture)
+from worker.kvcache.prefix import PrefixCache
+
+
+@pytest.fixture(scope="module")
+def vlm_engine(vision_loaded, vision_model):
+    from worker.vision.engine import VisionEngine
+    from worker.vision.language import shared_language_model
+
+    lm = shared_language_model(vision_loaded[0], vision_model)
+    assert lm is not None  # mlx-lm's qwen2_vl, mlx-vlm's weights
+    return VisionEngine(*vision_loaded, 4096, 64, lm=lm)
+
+
+@pytest.fixture(scope="module")
+def serial_engine(vision_loaded):
+    from worker.vision.engine import VisionEngine
+
+    return VisionEngine(*vision_loaded, 4096, 64)
+
+
+def vbatch(engine, prefix: PrefixCache | None = None, max_size: int = 8):
+    from worker.kvcache.manager import KVCache, trimmable
+    from worker.loop.batch import KVSize
+    from worker.vision.batch import VisionBatch
+
+    kvcache = None if prefix is None else KVCache(prefix, trimmable=trimmable(engine.model, None))
+    return VisionBatch(engine, max_size=max_size, prefill_step=engine.prefill_step,
+                       prefill_batch=8, kv_budget=1 << 30, kvcache=kvcache,
+                       kv=KVSize.measure(engine.model))
+
+
+def mlx_vlms(engine, gen) -> list:
+    """The request's outcomes through mlx-vlm's own generation step
+    (worker/vision/serial.py)."""
+    from worker.vision.serial import SerialBatch
+
+    batch = SerialBatch(engine)
+    batch.add(Seq("s"), engine.prepare(gen))
+    out = []
+    while batch.members:
+        out += [o for _, o in batch.step()]
+    return out
+
+
+def tokens(outcomes) -> list[int]:
+    return [o[0] for o in outcomes]
+
+
+def same(a, b) -> bool:
+    """The same tokens with the same log-probabilities (a rotary position off by the
+    image's delta moves them by ~0.05 on the tiny model without changing a token)."""
+    return tokens(a) == tokens(b) and all(
+        abs(x[3].logprob - y[3].logprob) < 1e-4 for x, y in zip(a, b))
+
+
+REQUESTS = {
+    "image": dict(text="What is this?", images=(png(seed=1),)),
+    "joins": dict(text="Describe it please", images=(png(60, 40, seed=2),)),
+    "text": dict(text="Hello there, how are you", images=()),
+    "two": dict(text="Compare the two", images=(png(seed=3), png(30, 50, seed=4))),
+}
+
+
+def ask(text: str, images: tuple = (), **kw):
+    content = [{"type": "text", "text": text}, *({"type": "image"} for _ in images)]
+    kw.setdefault("temperature", 0.0)
+    return generate(messages=[{"role": "user", "content": content}], images=tuple(images),
+                    **kw)
+
+
+def asks(**kw):
+    return {name: ask(rid=name, max_tokens=8, **r, **kw) for name, r in REQUESTS.items()}
+
+
+def test_text_and_image_requests_mixed_in_one_batch_give_each_its_own_tokens(
+        vlm_engine, serial_engine):
+    gens = asks(logprobs=True)
+    theirs = {name: mlx_vlms(serial_engine, g) for name, g in gens.items()}
+    alone = {name: run_all(vbatch(vlm_engine), {name: vlm_engine.prepare(g)})[name]
+             for name, g in gens.items()}
+    mixed = run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g) for n, g in gens.items()},
+                    join={"joins": 3})
+    for name in gens:  # the images' features and positions as mlx-vlm has them
+        assert same(alone[name], theirs[name]), name
+        assert same(mixed[name], alone[name]), name
+    assert len({tuple(tokens(t)) for t in alone.values()}) == 4
+    assert all(len(t) == 8 for t in alone.values())
+
+
+def test_cancelling_one_of_four_leaves_the_others_their_tokens(vlm_engine):
+    gens = asks()
+    alone = {n: tokens(run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n])
+             for n, g in gens.items()}
+    batch = vbatch(vlm_engine)
+    seqs = {n: Seq(n) for n in gens}
+    for n, g in gens.items():
+        batch.add(seqs[n], vlm_engine.prepare(g))
+    out = {n: [] for n in gens}
+    steps = 0
+    while batch.members:
+        for seq, o in batch.step():
+            out[seq.rid].append(o[0])
+        steps += 1
+        if steps == 4:
+            batch.remove(seqs["image"])
+    assert len(out["image"]) < 8
+    assert {n: t for n, t in out.items() if n != "image"} == \
+        {n: t for n, t in alone.items() if n != "image"}
+
+
+def test_grammars_and_stop_strings_stay_per_sequence_in_a_mixed_batch(vlm_engine):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+              "required": ["ok"], "additionalProperties": False}
+    plain = asks()["two"]
+    text = "".join(o[1] for o in run_all(vbatch(vlm_engine),
+                                         {"p": vlm_engine.prepare(plain)})["p"])
+    stop = text[len(text) // 2:][:3]
+    gens = {
+        "json": ask(rid="json", max_tokens=120, response_format="json_schema",
+                    json_schema=schema, **REQUESTS["image"]),
+        "stop": ask(rid="stop", max_tokens=8, stop=[stop], **REQUESTS["two"]),
+        "text": ask(rid="text", max_tokens=8, **REQUESTS["text"]),
+    }
+    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
+             for n, g in gens.items()}
+    mixed = run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g) for n, g in gens.items()})
+    assert {n: tokens(o) for n, o in mixed.items()} == {n: tokens(o) for n, o in alone.items()}
+    assert mixed["json"][-1][2] == "stop"
+    assert isinstance(json.loads("".join(o[1] for o in mixed["json"]))["ok"], bool)
+    assert stop not in "".join(o[1] for o in mixed["stop"]) and len(mixed["stop"]) < 8
+    assert len(mixed["text"]) == 8
+
+
+@pytest.fixture
+def tower_runs(vision_loaded, monkeypatch):
+    """How many times the vision tower ran."""
+    tower = type(vision_loaded[0].vision_tower)
+    runs = []
+    original = tower.__call__
+
+    def counted(self, *a, **kw):
+        runs.append(1)
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(tower, "__call__", counted)
+    return runs
+
+
+def one(batch, engine, gen):
+    """(tokens, cached prompt tokens) of `gen` run alone on `batch`."""
+    seq, out = Seq(gen.rid), []
+    cached = batch.add(seq, engine.prepare(gen))
+    while batch.members:
+        out += [o[0] for _, o in batch.step()]
+    return out, cached
+
+
+def test_the_prefix_cache_knows_an_image_by_its_content(vlm_engine, tower_runs):
+    batch = vbatch(vlm_engine, PrefixCache(1 << 28))
+    first = ask(rid="a", max_tokens=4, **REQUESTS["image"])
+    prep = vlm_engine.prepare(first)
+    image_end = 1 + max(i for i, t in enumerate(prep.ids) if t in batch.media_tokens)
+    first_image = min(i for i, t in enumerate(prep.ids) if t in batch.media_tokens)
+    cold, cached = one(batch, vlm_engine, first)
+    assert cached == 0 and len(tower_runs) == 1
+    # The same words and image again: its prompt from the cache, no vision tower.
+    again, cached = one(batch, vlm_engine, first)
+    assert again == cold and cached >= image_end and len(tower_runs) == 1
+    # The same words about another image: only what comes before the image is reused.
+    other = ask(rid="b", max_tokens=4, text=REQUESTS["image"]["text"], images=(png(seed=9),))
+    theirs, cached = one(batch, vlm_engine, other)
+    assert cached <= first_image and len(tower_runs) == 2
+    assert theirs == one(vbatch(vlm_engine), vlm_engine, other)[0]
+
+
+def test_the_next_turn_about_an_image_resumes_without_encoding_it_again(vlm_engine,
+                                                                         tower_runs):
+    batch = vbatch(vlm_engine, PrefixCache(1 << 28))
+    image = png(seed=5)
+    turn = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image"}]}]
+    answer, _ = one(batch, vlm_engine, generate(rid="1", messages=turn, images=(image,),
+                                                max_tokens=6, temperature=0.0))
+    said = vlm_engine.tokenizer.decode(answer)
+    turn2 = turn + [{"role": "assistant", "content": said},
+                    {"role": "user", "content": "And its colour?"}]
+    gen2 = generate(rid="2", messages=turn2, images=(image,), max_tokens=6, temperature=0.0)
+    runs = len(tower_runs)
+    warm, cached = one(batch, vlm_engine, gen2)
+    assert len(tower_runs) == runs and cached > 0  # resumed past the image
+    cold, cold_cached = one(vbatch(vlm_engine), vlm_engine, gen2)
+    assert warm == cold and cold_cached == 0
