@@ -1,5 +1,5 @@
 """A vision-language model's requests on the continuous batch (worker/vision/batch.py),
-in-process on the tiny Qwen2-VL: text and image requests mixed in one batch give each
+in-process on the tiny Qwen2-VL and the tiny Qwen3.5 (hybrid): text and image requests mixed in one batch give each
 its tokens alone, which are mlx-vlm's own; cancel, joins, grammars and stops per
 sequence; the prefix cache keyed by image content, resuming an image turn without the
 vision tower."""
@@ -12,25 +12,38 @@ import pytest
 
 from tests.generates import generate
 from tests.worker.batchrun import Seq, run_all
-from tests.worker.test_worker_vision import png, vision_loaded  # noqa: F401 (a fixture)
+from tests.worker.test_worker_vision import png
 from worker.kvcache.prefix import PrefixCache
 
 
+@pytest.fixture(scope="module", params=["qwen2-vl", "qwen3.5"])
+def loaded(request, vision_model, models_dir):
+    """(mlx-vlm's model, its processor, its path): the tiny Qwen2-VL, and the tiny
+    Qwen3.5 (hybrid linear attention: its recurrent state cannot be trimmed)."""
+    from mlx_vlm import load
+
+    from worker.demos.vision import build_vision_model
+
+    path = vision_model if request.param == "qwen2-vl" else build_vision_model(
+        models_dir / "tiny-vision-qwen3.5", family="qwen3.5").path
+    return (*load(str(path)), path)
+
+
 @pytest.fixture(scope="module")
-def vlm_engine(vision_loaded, vision_model):
+def vlm_engine(loaded):
     from worker.vision.engine import VisionEngine
     from worker.vision.language import shared_language_model
 
-    lm = shared_language_model(vision_loaded[0], vision_model)
-    assert lm is not None  # mlx-lm's qwen2_vl, mlx-vlm's weights
-    return VisionEngine(*vision_loaded, 4096, 64, lm=lm)
+    lm = shared_language_model(loaded[0], loaded[2])
+    assert lm is not None  # mlx-lm's text class, mlx-vlm's weights
+    return VisionEngine(*loaded[:2], 4096, 64, lm=lm)
 
 
 @pytest.fixture(scope="module")
-def serial_engine(vision_loaded):
+def serial_engine(loaded):
     from worker.vision.engine import VisionEngine
 
-    return VisionEngine(*vision_loaded, 4096, 64)
+    return VisionEngine(*loaded[:2], 4096, 64)
 
 
 def vbatch(engine, prefix: PrefixCache | None = None, max_size: int = 8):
@@ -147,9 +160,9 @@ def test_grammars_and_stop_strings_stay_per_sequence_in_a_mixed_batch(vlm_engine
 
 
 @pytest.fixture
-def tower_runs(vision_loaded, monkeypatch):
+def tower_runs(loaded, monkeypatch):
     """How many times the vision tower ran."""
-    tower = type(vision_loaded[0].vision_tower)
+    tower = type(loaded[0].vision_tower)
     runs = []
     original = tower.__call__
 

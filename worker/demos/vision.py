@@ -15,6 +15,13 @@ model from the hub.
 `small` (the benchmark's, bench/multimodal.py) is larger where the engine should
 dominate: hidden 512, 8 language layers, a 4-layer vision tower of width 256, images of
 up to 448×448 pixels (256 image tokens).
+
+`family="qwen3.5"` builds Qwen3.5's architecture instead (mlx-vlm `qwen3_5`: a hybrid
+language model, Gated DeltaNet linear-attention layers between full-attention ones,
+whose recurrent state cannot be trimmed; Qwen3-VL's vision tower with 16-pixel patches
+and learned position embeddings; interleaved multimodal rotary positions over part of
+each head), with the same tokenizer and template and mlx-vlm's own Qwen3-VL processor:
+the hybrid checkpoints the continuous batch serves beside the plain ones.
 """
 
 from __future__ import annotations
@@ -38,27 +45,15 @@ QWEN2_VL = ChatTemplate("qwen2-vl", (
 MIN_PIXELS = 56 * 56
 SIZES = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, mrope=[2, 3, 3],
-                 depth=2, embed=32, vision_heads=2, max_pixels=112 * 112),
+                 mrope_half=[2, 1, 1], depth=2, embed=32, vision_heads=2, max_pixels=112 * 112),
     "small": dict(hidden=512, layers=8, heads=8, kv_heads=2, mlp=1536, mrope=[8, 12, 12],
-                  depth=4, embed=256, vision_heads=4, max_pixels=448 * 448),
+                  mrope_half=[8, 4, 4], depth=4, embed=256, vision_heads=4, max_pixels=448 * 448),
 }
 
 
-def build_vision_model(path: str | Path, size: str = "tiny", *, seed: int = 0,
-                       context_length: int = 4096) -> BuiltModel:
-    """Build the vision model of `size` at `path` (atomically; reused if already there)."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
+def _qwen2_vl(s: dict, token, vocab_size: int, context_length: int):
     from mlx_vlm.models import qwen2_vl
 
-    path = Path(path)
-    if (path / MARKER).exists():
-        meta = json.loads((path / MARKER).read_text())
-        return BuiltModel(path, meta["context_length"], meta["vocab_size"])
-    tokenizer = _train_tokenizer(1024, QWEN2_VL)
-    vocab_size = len(tokenizer)  # every id the model can sample decodes
-    token = tokenizer.convert_tokens_to_ids
-    s = SIZES[size]
     hidden = s["hidden"]
     config = {
         "model_type": "qwen2_vl", "architectures": ["Qwen2VLForConditionalGeneration"],
@@ -82,28 +77,89 @@ def build_vision_model(path: str | Path, size: str = "tiny", *, seed: int = 0,
     args = qwen2_vl.ModelConfig.from_dict(dict(config))
     args.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
     args.text_config = qwen2_vl.TextConfig.from_dict(config)
-    mx.random.seed(seed)
     model = qwen2_vl.Model(args)
+    merger = model.vision_tower.merger.mlp  # [Linear, GELU, Linear]
+    return config, model, (merger[0], merger[2]), {
+        "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
+        "patch_size": 14}
+
+
+def _qwen3_5(s: dict, token, vocab_size: int, context_length: int):
+    from mlx_vlm.models import qwen3_5
+
+    hidden, head = s["hidden"], s["hidden"] // s["heads"]
+    ids = {"image_token_id": token("<|image_pad|>"), "video_token_id": token("<|video_pad|>"),
+           "vision_start_token_id": token("<|vision_start|>"),
+           "vision_end_token_id": token("<|vision_end|>")}
+    config = {
+        "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "vocab_size": vocab_size, "tie_word_embeddings": False, "torch_dtype": "float32",
+        "eos_token_id": token("<|im_end|>"), **ids,
+        "text_config": {
+            "model_type": "qwen3_5_text", "hidden_size": hidden, "intermediate_size": s["mlp"],
+            "num_hidden_layers": 2 * s["layers"], "full_attention_interval": 2,
+            "num_attention_heads": s["heads"], "num_key_value_heads": s["kv_heads"],
+            "head_dim": head, "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+            "max_position_embeddings": context_length, "tie_word_embeddings": False,
+            "eos_token_id": token("<|im_end|>"),
+            "linear_num_value_heads": s["heads"], "linear_num_key_heads": s["kv_heads"],
+            "linear_key_head_dim": head, "linear_value_head_dim": head,
+            "linear_conv_kernel_dim": 4,
+            # Rotary over half of each head, its frequencies split over (t, h, w).
+            "rope_parameters": {"type": "default", "rope_theta": 10000.0,
+                                "partial_rotary_factor": 0.5, "mrope_interleaved": True,
+                                "mrope_section": s["mrope_half"]}},
+        "vision_config": {"model_type": "qwen3_5", "depth": s["depth"],
+                          "hidden_size": s["embed"], "intermediate_size": 2 * s["embed"],
+                          "out_hidden_size": hidden, "num_heads": s["vision_heads"],
+                          "patch_size": 16, "spatial_merge_size": 2,
+                          "temporal_patch_size": 2, "in_channels": 3,
+                          "num_position_embeddings": 64, "deepstack_visual_indexes": []},
+    }
+    model = qwen3_5.Model(qwen3_5.ModelConfig.from_dict(dict(config)))
+    merger = model.vision_tower.merger
+    return config, model, (merger.linear_fc1, merger.linear_fc2), {
+        "image_processor_type": "Qwen3VLImageProcessor", "processor_class": "Qwen3VLProcessor",
+        "patch_size": 16}
+
+
+FAMILIES = {"qwen2-vl": _qwen2_vl, "qwen3.5": _qwen3_5}
+
+
+def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "qwen2-vl",
+                       seed: int = 0, context_length: int = 4096) -> BuiltModel:
+    """Build the vision model of `size` and `family` at `path` (atomically; reused if
+    already there)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    path = Path(path)
+    if (path / MARKER).exists():
+        meta = json.loads((path / MARKER).read_text())
+        return BuiltModel(path, meta["context_length"], meta["vocab_size"])
+    tokenizer = _train_tokenizer(1024, QWEN2_VL)
+    vocab_size = len(tokenizer)  # every id the model can sample decodes
+    token = tokenizer.convert_tokens_to_ids
+    s = SIZES[size]
+    mx.random.seed(seed)
+    config, model, merger, processor = FAMILIES[family](s, token, vocab_size, context_length)
     # As the text demo (worker/demos/text.py): a head scaled up, so greedy output has no
     # near-ties, and the EOS row zeroed, so generations run to max_tokens.
     lm = model.language_model
     head = lm.lm_head.weight * 4
-    head[config["eos_token_id"]] = 0.0
+    head[token("<|im_end|>")] = 0.0
     lm.update({"model": {"embed_tokens": {"weight": lm.model.embed_tokens.weight * 4}},
                "lm_head": {"weight": head}})
     # And the image's embeddings as large as the text's, so what it shows changes what
     # the model says (a test checks that the image reaches the model).
-    merger = model.vision_tower.merger.mlp  # [Linear, GELU, Linear]
     merger[0].weight = merger[0].weight * 4
-    merger[2].weight = merger[2].weight * 16
+    merger[1].weight = merger[1].weight * 16
     weights = dict(tree_flatten(model.parameters()))
     mx.eval(weights)
 
     def processor_files(folder: Path) -> None:
         (folder / "preprocessor_config.json").write_text(json.dumps({
-            "image_processor_type": "Qwen2VLImageProcessor",
-            "processor_class": "Qwen2VLProcessor",
-            "min_pixels": MIN_PIXELS, "max_pixels": s["max_pixels"], "patch_size": 14,
+            **processor, "min_pixels": MIN_PIXELS, "max_pixels": s["max_pixels"],
             "temporal_patch_size": 2, "merge_size": 2,
             "image_mean": [0.48145466, 0.4578275, 0.40821073],
             "image_std": [0.26862954, 0.26130258, 0.27577711],
@@ -113,6 +169,7 @@ def build_vision_model(path: str | Path, size: str = "tiny", *, seed: int = 0,
 
     save_model_dir(path, weights, config, tokenizer,
                    {"preset": f"{size}-vision", "family": QWEN2_VL.name, "seed": seed,
-                    "context_length": context_length, "vocab_size": vocab_size},
+                    "architecture": family, "context_length": context_length,
+                    "vocab_size": vocab_size},
                    extra=processor_files)
     return BuiltModel(path, context_length, vocab_size)

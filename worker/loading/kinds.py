@@ -111,7 +111,8 @@ def _start_vision(loaded, args):
     from worker.vision.engine import VisionEngine
     from worker.vision.language import shared_language_model
 
-    lm = shared_language_model(loaded.model, loaded.path)
+    # (--max-kv-size: a rotating cache, which an image's prefill cannot hand over yet.)
+    lm = None if args.max_kv_size else shared_language_model(loaded.model, loaded.path)
     engine = VisionEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                           args.prefill_step, loaded.vocab_size, lm=lm)
     if lm is None:

@@ -6,9 +6,9 @@ worker/vision/language.py), with what an image adds to a sequence.
   vision tower's features. So a prompt with images is prefilled, from where the KV cache
   left it, up to its last image token by mlx-vlm's own step (`get_input_embeddings`: the
   vision tower, its features merged into the prompt's embeddings, the 3-D rotary
-  positions of Qwen's families; then mlx-vlm's language model, chunk by chunk, on the
-  mlx-lm caches the batch takes), and joins the batch from that state, like a cached
-  prefix, for the rest of its prompt and its decoding. mlx-vlm's BatchGenerator does the
+  positions of Qwen's families; then mlx-vlm's language model, chunk by chunk, on its own
+  caches, whose state is then handed to mlx-lm's, `_carry`), and joins the batch from
+  that state, like a cached prefix, for the rest of its prompt and its decoding. mlx-vlm's BatchGenerator does the
   same in one batch, but with one sampler for all, no per-sequence logits processors and
   no starting state of ours (prefix cache, snapshots): its model step is what is used.
   That prefill runs when the sequence is admitted, between two steps of the others.
@@ -31,6 +31,7 @@ import logging
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import make_prompt_cache
+from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
 from protocol.messages import Generate, OutputSpec, SamplingParams
 from worker.kvcache.manager import Start, Tier
@@ -60,6 +61,21 @@ def _tell_rows() -> None:
 
 
 _tell_rows()
+
+
+def _carry(source: list, target: list) -> list:
+    """`target` (fresh caches, layer by layer) holding `source`'s state: mlx-vlm's step
+    runs on mlx-vlm's cache classes (its linear-attention layers write their window
+    through them), the batch on mlx-lm's; both keep a layer's state as the same arrays
+    (attention keys and values up to the offset, a recurrent layer's conv and state).
+    Only these two kinds of cache (worker/vision/language.py `CARRIED`)."""
+    for s, t in zip(source, target, strict=True):
+        if isinstance(getattr(t, "cache", None), list):  # recurrent: its arrays
+            t.cache = list(s.cache)
+            continue
+        keys, values = s.keys[..., :s.offset, :], s.values[..., :s.offset, :]
+        t.keys, t.values, t.offset = keys, values, s.offset
+    return target
 
 
 class VisionBatch(Batch):
@@ -99,14 +115,17 @@ class VisionBatch(Batch):
         deltas = extra.get("rope_deltas")
         self._delta = int(deltas.reshape(-1)[0].item()) if deltas is not None else 0
         embeds = embedded.inputs_embeds
-        cache = hit.cache if hit is not None else make_prompt_cache(self.engine.model)
+        cache = make_vlm_cache(vlm.language_model)
+        if hit is not None:
+            _carry(hit.cache, cache)
         chunk = max(1, self.chunks.size)
         for a in range(start, end, chunk):
             b = min(end, a + chunk)
             vlm.language_model(inputs[:, a:b], inputs_embeds=embeds[:, a:b], cache=cache,
                                n_to_process=b - a, **extra)
             mx.eval([c.state for c in cache])
-        return Start(cache, end, hit.tier if hit is not None else Tier.PREFIX)
+        return Start(_carry(cache, make_prompt_cache(self.engine.model)), end,
+                     hit.tier if hit is not None else Tier.PREFIX)
 
     def _rope_delta(self, inputs, kwargs) -> int:
         """The prompt's position delta from its token ids and image grids alone (0 for a

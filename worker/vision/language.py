@@ -10,7 +10,8 @@ mlx-lm's BatchGenerator, its batch caches and mlxd's patches of them are built f
 `shared_language_model` builds the mlx-lm class from the checkpoint's config with lazy
 weights and replaces every one of them with mlx-vlm's array of the same name: the
 weights are in memory once. A checkpoint whose names or shapes do not line up (or whose
-family mlx-lm lacks) gets None, and keeps the one-at-a-time path (worker/vision/serial.py).
+family mlx-lm lacks, or whose caches are not `CARRIED`) gets None, and keeps the
+one-at-a-time path (worker/vision/serial.py).
 
 `Positions` is the one thing the text class lacks: Qwen's multimodal rotary positions
 advance an image by its grid's side, not by its token count, so every token after an
@@ -29,8 +30,15 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
 log = logging.getLogger("worker.vision")
+
+
+# The cache classes whose state an image's prefill hands from mlx-vlm's step to the
+# batch (worker/vision/batch.py `_carry`): attention KV and recurrent arrays. A sliding
+# window's rotating cache (Gemma 3) is not one yet.
+CARRIED = frozenset((KVCache, ArraysCache))
 
 
 def shared_language_model(vlm, path: Path) -> Optional[nn.Module]:
@@ -53,6 +61,11 @@ def shared_language_model(vlm, path: Path) -> Optional[nn.Module]:
     if off:
         log.info("mlx-lm's text model and mlx-vlm's differ in %d weights (%s, ...): one "
                  "request at a time", len(off), off[0])
+        return None
+    kinds = {type(c) for c in make_prompt_cache(lm)}
+    if not kinds <= CARRIED:
+        log.info("the language model keeps caches the image prefill cannot hand over "
+                 "(%s): one request at a time", ", ".join(sorted(k.__name__ for k in kinds)))
         return None
     lm.update(tree_unflatten([(k, theirs[k]) for k in mine]))
     lm.eval()
