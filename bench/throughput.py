@@ -1,6 +1,7 @@
 """Throughput and prompt reuse: mlxd against raw mlx-lm and mlx-lm's own server, in one run.
 
     python -m bench.throughput [--preset tiny|small|tiny-hybrid|small-hybrid|smollm2|all] [--quick]
+    python -m bench.throughput --preset tiny-vision|small-vision|small-vision-hybrid [--quick]
 
 Per preset, at temperature 0, side by side:
 - aggregate decode tokens/s at 1, 4 and 8 concurrent streams: raw mlx-lm `batch_generate`
@@ -17,6 +18,8 @@ Per preset, at temperature 0, side by side:
 Goals (issue "Throughput: continuous batching and prompt-prefix KV reuse"): at 8 streams
 mlxd >= 0.9 x raw and above mlx-lm's server; p95 ITL 8 ÷ 1 <= 2; warm ÷ cold TTFT <=
 0.03; every later agent turn >= 90% cached with TTFT <= 0.1 x the cold first turn.
+The vision presets (not in `all`) run bench/vision_throughput.py: the same against raw
+mlx-vlm and mlx-vlm's server, text-only and with images.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ PRESETS = ("tiny", "small", "tiny-hybrid", "small-hybrid")
 # in `all`: about 7 tokens/s a stream on a 2-core CPU.
 TRAINED = ("smollm2",)
 REUSE_PRESETS = ("tiny", "tiny-hybrid")
+# Vision checkpoints (bench/vision_throughput.py): preset → (size, family).
+VISION = {"tiny-vision": ("tiny", "qwen2-vl"), "small-vision": ("small", "qwen2-vl"),
+          "small-vision-hybrid": ("small", "qwen3.5")}
 WORDS = "the model reads every line of the repository and writes a careful plan".split()
 
 
@@ -241,7 +247,7 @@ def reuse(preset: str, system_words: int, turns: int, conversations: int) -> lis
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", choices=(*PRESETS, *TRAINED, "all"), default="all")
+    p.add_argument("--preset", choices=(*PRESETS, *TRAINED, *VISION, "all"), default="all")
     p.add_argument("--tokens", type=int, default=None,
                    help="tokens per stream (default 256; 64 on the small presets, 32 on smollm2)")
     p.add_argument("--quick", action="store_true", help="a smoke run: few tokens and turns")
@@ -249,6 +255,11 @@ def main() -> None:
     presets = PRESETS if args.preset == "all" else (args.preset,)
     rows = []
     for preset in presets:
+        if preset in VISION:
+            from bench.vision_throughput import vision_rows
+
+            rows += vision_rows(*VISION[preset], args.quick)
+            continue
         tokens = args.tokens or (16 if args.quick else 32 if preset in TRAINED
                                  else 64 if "small" in preset else 256)
         rows += throughput(preset, tokens, [1, 2] if args.quick else [1, 4, 8])
