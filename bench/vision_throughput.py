@@ -201,7 +201,7 @@ def vision_rows(size: str, family: str, quick: bool) -> list:
     side = int(SIZES[size]["max_pixels"] ** 0.5)
     tokens = 16 if quick else 64 if size == "small" else 128
     rows = throughput(name, path, tokens, [1, 2] if quick else [1, 4, 8], side)
-    return rows + reuse(name, path, 200 if quick else 1400, side)
+    return rows + reuse(name, path, 200 if quick else 620, side)  # (~2,000 tokens)
 
 
 def main() -> None:

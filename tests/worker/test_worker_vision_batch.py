@@ -13,6 +13,7 @@ import pytest
 from tests.generates import generate
 from tests.worker.batchrun import Seq, run_all
 from tests.worker.test_worker_vision import png
+from tests.worker.test_worker_vision import run as mlx_vlms  # mlx-vlm's own step, serially
 from worker.kvcache.prefix import PrefixCache
 
 
@@ -55,19 +56,6 @@ def vbatch(engine, prefix: PrefixCache | None = None, max_size: int = 8):
     return VisionBatch(engine, max_size=max_size, prefill_step=engine.prefill_step,
                        prefill_batch=8, kv_budget=1 << 30, kvcache=kvcache,
                        kv=KVSize.measure(engine.model))
-
-
-def mlx_vlms(engine, gen) -> list:
-    """The request's outcomes through mlx-vlm's own generation step
-    (worker/vision/serial.py)."""
-    from worker.vision.serial import SerialBatch
-
-    batch = SerialBatch(engine)
-    batch.add(Seq("s"), engine.prepare(gen))
-    out = []
-    while batch.members:
-        out += [o for _, o in batch.step()]
-    return out
 
 
 def tokens(outcomes) -> list[int]:

@@ -476,11 +476,15 @@ class Batch:
         no kernel compile (seconds on a GPU). Nothing of it is cached."""
         vocab = self.engine.vocab_size
         ids = [1 + i % (vocab - 1) for i in range(prompt_tokens)]
+        self.run_uncached([Generate(rid=f"warm-{n}", prompt_ids=pack_ids(ids_),
+                                    sampling=SamplingParams(max_tokens=2, temperature=0.0))
+                           for n, ids_ in enumerate((ids, ids[: prompt_tokens // 2]))])
+
+    def run_uncached(self, gens: list) -> None:
+        """Run `gens` through the batch together to their end, nothing of them cached."""
         kvcache, self.kvcache = self.kvcache, None
         try:
-            for n, ids_ in enumerate((ids, ids[: prompt_tokens // 2])):
-                gen = Generate(rid=f"warm-{n}", prompt_ids=pack_ids(ids_),
-                               sampling=SamplingParams(max_tokens=2, temperature=0.0))
+            for gen in gens:
                 self.add(_Warm(gen.rid), self.engine.prepare(gen))
             while self.members:
                 self.step()

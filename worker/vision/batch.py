@@ -25,7 +25,6 @@ worker/vision/language.py), with what an image adds to a sequence.
 from __future__ import annotations
 
 import functools
-import io
 import logging
 
 import mlx.core as mx
@@ -33,10 +32,9 @@ from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
-from protocol.messages import Generate, OutputSpec, SamplingParams
 from worker.kvcache.manager import Start, Tier
-from worker.loop.batch import Batch, _Warm
-from worker.vision.engine import _NOT_KWARGS, KEY, media_tokens
+from worker.loop.batch import Batch
+from worker.vision.engine import _NOT_KWARGS, KEY, media_tokens, warm_requests
 
 log = logging.getLogger("worker.vision")
 
@@ -157,21 +155,4 @@ class VisionBatch(Batch):
         """The text batch's warm-up, then a short image request: the vision tower and
         the image prefill compile before Ready too."""
         super().warm(prompt_tokens)
-        import numpy as np
-        from PIL import Image
-
-        buf = io.BytesIO()
-        Image.fromarray(np.full((64, 64, 3), 128, np.uint8)).save(buf, format="PNG")
-        gen = Generate(rid="warm-image", images=(buf.getvalue(),),
-                       messages=[{"role": "user", "content": [
-                           {"type": "image"}, {"type": "text", "text": "Hi"}]}],
-                       sampling=SamplingParams(max_tokens=2, temperature=0.0),
-                       output=OutputSpec())
-        kvcache, self.kvcache = self.kvcache, None
-        try:
-            self.add(_Warm(gen.rid), self.engine.prepare(gen))
-            while self.members:
-                self.step()
-        finally:
-            self.kvcache = kvcache
-        mx.clear_cache()
+        self.run_uncached(warm_requests()[1:])

@@ -20,8 +20,9 @@ what comes before it; the next turn about the same image finds its state.
 from __future__ import annotations
 
 import hashlib
+import io
 
-from protocol.messages import INVALID_REQUEST
+from protocol.messages import INVALID_REQUEST, Generate, OutputSpec, SamplingParams
 from worker.text import prompt as chat_prompt
 from worker.text.engine import Prepared, TextEngine
 from worker.errors import RequestError
@@ -61,6 +62,23 @@ def media_key(ids: list[int], images: tuple, tokens: frozenset) -> list[int]:
     for (a, b), digest in zip(runs, digests):
         key[a:b] = [_KEY_BASE | int.from_bytes(digest[:4], "little") >> 1] * (b - a)
     return key
+
+
+def warm_requests() -> list[Generate]:
+    """A short text request and a short image request (a grey 64×64 PNG): what a vision
+    worker runs before Ready, so the first client request pays no compile."""
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((64, 64, 3), 128, np.uint8)).save(buf, format="PNG")
+    sampling = SamplingParams(max_tokens=2, temperature=0.0)
+    return [Generate(rid="warm-text", messages=[{"role": "user", "content": "Hi"}],
+                     sampling=sampling, output=OutputSpec()),
+            Generate(rid="warm-image", images=(buf.getvalue(),), sampling=sampling,
+                     messages=[{"role": "user", "content": [
+                         {"type": "image"}, {"type": "text", "text": "Hi"}]}],
+                     output=OutputSpec())]
 
 
 class VisionEngine(TextEngine):

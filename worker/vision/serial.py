@@ -15,11 +15,10 @@ tokens depend on the image, not on its token ids (a follow-up prefills its whole
 
 from __future__ import annotations
 
-import io
 from typing import Optional
 
-from protocol.messages import CacheStats, Generate, OutputSpec, SamplingParams
-from worker.vision.engine import _NOT_KWARGS
+from protocol.messages import CacheStats
+from worker.vision.engine import _NOT_KWARGS, warm_requests
 
 
 class _Warm:
@@ -105,16 +104,7 @@ class SerialBatch:
     def warm(self) -> None:
         """A short text request and a short image request before Ready, so the first
         client request pays no compile."""
-        import numpy as np
-        from PIL import Image
-
-        buf = io.BytesIO()
-        Image.fromarray(np.full((64, 64, 3), 128, np.uint8)).save(buf, format="PNG")
-        for n, images in enumerate(((), (buf.getvalue(),))):
-            content = "Hi" if not images else [{"type": "image"}, {"type": "text", "text": "Hi"}]
-            gen = Generate(rid=f"warm-{n}", messages=[{"role": "user", "content": content}],
-                           images=images, sampling=SamplingParams(max_tokens=2, temperature=0.0),
-                           output=OutputSpec())
+        for gen in warm_requests():
             self.add(_Warm(), self.engine.prepare(gen))
             while self.members:
                 self.step()
