@@ -206,3 +206,19 @@ def test_the_next_turn_about_an_image_resumes_without_encoding_it_again(vlm_engi
     assert len(tower_runs) == runs and cached > 0  # resumed past the image
     cold, cold_cached = one(vbatch(vlm_engine), vlm_engine, gen2)
     assert warm == cold and cold_cached == 0
+
+
+def test_a_worker_that_cannot_batch_the_checkpoint_serves_it_one_at_a_time(spawn,
+                                                                          vision_model):
+    # --max-kv-size makes rotating caches, which an image's prefill cannot hand over yet
+    # (worker/vision/language.py CARRIED): one slot, mlx-vlm's own step, and it serves.
+    from protocol.messages import Delta, Done, Ready
+
+    w = spawn(vision_model, "--max-kv-size", "1024")
+    ready = w.wait_for("ready", timeout=120)[0]
+    assert isinstance(ready, Ready) and ready.slots == 1
+    w.send(ask("What is this?", (png(),), rid="v", max_tokens=3))
+    events = []
+    while not any(isinstance(e, Done) for e in events):
+        events.append(w.recv(timeout=30))
+    assert sum(e.n_tokens for e in events if isinstance(e, Delta)) == 3
