@@ -42,7 +42,7 @@ def steps(engine, prep, batch: Batch | None = None):
     batch = make_batch(engine) if batch is None else batch
     seq = Seq("alone")
     batch.add(seq, prep)
-    while batch.members:
+    while len(batch):
         results = batch.step()
         if not results:
             yield None
@@ -60,7 +60,7 @@ def run_all(batch: Batch, preps: dict, join: dict | None = None) -> dict:
     out = {name: [] for name in preps}
     waiting = sorted(preps, key=lambda n: join.get(n, 0))
     step = 0
-    while waiting or batch.members:
+    while waiting or len(batch):
         while waiting and join.get(waiting[0], 0) <= step:
             name = waiting.pop(0)
             batch.add(seqs[name], preps[name])

@@ -47,13 +47,14 @@ def serial_engine(loaded):
     return VisionEngine(*loaded[:2], 4096, 64)
 
 
-def vbatch(engine, prefix: PrefixCache | None = None, max_size: int = 8):
+def vbatch(engine, prefix: PrefixCache | None = None, max_size: int = 8,
+           prefill_step: int | None = None):
     from worker.kvcache.manager import KVCache, trimmable
     from worker.loop.batch import KVSize
     from worker.vision.batch import VisionBatch
 
     kvcache = None if prefix is None else KVCache(prefix, trimmable=trimmable(engine.model, None))
-    return VisionBatch(engine, max_size=max_size, prefill_step=engine.prefill_step,
+    return VisionBatch(engine, max_size=max_size, prefill_step=prefill_step or engine.prefill_step,
                        prefill_batch=8, kv_budget=1 << 30, kvcache=kvcache,
                        kv=KVSize.measure(engine.model))
 
@@ -113,7 +114,7 @@ def test_cancelling_one_of_four_leaves_the_others_their_tokens(vlm_engine):
         batch.add(seqs[n], vlm_engine.prepare(g))
     out = {n: [] for n in gens}
     steps = 0
-    while batch.members:
+    while len(batch):
         for seq, o in batch.step():
             out[seq.rid].append(o[0])
         steps += 1
@@ -122,6 +123,39 @@ def test_cancelling_one_of_four_leaves_the_others_their_tokens(vlm_engine):
     assert len(out["image"]) < 8
     assert {n: t for n, t in out.items() if n != "image"} == \
         {n: t for n, t in alone.items() if n != "image"}
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_an_image_prompt_prefills_a_chunk_a_step_beside_a_running_stream(vlm_engine, cancel):
+    gens = {"text": ask(rid="text", max_tokens=24, logprobs=True, **REQUESTS["text"]),
+            "image": ask(rid="image", max_tokens=4, logprobs=True, **REQUESTS["two"])}
+    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
+             for n, g in gens.items()}
+    batch = vbatch(vlm_engine, prefill_step=4)  # the image prompt: several 4-token chunks
+    seqs = {n: Seq(n) for n in gens}
+    out = {n: [] for n in gens}
+
+    def step():
+        results = batch.step()
+        for seq, o in results:
+            out[seq.rid].append(o)
+        return {seq.rid for seq, _ in results}
+
+    batch.add(seqs["text"], vlm_engine.prepare(gens["text"]))
+    while len(out["text"]) < 2:  # (past its first token, read a step early)
+        step()
+    batch.add(seqs["image"], vlm_engine.prepare(gens["image"]))
+    chunks = 0
+    while batch.prefilling:
+        assert "text" in step()  # the running stream's token at every step
+        chunks += 1
+        if cancel and chunks == 2:
+            batch.remove(seqs["image"])  # between two chunks of its prefill
+    assert (chunks == 2 and len(batch) == 1) if cancel else chunks >= 3
+    while len(batch):
+        step()
+    assert same(out["text"], alone["text"])
+    assert out["image"] == [] if cancel else same(out["image"], alone["image"])
 
 
 def test_grammars_and_stop_strings_stay_per_sequence_in_a_mixed_batch(vlm_engine):
@@ -166,7 +200,7 @@ def one(batch, engine, gen):
     """(tokens, cached prompt tokens) of `gen` run alone on `batch`."""
     seq, out = Seq(gen.rid), []
     cached = batch.add(seq, engine.prepare(gen))
-    while batch.members:
+    while len(batch):
         out += [o[0] for _, o in batch.step()]
     return out, cached
 

@@ -278,25 +278,38 @@ class Batch:
     def fits(self, prep) -> bool:
         """Room for `prep` now: a free slot, and what the batch holds with it within the
         budget (a sequence alone always fits: the context is capped to the budget)."""
-        if len(self.members) >= self.max_size:
+        running = self.running_tokens()
+        if len(running) >= self.max_size:
             return False
-        return not self.members or self.holds(
-            [m.tokens for m in self.members.values()] + [self.tokens(prep)]) <= self.kv_budget
+        return not running or self.holds(running + [self.tokens(prep)]) <= self.kv_budget
+
+    def running_tokens(self) -> list[int]:
+        """The KV tokens each admitted sequence reserves."""
+        return [m.tokens for m in self.members.values()]
 
     def _reserve(self) -> None:
-        self.reserved = self.holds([m.tokens for m in self.members.values()])
+        self.reserved = self.holds(self.running_tokens())
 
     def add(self, seq, prep) -> int:
         """Start `prep` (after `fits`); returns the prompt tokens the KV cache supplied."""
+        hit = self.cached_start(prep)
+        self.insert(seq, prep, hit)
+        return hit.tokens if hit is not None else 0
+
+    def cached_start(self, prep):
+        """The KV cache's starting state for `prep` (None: from scratch)."""
+        if self.kvcache is None:
+            return None
+        hit = self.kvcache.start(prep.gen.cache, self.cache_key(prep), prep.snapshot)
+        prep.snapshot = None  # (host memory: not kept with a waiting request)
+        return hit
+
+    def insert(self, seq, prep, hit) -> None:
+        """`prep` into mlx-lm's batch from `hit` (a state holding its first `hit.tokens`
+        prompt tokens; None: from scratch)."""
         engine, ids, spec = self.engine, prep.ids, prep.gen.cache
         decoding = engine.decoding(prep)
-        hit, checkpoints = None, []  # (checkpoints: prompt lengths to keep the state at)
-        key = self.cache_key(prep)
-        if self.kvcache is not None:
-            hit = self.kvcache.start(spec, key, prep.snapshot)
-            prep.snapshot = None  # (host memory: not kept with a waiting request)
-        reused = hit.tokens if hit is not None else 0
-        hit = self.prefill_media(prep, hit)
+        checkpoints = []  # prompt lengths to keep the state at
         cached = hit.tokens if hit is not None else 0
         if self.kvcache is not None:
             checkpoints = self.kvcache.checkpoints(cached, len(ids))
@@ -309,22 +322,17 @@ class Batch:
             segments=[segments], max_tokens=[decoding.budget],
             caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
+        key = self.cache_key(prep)
         self.members[uid] = Member(seq, decoding, spec, self.tokens(prep), len(ids),
                                    checkpoints, key=None if key is ids else key)
         seq.uid = uid
         self._reserve()
         self._bound_prefix()
-        return reused
 
     def cache_key(self, prep) -> list:
         """`prep`'s prompt as the KV cache knows it: its ids (a vision batch's also say
         which image each image token shows: worker/vision/batch.py)."""
         return prep.ids
-
-    def prefill_media(self, prep, hit):
-        """The state `prep` joins the batch from, given the KV cache's `hit` (None: from
-        scratch): the hit (a vision batch prefills the prompt's images first)."""
-        return hit
 
     def _fit_chunk(self) -> None:
         """The next prefill chunk within the budget the running sequences leave: halved
@@ -486,7 +494,7 @@ class Batch:
         try:
             for gen in gens:
                 self.add(_Warm(gen.rid), self.engine.prepare(gen))
-            while self.members:
+            while len(self):
                 self.step()
         finally:
             self.kvcache = kvcache

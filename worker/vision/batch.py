@@ -6,12 +6,14 @@ worker/vision/language.py), with what an image adds to a sequence.
   vision tower's features. So a prompt with images is prefilled, from where the KV cache
   left it, up to its last image token by mlx-vlm's own step (`get_input_embeddings`: the
   vision tower, its features merged into the prompt's embeddings, the 3-D rotary
-  positions of Qwen's families; then mlx-vlm's language model, chunk by chunk, on its own
-  caches, whose state is then handed to mlx-lm's, `_carry`), and joins the batch from
-  that state, like a cached prefix, for the rest of its prompt and its decoding. mlx-vlm's BatchGenerator does the
-  same in one batch, but with one sampler for all, no per-sequence logits processors and
-  no starting state of ours (prefix cache, snapshots): its model step is what is used.
-  That prefill runs when the sequence is admitted, between two steps of the others.
+  positions of Qwen's families; then mlx-vlm's language model on its own caches, whose
+  state is then handed to mlx-lm's, `_carry`), one chunk each `step` before the text
+  batch's step (the vision tower with the first), so the running streams wait a chunk a
+  step for it as for a text prompt, and a cancel lands between chunks; then it joins
+  the batch from that state, like a cached prefix, for the rest of its prompt and its
+  decoding. mlx-vlm's BatchGenerator does the same in one batch, but with one sampler
+  for all, no per-sequence logits processors and no starting state of ours (prefix
+  cache, snapshots): its model step is what is used.
 - Its positions: after an image, a token's rotary position is its index plus the
   sequence's delta (mlx-vlm's `rope_deltas`), which the batch's forward passes add per
   row (language.py `Positions`; `_tell_rows` says which rows each pass runs). A state
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
@@ -76,13 +80,35 @@ def _carry(source: list, target: list) -> list:
     return target
 
 
+@dataclass
+class _Prefill:
+    """An image prompt being prefilled through its last image token (by mlx-vlm's step),
+    before it joins mlx-lm's batch."""
+    seq: Any
+    prep: Any
+    hit: Any             # the KV cache's start (None: from scratch)
+    inputs: mx.array     # the prompt's ids, (1, n)
+    kwargs: dict         # the processor's arrays the model's step takes
+    end: int             # one past its last image token
+    pos: int = 0         # prompt tokens in `cache`
+    cache: Any = None    # mlx-vlm's caches, once the images are embedded
+    embeds: Any = None
+    extra: dict = field(default_factory=dict)
+
+
 class VisionBatch(Batch):
     def __init__(self, engine, **kwargs):
         super().__init__(engine, **kwargs)
         self.vlm = engine.vlm
         self.positions = engine.model.mlxd_positions
         self.media_tokens = media_tokens(self.vlm.config)
-        self._delta = 0   # the delta of the sequence `add` is starting
+        self.prefilling: list[_Prefill] = []   # admitted, their images being prefilled
+
+    def __len__(self) -> int:
+        return len(self.members) + len(self.prefilling)
+
+    def running_tokens(self) -> list[int]:
+        return super().running_tokens() + [self.tokens(p.prep) for p in self.prefilling]
 
     # ---- a sequence's start ----------------------------------------------------------
 
@@ -90,40 +116,67 @@ class VisionBatch(Batch):
         key = (prep.media or {}).get(KEY)
         return key if key is not None else prep.ids
 
-    def prefill_media(self, prep, hit):
-        """Prefill `prep`'s prompt from `hit` through its last image token (none: `hit`
-        as it is), and note its position delta."""
-        self._delta = 0
+    def add(self, seq, prep) -> int:
+        """Start `prep`: into mlx-lm's batch now when the KV cache holds all its images
+        (or it has none), else once `step` has prefilled them, a chunk a step."""
+        hit = self.cached_start(prep)
+        cached = hit.tokens if hit is not None else 0
         media = prep.media or {}
         if media.get("pixel_values") is None:
-            return hit
+            self.insert(seq, prep, hit)
+            return cached
         ids = prep.ids
         end = 1 + max(i for i, t in enumerate(ids) if t in self.media_tokens)
-        start = hit.tokens if hit is not None else 0
-        inputs = mx.array(ids)[None]
-        kwargs = {k: mx.array(v) for k, v in media.items() if k not in _NOT_KWARGS}
-        if start >= end:  # the KV cache holds every image: no vision tower
-            self._delta = self._rope_delta(inputs, kwargs)
-            return hit
+        job = _Prefill(seq, prep, hit, mx.array(ids)[None],
+                       {k: mx.array(v) for k, v in media.items() if k not in _NOT_KWARGS},
+                       end, cached)
+        if cached >= end:  # the KV cache holds every image: no vision tower
+            self._join(job, hit, self._rope_delta(job.inputs, job.kwargs))
+        else:
+            seq.uid = None
+            self.prefilling.append(job)
+            self._reserve()
+            self._bound_prefix()
+        return cached
+
+    def step(self) -> list:
+        """One chunk of the first image prompt's prefill (the vision tower with its first
+        chunk), then the text batch's step."""
+        if self.prefilling:
+            self._prefill_chunk(self.prefilling[0])
+        return super().step()
+
+    def _prefill_chunk(self, job: _Prefill) -> None:
         vlm = self.vlm
-        embedded = vlm.get_input_embeddings(inputs, mx.array(media["pixel_values"]),
-                                            mask=None, **kwargs)
-        extra = {k: v for k, v in embedded.to_dict().items()
-                 if k != "inputs_embeds" and v is not None}
-        deltas = extra.get("rope_deltas")
-        self._delta = int(deltas.reshape(-1)[0].item()) if deltas is not None else 0
-        embeds = embedded.inputs_embeds
-        cache = make_vlm_cache(vlm.language_model)
-        if hit is not None:
-            _carry(hit.cache, cache)
-        chunk = max(1, self.chunks.size)
-        for a in range(start, end, chunk):
-            b = min(end, a + chunk)
-            vlm.language_model(inputs[:, a:b], inputs_embeds=embeds[:, a:b], cache=cache,
-                               n_to_process=b - a, **extra)
-            mx.eval([c.state for c in cache])
-        return Start(_carry(cache, make_prompt_cache(self.engine.model)), end,
-                     hit.tier if hit is not None else Tier.PREFIX)
+        if job.cache is None:
+            embedded = vlm.get_input_embeddings(
+                job.inputs, mx.array(job.prep.media["pixel_values"]), mask=None,
+                **job.kwargs)
+            job.embeds = embedded.inputs_embeds
+            job.extra = {k: v for k, v in embedded.to_dict().items()
+                         if k != "inputs_embeds" and v is not None}
+            job.cache = make_vlm_cache(vlm.language_model)
+            if job.hit is not None:
+                _carry(job.hit.cache, job.cache)
+        a, b = job.pos, min(job.end, job.pos + max(1, self.chunks.size))
+        vlm.language_model(job.inputs[:, a:b], inputs_embeds=job.embeds[:, a:b],
+                           cache=job.cache, n_to_process=b - a, **job.extra)
+        mx.eval([c.state for c in job.cache])
+        job.pos = b
+        if b == job.end:
+            self.prefilling.remove(job)
+            deltas = job.extra.get("rope_deltas")
+            start = Start(_carry(job.cache, make_prompt_cache(self.engine.model)), job.end,
+                          job.hit.tier if job.hit is not None else Tier.PREFIX)
+            self._join(job, start, int(deltas.reshape(-1)[0].item())
+                       if deltas is not None else 0)
+
+    def _join(self, job: _Prefill, start, delta: int) -> None:
+        """`job`'s sequence into mlx-lm's batch from `start`, its positions moved by
+        `delta` from there on."""
+        self.insert(job.seq, job.prep, start)
+        if delta:
+            self.positions.deltas[job.seq.uid] = delta
 
     def _rope_delta(self, inputs, kwargs) -> int:
         """The prompt's position delta from its token ids and image grids alone (0 for a
@@ -135,21 +188,25 @@ class VisionBatch(Batch):
                           None)
         return int(mx.array(deltas).reshape(-1)[0].item()) if deltas is not None else 0
 
-    def add(self, seq, prep) -> int:
-        cached = super().add(seq, prep)
-        if self._delta:
-            self.positions.deltas[seq.uid] = self._delta
-        return cached
-
     # ---- a sequence's end ------------------------------------------------------------
 
     def _leave(self, uid: int, in_gen: bool, store: bool) -> None:
         super()._leave(uid, in_gen, store)
         self.positions.deltas.pop(uid, None)
 
+    def remove(self, seq) -> None:
+        for job in self.prefilling:
+            if job.seq is seq:
+                self.prefilling.remove(job)
+                self._reserve()
+                return
+        super().remove(seq)
+
     def reset(self) -> list:
         self.positions.clear()  # (a fresh generator counts its uids from 0)
-        return super().reset()
+        seqs = [job.seq for job in self.prefilling]
+        self.prefilling.clear()
+        return super().reset() + seqs
 
     def warm(self, prompt_tokens: int = 48) -> None:
         """The text batch's warm-up, then a short image request: the vision tower and
