@@ -320,10 +320,14 @@ SETTINGS: tuple[Setting, ...] = (
       worker=True),
     S("quantize", choice("none", "4", "8"), "none", "re-quantize converted GGUF weights to "
       "MLX's own 4 or 8 bits (none: keep --gguf-dtype)", worker=True),
-    # Refused by the worker with a clear message: mlx-lm's batch has no quantized cache.
-    S("kv_bits", INT, None, "quantized KV cache bits: not available yet (mlx-lm's batched "
-      "generation has no quantized batch cache); a worker given it refuses to load",
+    # A quantized KV cache (worker/kvcache/quantized.py): attention keys and values in 8 or
+    # 4 bits, in the batch, the prompt cache and the snapshots alike.
+    S("kv_bits", INT, None, "store attention keys and values quantized to 8 or 4 bits "
+      "(about 0.53 or 0.28 x half precision's bytes: --kv-budget holds that many more "
+      "tokens; default: full precision); a model that cannot refuses to load",
       worker=True),
+    S("kv_group_size", INT, 64, "values per scale and bias of a quantized KV cache (32, 64 "
+      "or 128; must divide the model's head dimension)", worker=True),
     # Decode steps that come faster than this travel (and stream) together: one message and
     # one SSE chunk per interval instead of per token. Real models on Apple Silicon take
     # longer than this per token, so for them every token still goes out at once.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from worker.kvcache.disk import DiskTier
 from worker.kvcache.manager import SNAPSHOT_EVERY, KVCache, trimmable
 from worker.kvcache.prefix import PrefixCache
+from worker.kvcache.quantized import KVFormat
 from worker.loop.batch import Batch, KVSize
 
 
@@ -24,7 +25,7 @@ class Seq:
 def make_batch(engine, *, max_size: int = 8, prefill_batch: int = 8, kv_budget: int = 1 << 30,
                prefix: PrefixCache | None = None, max_kv_size: int | None = None,
                disk: DiskTier | None = None, snapshot_every: int = SNAPSHOT_EVERY,
-               **kw) -> Batch:
+               kv_format: KVFormat = KVFormat(), **kw) -> Batch:
     """A batch as worker/loading/startup.py builds one; with `prefix`, its KV cache manager
     (the prefix cache, named snapshots and the `disk` tier: batch.kvcache)."""
     kvcache = None
@@ -33,7 +34,8 @@ def make_batch(engine, *, max_size: int = 8, prefill_batch: int = 8, kv_budget: 
                           every=snapshot_every)
     return Batch(engine, max_size=max_size, prefill_step=engine.prefill_step,
                  prefill_batch=prefill_batch, kv_budget=kv_budget, kvcache=kvcache,
-                 kv=KVSize.measure(engine.model, max_kv_size), max_kv_size=max_kv_size, **kw)
+                 kv=KVSize.measure(engine.model, max_kv_size, kv_format), max_kv_size=max_kv_size,
+                 kv_format=kv_format, **kw)
 
 
 def steps(engine, prep, batch: Batch | None = None):

@@ -34,6 +34,9 @@ PRESETS = {
                        num_key_value_heads=6, intermediate_size=192, vocab_size=1024),
 }
 PRESETS["demo"] = PRESETS["tiny"]
+# A quantized KV cache needs a head dimension of 32 at least (MLX's smallest quantization
+# group): `tiny` with 2 heads of 32 (worker/kvcache/quantized.py's tests).
+PRESETS["tiny-kvq"] = dict(PRESETS["tiny"], num_attention_heads=2)
 # Hybrid architectures: recurrent layers (GatedDeltaNet, whose state cannot be trimmed
 # back to a shorter prefix) between attention layers, as in Qwen3-Next / Qwen3.5. Dense
 # (no experts), so the tiny ones cost what `tiny` and `small` cost. The prompt cache and
@@ -46,6 +49,7 @@ PRESETS["tiny-hybrid"] = dict(
     head_dim=16, intermediate_size=128, vocab_size=1024, linear_num_value_heads=4,
     linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
     shared_expert_intermediate_size=128, moe_intermediate_size=64)
+PRESETS["tiny-hybrid-kvq"] = dict(PRESETS["tiny-hybrid"], head_dim=32)
 PRESETS["small-hybrid"] = dict(
     _HYBRID, hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
     head_dim=64, intermediate_size=1536, vocab_size=8000, linear_num_value_heads=8,

@@ -4,7 +4,8 @@ cache layout) that computed it.
 The identity is a hash of the model directory's real path, the name, size and mtime of
 every weights file in it (a re-download or re-conversion changes them; for a Hugging Face
 snapshot the path already names the revision), and the worker settings that change the
-cache's layout (`--max-kv-size`: a rotating cache). Hashing the weights' bytes would be
+cache's layout (`--max-kv-size`: a rotating cache; `--kv-bits` and `--kv-group-size`: a
+quantized one, so a snapshot is only ever resumed by a worker of the same KV format). Hashing the weights' bytes would be
 exact but reads gigabytes at every load; size and mtime are what build tools trust too.
 """
 
@@ -20,9 +21,12 @@ from worker.kvcache.files import FORMAT
 _WEIGHTS = (".safetensors", ".gguf", ".npz", ".bin")
 
 
-def model_identity(path: Path, max_kv_size: Optional[int] = None) -> str:
+def model_identity(path: Path, max_kv_size: Optional[int] = None, kv_format: str = "") -> str:
+    """`kv_format`: worker/kvcache/quantized.py KVFormat.tag ("" for full precision)."""
     root = Path(path).resolve()
     parts: list = [FORMAT, str(root), max_kv_size]
+    if kv_format:  # (full precision: the identities written before quantized KV existed)
+        parts.append(kv_format)
     candidates = [root] if root.is_file() else sorted(root.iterdir())
     for f in candidates:
         if f.name.endswith(_WEIGHTS) or f.name == "config.json":

@@ -61,12 +61,14 @@ def shared_prefix(engine, gen: Generate) -> list[int]:
     return renders[0][:n]
 
 
-def prefill(engine, ids: list[int], step: int, max_kv_size=None) -> list:
-    """The model's cache after `ids`, prefilled `step` tokens at a time. MLX thread."""
+def prefill(engine, ids: list[int], step: int, max_kv_size=None, kv_format=None) -> list:
+    """The model's cache after `ids` (in `kv_format`: worker/kvcache/quantized.py),
+    prefilled `step` tokens at a time. MLX thread."""
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
-    cache = make_prompt_cache(engine.model, max_kv_size)
+    from worker.kvcache.quantized import KVFormat
+
+    cache = (kv_format or KVFormat()).make(engine.model, max_kv_size)
     for start in range(0, len(ids), step):
         engine.model(mx.array(ids[start:start + step])[None], cache=cache)
         mx.eval([c.state for c in cache])
@@ -88,6 +90,7 @@ def pin_warm_prompt(batch, path: Path, step: int) -> int:
     if len(ids) >= engine.context_length:
         raise LoadError(f"--warm-prompt {path}: {len(ids)} tokens do not fit the context "
                         f"({engine.context_length})")
-    if not ids or not batch.kvcache.pin(ids, prefill(engine, ids, step, batch.max_kv_size)):
+    if not ids or not batch.kvcache.pin(ids, prefill(engine, ids, step, batch.max_kv_size,
+                                                     batch.kv_format)):
         return 0
     return len(ids)

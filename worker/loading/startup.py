@@ -23,11 +23,8 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
     from worker.loop.batch import Batch, ChunkSizer, KVSize, StepMemory
     from worker.errors import LoadError
 
-    if args.kv_bits is not None:
-        raise LoadError("--kv-bits: a quantized KV cache cannot combine with continuous "
-                        "batching yet (mlx-lm's BatchGenerator has no quantized batch cache); "
-                        "leave --kv-bits unset")
-    kv = KVSize.measure(engine.model, args.max_kv_size)
+    kv_format = kv_format_of(engine, args)
+    kv = KVSize.measure(engine.model, args.max_kv_size, kv_format)
     fits = kv.tokens_within(args.kv_budget)
     if fits < 2:
         raise LoadError(f"--kv-budget {args.kv_budget} bytes holds no sequence of this model "
@@ -37,20 +34,37 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
                     "--kv-budget (%d bytes) holds for one sequence", fits,
                     engine.context_length, args.kv_budget)
         engine.cap_context(fits)
-    kvcache = _kvcache(engine, args, path, shard) if args.prompt_cache_bytes > 0 else None
+    kvcache = _kvcache(engine, args, path, shard, kv_format) \
+        if args.prompt_cache_bytes > 0 else None
     step = max(1, args.prefill_step)
     Batch = cls or Batch
     return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
-                 kvcache=kvcache, kv=kv, max_kv_size=args.max_kv_size,
+                 kvcache=kvcache, kv=kv, max_kv_size=args.max_kv_size, kv_format=kv_format,
                  chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)),
                  # (Not a group's rank: each would measure its own shard, and every rank
                  # must run the chunk the leader chose: worker/group/follower.py.)
-                 step_memory=None if shard else StepMemory.measure(engine.model,
-                                                                   engine.vocab_size or 0))
+                 step_memory=None if shard else StepMemory.measure(
+                     engine.model, engine.vocab_size or 0, kv_format=kv_format))
 
 
-def _kvcache(engine, args, path, shard: str = ""):
+def kv_format_of(engine, args):
+    """The KV format of --kv-bits and --kv-group-size, checked against the model: a
+    LoadError naming what cannot work (worker/kvcache/quantized.py), never silently full
+    precision."""
+    from worker.errors import LoadError
+    from worker.kvcache.quantized import FormatError, KVFormat
+
+    kv_format = KVFormat(args.kv_bits, args.kv_group_size)
+    try:
+        kv_format.check(engine.model, args.max_kv_size, getattr(getattr(engine.model, "args", None),
+                                              "model_type", ""))
+    except FormatError as e:
+        raise LoadError(str(e)) from None
+    return kv_format
+
+
+def _kvcache(engine, args, path, shard: str = "", kv_format=None):
     """The KV cache manager: the prompt-prefix cache within --prompt-cache-bytes (and the
     KV budget), and the disk tier of named snapshots within --kv-disk-bytes."""
     from worker.kvcache.disk import DiskTier
@@ -61,7 +75,8 @@ def _kvcache(engine, args, path, shard: str = ""):
     prefix = PrefixCache(min(args.prompt_cache_bytes, args.kv_budget), args.prompt_cache_ttl)
     disk = None
     if args.kv_disk_bytes > 0:
-        identity = model_identity(path, args.max_kv_size) + (f"-{shard}" if shard else "")
+        identity = model_identity(path, args.max_kv_size, kv_format.tag if kv_format else "") \
+            + (f"-{shard}" if shard else "")
         disk = DiskTier(snapshot_dir(args.state_dir, identity), args.kv_disk_bytes)
         disk.start()
     return KVCache(prefix, disk, trimmable=trimmable(engine.model, args.max_kv_size))

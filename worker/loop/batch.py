@@ -38,10 +38,11 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache
 
 from protocol.messages import CacheStats, Generate, PromptCache, SamplingParams, pack_ids
 from worker.kvcache.manager import KVCache
+from worker.kvcache.quantized import KVFormat
 from worker.loop import mlx_lm_patches
 from worker.text.decoding import Decoding
 
@@ -73,11 +74,12 @@ class KVSize:
         return max(0, int((nbytes - self.per_sequence) // self.per_token))
 
     @classmethod
-    def measure(cls, model, window: Optional[int] = None) -> "KVSize":
+    def measure(cls, model, window: Optional[int] = None,
+                kv_format: KVFormat = KVFormat()) -> "KVSize":
         """From the shapes of a cache after a one-token forward pass: attention layers
-        hold (batch, heads, allocated tokens, dim) keys and values; anything else
-        (recurrent state) is per sequence."""
-        cache = make_prompt_cache(model)
+        hold (batch, heads, allocated tokens, dim) keys and values (quantized: packed
+        integers, scales and biases); anything else (recurrent state) is per sequence."""
+        cache = kv_format.make(model)
         model(mx.array([[0]]), cache=cache)
         mx.eval([c.state for c in cache])
         per_token, fixed = 0.0, 0
@@ -109,11 +111,12 @@ class StepMemory:
         return rows * self.vocab * 4 * 3
 
     @classmethod
-    def measure(cls, model, vocab: int, short: int = 32, long: int = 128) -> "StepMemory":
+    def measure(cls, model, vocab: int, short: int = 32, long: int = 128,
+                kv_format: KVFormat = KVFormat()) -> "StepMemory":
         """From MLX's peak over prefills of two lengths, less the KV they leave: the
         linear and the quadratic part of a chunk's working memory."""
         def working(n: int) -> float:
-            cache = make_prompt_cache(model)
+            cache = kv_format.make(model)
             mx.reset_peak_memory()
             model(mx.zeros((1, n), dtype=mx.int32), cache=cache)
             mx.eval([c.state for c in cache])
@@ -221,6 +224,7 @@ class Batch:
                  max_kv_size: Optional[int] = None,
                  chunks: Optional[ChunkSizer] = None,
                  step_memory: Optional[StepMemory] = None,
+                 kv_format: KVFormat = KVFormat(),
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.max_size = max(1, max_size)
@@ -231,6 +235,7 @@ class Batch:
         self.kv = kv
         self.step_memory = step_memory or StepMemory(0.0, 0.0, 0)
         self.max_kv_size = max_kv_size
+        self.kv_format = kv_format  # (quantized: worker/kvcache/quantized.py)
         self.chunks = chunks or ChunkSizer(prefill_step, prefill_step)  # default: fixed
         self._clock = clock
         self.members: dict[int, Member] = {}
@@ -320,7 +325,8 @@ class Batch:
             processors.append(decoding.grammar)
         (uid,) = self.gen.insert_segments(
             segments=[segments], max_tokens=[decoding.budget],
-            caches=[hit.cache if hit is not None else None], all_tokens=[ids[:cached]],
+            caches=[hit.cache if hit is not None else self.new_cache()],
+            all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
         key = self.cache_key(prep)
         self.members[uid] = Member(seq, decoding, spec, self.tokens(prep), len(ids),
@@ -333,6 +339,11 @@ class Batch:
         """`prep`'s prompt as the KV cache knows it: its ids (a vision batch's also say
         which image each image token shows: worker/vision/batch.py)."""
         return prep.ids
+
+    def new_cache(self) -> Optional[list]:
+        """A fresh cache for one sequence in the batch's KV format (None: mlx-lm's)."""
+        return self.kv_format.make(self.engine.model, self.max_kv_size) \
+            if self.kv_format.quantized else None
 
     def _fit_chunk(self) -> None:
         """The next prefill chunk within the budget the running sequences leave: halved
