@@ -582,6 +582,16 @@ class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
     pinned_tokens: int = 0   # the --warm-prompt prefix held for the worker's life
 
 
+class KVStats(msgspec.Struct, frozen=True, kw_only=True):
+    """The worker's KV memory (not a message: a field of Heartbeat): its format (`bits`
+    0: full precision; worker/kvcache/quantized.py), what one token of context takes, and
+    what the batch and the prompt cache hold now, in bytes and in tokens of context."""
+    bits: int = 0
+    bytes_per_token: float = 0.0
+    bytes: int = 0
+    tokens: int = 0
+
+
 class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     """Sent by the worker's I/O thread about once a second, also while the MLX thread is
     busy in a long step: `steps` not advancing while busy is how a hang is seen."""
@@ -596,6 +606,7 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     # the same (active + cache is what it takes from the machine; 0 from older workers).
     cache_bytes: int = 0
     prompt_cache: Optional[CacheStats] = None  # None: the worker has no prompt cache
+    kv: Optional[KVStats] = None  # None: an engine without a KV batch (or an older worker)
     load_progress: Optional[float] = None  # 0..1 while a model is converted (GGUF) at load
     progress: Optional[float] = None       # as Status.progress
     # A worker group's leader: seconds since the quietest other rank was last heard from

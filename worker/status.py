@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.messages import CacheStats, Heartbeat, Status
+from protocol.messages import CacheStats, Heartbeat, KVStats, Status
 
 
 class View(NamedTuple):
@@ -22,6 +22,7 @@ class View(NamedTuple):
     peak_bytes: int = 0
     prompt_cache: CacheStats | None = None
     cache_bytes: int = 0       # MLX's buffer cache
+    kv: KVStats | None = None  # the batch's KV memory
 
 
 class WorkerStatus:
@@ -35,14 +36,15 @@ class WorkerStatus:
 
     def publish(self, state: str, active=(), waiting=(), active_bytes: int | None = None,
                 peak_bytes: int | None = None, prompt_cache: CacheStats | None = None,
-                cache_bytes: int | None = None) -> None:
+                cache_bytes: int | None = None, kv: KVStats | None = None) -> None:
         """None for a figure: keep the last published one."""
         old = self.view
         self.view = View(state, tuple(active), tuple(waiting),
                          old.active_bytes if active_bytes is None else active_bytes,
                          old.peak_bytes if peak_bytes is None else peak_bytes,
                          old.prompt_cache if prompt_cache is None else prompt_cache,
-                         old.cache_bytes if cache_bytes is None else cache_bytes)
+                         old.cache_bytes if cache_bytes is None else cache_bytes,
+                         old.kv if kv is None else kv)
 
     def status(self, qid: int) -> Status:
         v, steps = self.view, self.steps
@@ -65,7 +67,7 @@ class WorkerStatus:
         return Heartbeat(epoch=self.epoch, state=v.state, steps=steps, active=len(v.active),
                          waiting=len(v.waiting), active_bytes=v.active_bytes,
                          peak_bytes=v.peak_bytes, cache_bytes=v.cache_bytes,
-                         prompt_cache=v.prompt_cache,
+                         prompt_cache=v.prompt_cache, kv=v.kv,
                          load_progress=self.load_progress if v.state == "loading" else None,
                          progress=self.progress, group_silence=self.group_silence(),
                          group_memory=self.group_memory())

@@ -46,6 +46,7 @@ class WorkerSample:
     mlx_active_bytes: int
     mlx_peak_bytes: int
     prompt_cache: object = None  # protocol CacheStats, or None
+    kv: object = None            # protocol KVStats, or None
 
 
 def rss_bytes(pid: int | None) -> int | None:
@@ -123,7 +124,7 @@ class Metrics(Observer):
     async def render(self, pool: Pool) -> bytes:
         samples = [WorkerSample(r.id, r.state, r.link.pid if r.link else None, len(r.queue),
                                 len(r.inflight), r.live.active_bytes, r.live.peak_bytes,
-                                r.live.prompt_cache)
+                                r.live.prompt_cache, r.live.kv)
                    for r in pool.all_runners()]
         async with self._scrape:  # the gauges hold one scrape's samples at a time
             return await asyncio.to_thread(self._render, samples, pool.gate.probe)
@@ -166,6 +167,7 @@ class _PoolGauges:
             mem.add_metric([s.model, "mlx_peak"], s.mlx_peak_bytes)
         yield from (queue, inflight, up, mem)
         yield from self._prompt_cache()
+        yield from self._kv()
         yield from self._snapshots()
         yield GaugeMetricFamily("mlxd_models_loaded", "Workers resident or loading",
                                 value=len(self.samples))
@@ -203,6 +205,20 @@ class _PoolGauges:
             held.add_metric([s.model], c.bytes)
             entries.add_metric([s.model], c.entries)
         yield from (*counters.values(), held, entries)
+
+    def _kv(self):
+        """Each worker's KV memory: bytes per token of context (what --kv-bits
+        changes) and the tokens the batch and the prompt cache hold now."""
+        per = GaugeMetricFamily("mlxd_kv_bytes_per_token", "KV bytes one token of context "
+                                "takes (attention keys and values, in the KV format)",
+                                labels=["model", "bits"])
+        tokens = GaugeMetricFamily("mlxd_kv_tokens_held", "Tokens of context the running "
+                                   "sequences and the prompt cache hold now", labels=["model"])
+        for s in self.samples:
+            if s.kv is not None:
+                per.add_metric([s.model, str(s.kv.bits or "full")], s.kv.bytes_per_token)
+                tokens.add_metric([s.model], s.kv.tokens)
+        yield from (per, tokens)
 
     def _snapshots(self):
         """Each worker's named KV snapshots by tier (worker/snapshots/): the memory tier

@@ -60,6 +60,8 @@ def runner_report(r: ModelRunner) -> dict:
                           else None),
         # The worker's prompt-prefix cache, as its last heartbeat said (None: none).
         "prompt_cache": msgspec.to_builtins(lv.prompt_cache) if lv.prompt_cache else None,
+        # Its KV memory: format (bits 0: full precision), bytes per token, held now.
+        "kv": msgspec.to_builtins(lv.kv) if lv.kv else None,
     }
 
 

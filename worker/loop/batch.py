@@ -40,7 +40,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import BatchKVCache
 
-from protocol.messages import CacheStats, Generate, PromptCache, SamplingParams, pack_ids
+from protocol.messages import (CacheStats, Generate, KVStats, PromptCache, SamplingParams,
+                               pack_ids)
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
 from worker.loop import mlx_lm_patches
@@ -517,6 +518,16 @@ class Batch:
 
     def cache_stats(self) -> Optional[CacheStats]:
         return self.kvcache.stats() if self.kvcache is not None else None
+
+    def kv_stats(self) -> KVStats:
+        """The KV memory the running sequences and the prompt cache hold now (their
+        allocated rows), in bytes and in tokens of this format."""
+        held = self.gen.prompt_cache_nbytes
+        if self.kvcache is not None:
+            held += self.kvcache.prefix.nbytes
+        per = self.kv.per_token
+        return KVStats(bits=self.kv_format.bits or 0, bytes_per_token=per, bytes=held,
+                       tokens=int(held // per) if per else 0)
 
     def close(self) -> None:
         self.gen.close()

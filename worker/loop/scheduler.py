@@ -473,15 +473,16 @@ class Scheduler:
         state = "draining" if self.stopping else (
             "busy" if self.active or self.waiting or self.preparing else "ready")
         # None: keep the last published figures
-        active_bytes = peak_bytes = buffers = cache = None
+        active_bytes = peak_bytes = buffers = cache = kv = None
         if memory:
             # Only this thread may call MLX; the I/O threads read the published figures.
             self._next_memory = time.monotonic() + _MEMORY_EVERY
             active_bytes, peak_bytes = mx.get_active_memory(), mx.get_peak_memory()
             buffers = mx.get_cache_memory()
             cache = self.batch.cache_stats()
+            kv = getattr(self.batch, "kv_stats", lambda: None)()
         self.status.publish(state, self.active, self._queued(), active_bytes, peak_bytes,
-                            cache, buffers)
+                            cache, buffers, kv)
 
     def _queued(self) -> list:
         """Rids accepted and not started: prepared ones first, then those in preparation."""

@@ -1,0 +1,57 @@
+"""--kv-bits end to end: the real supervisor and an 8-bit KV worker answer the official
+client, batched requests give what each gives alone, and mlxctl status and /metrics show
+the format, the bytes one token takes and the tokens held."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.test_faults import wait_for
+from tests.integration.test_mlxctl import mlxctl, ok
+from tests.serverproc import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+PROMPTS = ["Once upon a time", "The quick brown fox", "Hi", "word " * 30]
+
+
+@pytest.fixture(scope="module")
+def kvq_model(models_dir):
+    from worker.demos.text import build_model
+
+    return build_model(models_dir / "tiny-kvq", "tiny-kvq").path  # heads of 32
+
+
+def test_an_8_bit_kv_worker_serves_batches_and_shows_its_bytes_per_token(kvq_model):
+    with ServerProcess([str(kvq_model)], "--kv-bits", "8", "--kv-group-size", "32") as srv:
+        srv.wait_healthy()
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        model = str(kvq_model)
+
+        def ask(prompt):
+            return client.completions.create(model=model, prompt=prompt, max_tokens=16,
+                                             temperature=0).choices[0].text
+
+        alone = [ask(p) for p in PROMPTS]
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            together = list(pool.map(ask, PROMPTS))
+        assert together == alone and all(alone)
+
+        def kv():
+            (w,) = json.loads(ok(mlxctl(srv, "status", "--json")).stdout)["workers"]
+            return w["kv"]
+
+        wait_for(lambda: kv() is not None and kv()["tokens"] > 0, 20, interval=0.3)
+        # Float32 keys and values of 2 layers x 2 heads x 32: 1024 bytes a token at full
+        # precision; 8 bits in groups of 32 with a float32 scale and bias: 10/32 of it.
+        stats = kv()
+        assert stats["bits"] == 8 and stats["bytes_per_token"] == 1024 * 10 / 32
+        assert stats["bytes"] >= stats["tokens"] * stats["bytes_per_token"]
+        metrics = httpx.get(srv.url + "/metrics", timeout=30).text
+        assert f'mlxd_kv_bytes_per_token{{bits="8",model="{model}"}} 320.0' in metrics
+        assert "mlxd_kv_tokens_held{" in metrics
