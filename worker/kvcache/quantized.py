@@ -30,7 +30,7 @@ from typing import Optional
 
 import mlx.core as mx
 from mlx_lm.models.cache import (CacheList, ChunkedKVCache, KVCache, QuantizedKVCache,
-                                 RotatingKVCache, make_prompt_cache)
+                                 RotatingKVCache, create_attention_mask, make_prompt_cache)
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)   # what mx.quantize accepts
@@ -126,15 +126,37 @@ def _flat(cache):
 _BATCH = None
 
 
+def _vlm_cache():
+    """mlx-vlm's `models/cache.py`. The module needs nothing but MLX, while importing it
+    as `mlx_vlm.models.cache` first runs mlx-vlm's package `__init__`, its whole
+    generation stack (seconds of imports, and packages a GPU host's image lacks): it is
+    loaded from its file alone, and imported the ordinary way only if that fails."""
+    import importlib.util
+    import sys
+
+    if "mlx_vlm.models.cache" in sys.modules:
+        return sys.modules["mlx_vlm.models.cache"]
+    try:
+        spec = importlib.util.find_spec("mlx_vlm")  # (finds the package, imports nothing)
+        origin = spec.submodule_search_locations[0]
+        spec = importlib.util.spec_from_file_location("mlxd_vlm_cache",
+                                                      f"{origin}/models/cache.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except Exception:
+        import mlx_vlm.models.cache as module
+        return module
+
+
 def _batch_class():
-    """mlx-vlm's batched cache, imported on first use (mlx-vlm's import takes seconds;
-    a worker without --kv-bits never pays it), with what mlx-lm's batch needs added."""
+    """mlx-vlm's batched cache, loaded on first use (a worker without --kv-bits never
+    does), with what mlx-lm's batch needs added."""
     global _BATCH
     if _BATCH is not None:
         return _BATCH
-    from mlx_vlm.models.cache import BatchQuantizedKVCache
 
-    class BatchQuantizedKV(BatchQuantizedKVCache):
+    class BatchQuantizedKV(_vlm_cache().BatchQuantizedKVCache):
         def extract(self, idx: int) -> QuantizedKVCache:
             """One row as mlx-lm's QuantizedKVCache, exactly its tokens long."""
             cache = QuantizedKVCache(group_size=self.group_size, bits=self.bits)
@@ -168,6 +190,14 @@ def _batch_class():
             for row in rows[1:]:
                 out.extend(row)
             return out
+
+        def make_mask(self, N: int, return_array: bool = False, **kwargs):
+            """A batch of one has no left padding: the plain cache's masks (none for a
+            decode step), as mlxd gives mlx-lm's BatchKVCache (worker/loop/
+            mlx_lm_patches.py); mlx-vlm's array mask for several rows."""
+            if self.left_padding.shape[0] == 1 and not kwargs:
+                return create_attention_mask(N, self._idx, return_array)
+            return super().make_mask(N, return_array=return_array, **kwargs)
 
         def size(self) -> int:
             return self._idx
