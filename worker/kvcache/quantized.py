@@ -105,12 +105,12 @@ class KVFormat:
         if not any(isinstance(c, QuantizedKVCache) for c in _flat(cache)):
             raise FormatError(f"--kv-bits: this model ({model_type or 'its family'}) has no "
                               "attention KV cache to quantize; leave --kv-bits unset")
-        try:
-            model(mx.array([[0]]), cache=cache)
+        try:  # (8 tokens: MLX's CUDA quantized_matmul has no kernel for one key)
+            model(mx.zeros((1, 8), dtype=mx.int32), cache=cache)
             mx.eval([c.state for c in cache])
         except Exception as e:
             raise FormatError(f"--kv-bits: {model_type or 'this model family'}'s attention "
-                              f"cannot read a quantized KV cache "
+                              f"cannot read a quantized KV cache on this device "
                               f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                               "; leave --kv-bits unset") from None
 

@@ -10,6 +10,7 @@ its own kind runs (a speech worker never imports mlx-vlm, a text worker never ml
 
 from __future__ import annotations
 
+import argparse
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,10 @@ def _start_vision(loaded, args):
     from worker.vision.engine import VisionEngine
     from worker.vision.language import shared_language_model
 
+    if args.kv_bits is not None:  # (a server-wide setting: the text models keep it; an
+        # image's prefill hands over mlx-vlm's full-precision cache, not quantized yet)
+        log.warning("--kv-bits does not apply to vision models yet: full-precision KV")
+        args = argparse.Namespace(**{**vars(args), "kv_bits": None})
     # (--max-kv-size: a rotating cache, which an image's prefill cannot hand over yet.)
     lm = None if args.max_kv_size else shared_language_model(loaded.model, loaded.path)
     engine = VisionEngine(loaded.model, loaded.tokenizer, loaded.context_length,

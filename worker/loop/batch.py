@@ -76,12 +76,12 @@ class KVSize:
 
     @classmethod
     def measure(cls, model, window: Optional[int] = None,
-                kv_format: KVFormat = KVFormat()) -> "KVSize":
-        """From the shapes of a cache after a one-token forward pass: attention layers
+                kv_format: KVFormat = KVFormat(), tokens: int = 1) -> "KVSize":
+        """From the shapes of a cache after a forward pass of `tokens`: attention layers
         hold (batch, heads, allocated tokens, dim) keys and values (quantized: packed
         integers, scales and biases); anything else (recurrent state) is per sequence."""
         cache = kv_format.make(model)
-        model(mx.array([[0]]), cache=cache)
+        model(mx.zeros((1, tokens), dtype=mx.int32), cache=cache)
         mx.eval([c.state for c in cache])
         per_token, fixed = 0.0, 0
         for layer in _flat(cache):
