@@ -1,0 +1,212 @@
+"""A quantized KV cache (--kv-bits: worker/kvcache/quantized.py) against full precision,
+in one run, in-process on mlxd's engine path (mlx-lm's BatchGenerator with mlxd's patches
+and the batch cache of each format).
+
+    python -m bench.kv_quant                      # the real `demo` model (SmolLM2-135M)
+    python -m bench.kv_quant --shape 7b           # a random bf16 Qwen2.5-7B shape (a GPU)
+
+For full precision, 8 and 4 bits (groups of --group-size):
+- KV bytes per token (what the batch measures: worker/loop/batch.py KVSize) and the
+  ratio to full precision;
+- the longest context whose KV fits a 1 GiB --kv-budget;
+- perplexity of a fixed English text, prefilled in chunks through the cache, so every
+  chunk attends to the earlier ones' stored keys (the text: bench/texts/, Genesis 1-4 of
+  the King James Version, public domain, from Debian's bible-kjv-text 4.38 via its
+  `bible` reader: see bench/texts/README.md);
+- greedy-token agreement with full precision: --prompts prompts (passages of the text) of
+  --tokens generated tokens each, batched: the share of positions with the same token,
+  and the mean first position where they differ;
+- aggregate decode tokens/s at 1 and 8 streams (prompts of --speed-prompt tokens), and
+  the ratio to full precision.
+A random-weight shape (--shape) has no meaningful text: bytes, context and speed only.
+Goals (issue "a quantized KV cache"): 8 bits <= 0.55 x the bytes, perplexity within 1 %,
+>= 0.9 x the speed; 4 bits <= 0.3 x the bytes, perplexity within 5 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+from bench.report import goal, print_table
+
+TEXT = Path(__file__).resolve().parent / "texts" / "genesis-1-4-kjv.txt"
+GIB = 1 << 30
+
+
+def load(args):
+    """(model, token ids of the text or None, description)."""
+    import mlx.core as mx
+
+    if args.shape:
+        from mlx_lm.models import qwen2
+
+        from bench.gpu import SHAPES
+
+        config = {"model_type": "qwen2", **SHAPES[args.shape], "rms_norm_eps": 1e-6,
+                  "rope_theta": 1e6, "max_position_embeddings": 32768}
+        mx.random.seed(0)
+        model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+        model.set_dtype(mx.bfloat16 if mx.default_device() == mx.gpu else mx.float32)
+        mx.eval(model.parameters())
+        return model, None, f"random {args.shape} shape"
+    from mlx_lm import load as mlx_load
+
+    from bench.make_model import model_path
+
+    path = model_path("smollm2", args.model)
+    model, tokenizer = mlx_load(str(path))
+    ids = tokenizer.encode(args.text.read_text())
+    return model, ids, f"{path.name if args.model else 'demo (SmolLM2-135M-Instruct)'}"
+
+
+def perplexity(model, fmt, ids: list[int], chunk: int) -> float:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    cache = fmt.make(model)
+    nll, n = 0.0, 0
+    for start in range(0, len(ids) - 1, chunk):
+        x = ids[start: start + chunk + 1]
+        logits = model(mx.array(x[:-1])[None], cache=cache)
+        loss = nn.losses.cross_entropy(logits[0].astype(mx.float32), mx.array(x[1:]),
+                                       reduction="sum")
+        mx.eval(loss, [c.state for c in cache])
+        nll += loss.item()
+        n += len(x) - 1
+    return math.exp(nll / n)
+
+
+def generate(model, fmt, prompts: list[list[int]], tokens: int) -> tuple[list, float]:
+    """Greedy tokens of each prompt, batched; and the aggregate decode tokens/s (from the
+    step every prompt has its first token)."""
+    from mlx_lm.generate import BatchGenerator, generation_stream
+
+    import worker.loop.batch  # noqa: F401  (mlxd's patches of mlx-lm's batch)
+
+    gen = BatchGenerator(model, stop_tokens=[], completion_batch_size=len(prompts),
+                         prefill_batch_size=len(prompts), prefill_step_size=2048,
+                         stream=generation_stream)
+    uids = gen.insert_segments(segments=[[p] for p in prompts],
+                               max_tokens=[tokens] * len(prompts),
+                               caches=[fmt.make(model) for _ in prompts])
+    out = {u: [] for u in uids}
+    t0, counted, done = None, 0, set()
+    while len(done) < len(uids):
+        _, responses = gen.next()
+        for r in responses:
+            out[r.uid].append(r.token)
+            if r.finish_reason is not None:
+                done.add(r.uid)
+        if t0 is None and all(out.values()):
+            t0, counted = time.perf_counter(), sum(map(len, out.values()))
+    speed = (sum(map(len, out.values())) - counted) / (time.perf_counter() - t0)
+    gen.close()
+    return [out[u] for u in uids], speed
+
+
+def agreement(ref: list, other: list) -> tuple[float, float]:
+    """(share of positions with the same token, mean first differing position)."""
+    same = total = 0
+    firsts = []
+    for a, b in zip(ref, other):
+        same += sum(x == y for x, y in zip(a, b))
+        total += len(a)
+        firsts.append(next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)))
+    return same / total, sum(firsts) / len(firsts)
+
+
+def progress(what: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.kv_quant", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="a model directory (default: demo, SmolLM2-135M)")
+    p.add_argument("--shape", choices=("0.5b", "7b"), help="a random bf16 Qwen2.5 shape "
+                   "instead: bytes and speed only")
+    p.add_argument("--text", type=Path, default=TEXT)
+    p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--chunk", type=int, default=512, help="perplexity's prefill chunk")
+    p.add_argument("--text-tokens", type=int, default=None,
+                   help="perplexity over the text's first this many tokens (default: all)")
+    p.add_argument("--prompts", type=int, default=20)
+    p.add_argument("--tokens", type=int, default=512, help="generated per agreement prompt")
+    p.add_argument("--speed-prompt", type=int, default=512)
+    p.add_argument("--speed-tokens", type=int, default=64)
+    args = p.parse_args()
+
+    import mlx.core as mx
+
+    from worker.kvcache.quantized import KVFormat
+    from worker.loop.batch import KVSize
+
+    model, ids, what = load(args)
+    if ids is not None and args.text_tokens:
+        ids = ids[: args.text_tokens]
+    formats = {"full": KVFormat(), "8-bit": KVFormat(8, args.group_size),
+               "4-bit": KVFormat(4, args.group_size)}
+    if not args.shape:
+        for fmt in formats.values():
+            fmt.check(model)
+    # (256 tokens: MLX 0.32.4's CUDA quantized_matmul has no kernel for a few keys.)
+    rows, base = [], {}
+    for name, fmt in formats.items():
+        kv = KVSize.measure(model, None, fmt, tokens=256)
+        base.setdefault("bytes", kv.per_token)
+        ratio = kv.per_token / base["bytes"]
+        target = {"8-bit": 0.55, "4-bit": 0.3}.get(name)
+        rows.append((f"{name}: KV bytes per token", f"{kv.per_token:,.0f} ({ratio:.3f} x)",
+                     goal(ratio, "<=", target) if target else ""))
+        rows.append((f"{name}: longest context in a 1 GiB budget",
+                     f"{kv.tokens_within(GIB):,} tokens", ""))
+    if ids is not None:
+        for name, fmt in formats.items():
+            progress(f"perplexity, {name}")
+            ppl = perplexity(model, fmt, ids, args.chunk)
+            base.setdefault("ppl", ppl)
+            rel = ppl / base["ppl"] - 1
+            target = {"8-bit": 0.01, "4-bit": 0.05}.get(name)
+            rows.append((f"{name}: perplexity ({len(ids):,} tokens)",
+                         f"{ppl:.3f} ({rel:+.2%})", goal(rel, "<=", target) if target else ""))
+        span = max(1, (len(ids) - 64) // args.prompts)
+        prompts = [ids[i * span: i * span + 64] for i in range(args.prompts)]
+        ref = None
+        for name, fmt in formats.items():
+            progress(f"agreement, {name}")
+            out, _ = generate(model, fmt, prompts, args.tokens)
+            if ref is None:
+                ref = out
+                continue
+            share, first = agreement(ref, out)
+            rows.append((f"{name}: greedy agreement ({args.prompts} x {args.tokens} tokens)",
+                         f"{share:.1%} of tokens, first difference at {first:.0f} (mean)",
+                         ""))
+    vocab = model.args.vocab_size
+    for streams in (1, 8):
+        prompts = [[(7 + 31 * (s * args.speed_prompt + i)) % vocab
+                    for i in range(args.speed_prompt)] for s in range(streams)]
+        for name, fmt in formats.items():
+            progress(f"speed, {streams} stream(s), {name}")
+            try:
+                generate(model, fmt, [q[:64] for q in prompts], 4)  # (compiles kernels)
+                _, speed = generate(model, fmt, prompts, args.speed_tokens)
+            except RuntimeError as e:  # (MLX's CUDA backend: quantized_matmul gaps)
+                rows.append((f"{name}: decode tok/s, {streams} stream(s)", "failed",
+                             str(e).splitlines()[0][:110]))
+                continue
+            base.setdefault(streams, speed)
+            ratio = speed / base[streams]
+            rows.append((f"{name}: decode tok/s, {streams} stream(s), {args.speed_prompt}-token "
+                         "prompts", f"{speed:,.1f} ({ratio:.2f} x)",
+                         goal(ratio, ">=", 0.9) if name == "8-bit" else ""))
+    device = mx.device_info().get("device_name", str(mx.default_device()))
+    print_table(f"bench.kv_quant: {what} on {device}, groups of {args.group_size}", rows)
+
+
+if __name__ == "__main__":
+    main()
