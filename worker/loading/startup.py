@@ -57,8 +57,8 @@ def kv_format_of(engine, args):
 
     kv_format = KVFormat(args.kv_bits, args.kv_group_size)
     try:
-        kv_format.check(engine.model, args.max_kv_size, getattr(getattr(engine.model, "args", None),
-                                              "model_type", ""))
+        model_type = getattr(getattr(engine.model, "args", None), "model_type", "")
+        kv_format.check(engine.model, args.max_kv_size, model_type)
     except FormatError as e:
         raise LoadError(str(e)) from None
     return kv_format
