@@ -47,6 +47,19 @@ def stopping_server(models_dir) -> ServerProcess:
 
 
 @pytest.fixture(scope="session")
+def stopping_vision_server(vision_model, models_dir) -> ServerProcess:
+    """A server on the tiny Qwen2-VL demo edited as `stopping_server`'s model is, so its
+    replies end after one token: the Open Responses image case."""
+    from tests.openresponses.model import build_stopping_model
+
+    model = build_stopping_model(vision_model, models_dir / "tiny-vision-stopping")
+    with ServerProcess([str(model)]) as srv:
+        srv.wait_healthy()
+        srv.model = str(model)
+        yield srv
+
+
+@pytest.fixture(scope="session")
 def model_id(tiny_model) -> str:
     return str(tiny_model)  # a path's id is the path as given
 
