@@ -41,7 +41,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from mlx_lm.models.cache import PromptTrie, can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+from worker.kvcache.trie import Trie
 
 log = logging.getLogger("worker.kvcache.prefix")
 
@@ -83,7 +85,7 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.ttl = ttl                      # seconds unused before an entry expires; 0: never
         self._clock = clock
-        self._trie = PromptTrie()
+        self._trie = Trie()  # mlx-lm's PromptTrie, searched in the prompt's time
         self._lru: OrderedDict[tuple, Entry] = OrderedDict()  # (ns, tokens) → entry, LRU first
         self._pinned: list[tuple] = []      # tokens of the pinned entries (shared namespace)
         self.nbytes = 0
