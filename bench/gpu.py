@@ -294,19 +294,23 @@ def chat_text(tokenizer, rng, vocab: int, tokens: int) -> tuple[str, list[int]]:
     return " ".join(words[:n]), ids(n)
 
 
-def chat_rate(port: int, model: str, messages: list[dict], tokens: int) -> tuple[float, float]:
-    """(TTFT s, decode tokens/s) of a streamed chat completion."""
+def chat_rate(port: int, model: str, messages: list[dict], tokens: int,
+              retries: int = 0) -> tuple[float, float]:
+    """(TTFT s, decode tokens/s) of a streamed chat completion (`retries`: a peer's,
+    bench/throughput.py `request`)."""
     r = stream_chat(port, {"model": model, "messages": messages, "max_tokens": tokens,
-                           "temperature": 0})
+                           "temperature": 0}, retries)
     t = r["times"]
     return r["ttft"], (r["tokens"] - 1) / (t[-1] - t[0]) if len(t) > 1 else float("nan")
 
 
-def chat_many(port: int, model: str, texts: list[str], tokens: int) -> float:
+def chat_many(port: int, model: str, texts: list[str], tokens: int,
+              retries: int = 0) -> float:
     """Aggregate decode tokens/s of one chat stream per text, all at once."""
     def one(text):
         return stream_chat(port, {"model": model, "max_tokens": tokens, "temperature": 0,
-                                  "messages": [{"role": "user", "content": text}]})["tokens"]
+                                  "messages": [{"role": "user", "content": text}]},
+                           retries)["tokens"]
     with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
         t0 = time.perf_counter()
         made = sum(pool.map(one, texts))
@@ -328,9 +332,22 @@ def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[in
     most = max(streams)
     model = str(path)
     m: dict[str, tuple[list, list]] = {}
+    failed: dict[str, str] = {}  # a peer's row → why the peer failed it
 
-    def rec(key: str, i: int, ref, ours) -> None:
-        got = in_turn(i, {"ref": lambda _: ref(), "ours": lambda _: ours()})
+    def rec(key: str, i: int, ref, ours, peer: bool = False) -> None:
+        """Round i of row `key`. `peer`: ref is another server, whose failure ends its row
+        (printed as failed with the reason) and not the run; mlxd's failures always end
+        the run."""
+        if key in failed:
+            return
+        try:
+            got = in_turn(i, {"ref": lambda _: Peer.call(ref) if peer else ref(),
+                              "ours": lambda _: ours()})
+        except PeerFailed as e:
+            failed[key] = f"round {i}: {e}"
+            print(f"  {shape} {key}: the peer failed (round {i}): {e}", file=sys.stderr,
+                  flush=True)
+            return
         if i > 0:  # round 0 compiles every shape on both sides: dropped
             r, o = m.setdefault(key, ([], []))
             r.append(got["ref"])
@@ -365,7 +382,22 @@ def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[in
             clocks = gpu_clocks()
             print(f"  {shape} round {i} done{f' [{clocks}]' if clocks else ''}",
                   file=sys.stderr, flush=True)
-    return summarize(shape, m, streams, lm_server)
+    return summarize(shape, m, streams, lm_server, failed)
+
+
+class PeerFailed(Exception):
+    """A peer server's request failed: its row is printed as failed, the run goes on."""
+
+
+class Peer:
+    RETRIES = 5  # sends of a request the peer reset unanswered (bench/throughput.py request)
+
+    @staticmethod
+    def call(fn):
+        try:
+            return fn()
+        except Exception as e:
+            raise PeerFailed(f"mlx_lm.server: {type(e).__name__}: {e}"[:300]) from e
 
 
 def server_rounds(i, rec, port: int, lm_port: int, model: str, tokenizer, rng, vocab: int,
@@ -377,23 +409,29 @@ def server_rounds(i, rec, port: int, lm_port: int, model: str, tokenizer, rng, v
     first = [{"role": "user", "content": text}]
     later = first + [{"role": "assistant", "content": "w300 w301"},
                      {"role": "user", "content": f"w{rng.randrange(300, vocab)}"}]
+    again = Peer.RETRIES
     for key, msgs in (("lm cold", first), ("lm warm", later)):
-        rec(key, i, lambda: chat_rate(lm_port, model, msgs, 2)[0],
-            lambda: chat_rate(port, model, msgs, 2)[0])
+        rec(key, i, lambda: chat_rate(lm_port, model, msgs, 2, again)[0],
+            lambda: chat_rate(port, model, msgs, 2)[0], peer=True)
     short = [{"role": "user", "content": f"w{rng.randrange(300, vocab)} w{rng.randrange(300, vocab)}"}]
-    rec("lm decode", i, lambda: chat_rate(lm_port, model, short, tokens)[1],
-        lambda: chat_rate(port, model, short, tokens)[1])
+    rec("lm decode", i, lambda: chat_rate(lm_port, model, short, tokens, again)[1],
+        lambda: chat_rate(port, model, short, tokens)[1], peer=True)
     for n in streams:
         texts = [f"w{rng.randrange(300, vocab)} w{rng.randrange(300, vocab)}" for _ in range(n)]
-        rec(f"lm b{n}", i, lambda: chat_many(lm_port, model, texts, tokens),
-            lambda: chat_many(port, model, texts, tokens))
+        rec(f"lm b{n}", i, lambda: chat_many(lm_port, model, texts, tokens, again),
+            lambda: chat_many(port, model, texts, tokens), peer=True)
 
 
-def summarize(shape: str, m: dict, streams: list[int], lm_server: bool) -> list:
-    """Rows: each side's median and the paired ratio (ours / ref) with its 95% interval."""
+def summarize(shape: str, m: dict, streams: list[int], lm_server: bool,
+              failed: dict | None = None) -> list:
+    """Rows: each side's median and the paired ratio (ours / ref) with its 95% interval;
+    a row whose peer failed says so, with the reason."""
     rows = []
 
     def row(name, key, unit, op, target, ref="raw", ours="mlxd", at=None):
+        if key in (failed or {}):
+            rows.append((f"{shape} {name}", f"{ref} failed", f"FAILED {failed[key]}"))
+            return
         r, o = m[key]
         if at is not None:  # one figure of a round's several
             r, o = [x[at] for x in r], [x[at] for x in o]

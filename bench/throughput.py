@@ -53,17 +53,41 @@ def question(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Tell me story number {i} about " + WORDS[i % 12]}]
 
 
-def stream_chat(port: int, body: dict) -> dict:
+# Reset before a response began: the request never reached the server's handler.
+UNANSWERED = (ConnectionResetError, ConnectionRefusedError, http.client.RemoteDisconnected)
+
+
+def request(port: int, path: str, body: dict, retries: int = 0):
+    """(connection, response) of a POST answered 200. mlx_lm.server listens with
+    ThreadingHTTPServer's backlog of 5 connections: when 32 clients connect at once, the
+    kernel resets those its accept queue cannot hold, after the request was sent and
+    before any answer (ConnectionResetError reading the status line; with a backlog of
+    128 none is reset). Such a request is sent again, up to `retries` times, after a
+    short pause; mlxd's requests are never retried (retries=0), so its failures show."""
+    for attempt in range(retries + 1):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
+        try:
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            break
+        except UNANSWERED:
+            conn.close()
+            if attempt == retries:
+                raise
+            time.sleep(0.05 * 2 ** attempt)
+    assert resp.status == 200, resp.read()[:500]
+    return conn, resp
+
+
+def stream_chat(port: int, body: dict, retries: int = 0) -> dict:
     """One streamed chat completion: TTFT, the gaps between content chunks, tokens, and
     the time until the choice finished (`finish`: with max_tokens 1, the time to the first
-    token even when that token's text is empty)."""
+    token even when that token's text is empty). `retries`: how often to send the request
+    again when the server reset the connection before answering it (for a peer server
+    only: see `request`); the times count from the first try."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
     t0 = time.perf_counter()
-    conn.request("POST", "/v1/chat/completions", json.dumps(body),
-                 {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200, resp.read()[:500]
+    conn, resp = request(port, "/v1/chat/completions", body, retries)
     times, usage, text, finish = [], None, [], float("nan")
     for line in resp:
         if not line.startswith(b"data: {"):
