@@ -41,7 +41,7 @@ from pathlib import Path
 
 from bench.report import gpu_clocks, in_turn, paired_ratio, print_table, ratio_verdict
 from bench.serverproc import ServerProcess
-from bench.throughput import MlxLmServer, stream_chat
+from bench.throughput import RESENT, MlxLmServer, stream_chat
 from supervisor.workers import blas
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
@@ -382,7 +382,11 @@ def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[in
             clocks = gpu_clocks()
             print(f"  {shape} round {i} done{f' [{clocks}]' if clocks else ''}",
                   file=sys.stderr, flush=True)
-    return summarize(shape, m, streams, lm_server, failed)
+    rows = summarize(shape, m, streams, lm_server, failed)
+    if lm is not None:  # the peer's resets, each request sent again (bench/throughput.py)
+        rows.append((f"{shape} mlx_lm.server resets",
+                     f"{RESENT[lm.port]} requests sent again", ""))
+    return rows
 
 
 class PeerFailed(Exception):

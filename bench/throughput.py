@@ -25,6 +25,7 @@ mlx-vlm and mlx-vlm's server, text-only and with images.
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import http.client
 import json
@@ -55,6 +56,7 @@ def question(i: int) -> list[dict]:
 
 # Reset before a response began: the request never reached the server's handler.
 UNANSWERED = (ConnectionResetError, ConnectionRefusedError, http.client.RemoteDisconnected)
+RESENT: collections.Counter = collections.Counter()  # port → requests sent again
 
 
 def request(port: int, path: str, body: dict, retries: int = 0):
@@ -74,6 +76,7 @@ def request(port: int, path: str, body: dict, retries: int = 0):
             conn.close()
             if attempt == retries:
                 raise
+            RESENT[port] += 1
             time.sleep(0.05 * 2 ** attempt)
     assert resp.status == 200, resp.read()[:500]
     return conn, resp

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from bench.gpu import Peer, PeerFailed, summarize
-from bench.throughput import stream_chat
+from bench.throughput import RESENT, stream_chat
 
 SSE = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
        b'data: {"choices":[{"delta":{"content":"hi"},"finish_reason":null}]}\n\n'
@@ -41,8 +41,9 @@ def resetting_server(resets: int) -> int:
 
 
 def test_a_request_reset_unanswered_is_sent_again_only_when_asked():
-    got = stream_chat(resetting_server(2), {"model": "m", "messages": []}, retries=3)
-    assert got["text"] == "hi" and got["tokens"] == 1
+    port = resetting_server(2)
+    got = stream_chat(port, {"model": "m", "messages": []}, retries=3)
+    assert got["text"] == "hi" and got["tokens"] == 1 and RESENT[port] == 2
     port = resetting_server(1)
     with pytest.raises(ConnectionError):
         stream_chat(port, {"model": "m", "messages": []})
