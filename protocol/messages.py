@@ -293,6 +293,9 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     # it (one it cannot decode is the client's 400).
     audio: Optional[bytes] = None
     speech: SpeechSpec = SpeechSpec()
+    # Predicted Outputs: text the completion is expected to mostly repeat (a file being
+    # edited); the worker drafts from it (worker/speculative/). Never changes the output.
+    prediction: Optional[str] = None
 
 
 # How an image a model cannot see stands in a conversation's history, on both sides: the
@@ -506,6 +509,10 @@ class Done(Message, frozen=True, kw_only=True, tag="done"):
     cached_tokens: int = 0
     reasoning_tokens: int = 0   # of completion_tokens, those spent reasoning
     stop_sequence: Optional[str] = None  # the stop string that ended it ("stop" only)
+    # Speculative decoding (worker/speculative/): drafted tokens the target model
+    # accepted, and those it rejected (Predicted Outputs' accepted/rejected_prediction_tokens).
+    draft_accepted: int = 0
+    draft_rejected: int = 0
 
 
 class Error(Message, frozen=True, kw_only=True, tag="error"):

@@ -38,13 +38,17 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache as KVCacheType
 
 from protocol.messages import (CacheStats, Generate, KVStats, PromptCache, SamplingParams,
                                pack_ids)
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
 from worker.loop import mlx_lm_patches
+from worker.speculative import verify
+from worker.speculative.adaptive import Pace, Speculation, Track
+from worker.speculative.drafters import Prediction, PromptLookup
 from worker.text.decoding import Decoding
 
 log = logging.getLogger("worker.loop.batch")
@@ -53,6 +57,7 @@ log = logging.getLogger("worker.loop.batch")
 MIN_CHUNK = 32
 
 mlx_lm_patches.apply()
+verify.install()
 
 
 @dataclass
@@ -226,6 +231,7 @@ class Batch:
                  chunks: Optional[ChunkSizer] = None,
                  step_memory: Optional[StepMemory] = None,
                  kv_format: KVFormat = KVFormat(),
+                 speculative: str = "none", max_draft: int = 8,
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.max_size = max(1, max_size)
@@ -241,14 +247,27 @@ class Batch:
         self._clock = clock
         self.members: dict[int, Member] = {}
         self.reserved = 0
+        # Speculative decoding (worker/speculative/): prompt lookup for every sequence
+        # that may (`speculative`), a client's prediction whenever one comes; only where
+        # the cache can give back rejected positions (plain KVCaches, no rotating window,
+        # not quantized: its rows are not yet trimmed that way).
+        self.prompt_lookup = speculative == "prompt-lookup"
+        self.max_draft = max(0, max_draft)
+        self.speculation = Speculation() if self.max_draft and max_kv_size is None \
+            and not kv_format.quantized and all(
+                type(c) is KVCacheType for c in make_prompt_cache(engine.model)) else None
         self.gen = self._new_generator()
 
     def _new_generator(self) -> BatchGenerator:
-        return BatchGenerator(
+        gen = BatchGenerator(
             self.engine.model, stop_tokens=[[t] for t in self.engine.eos],
             completion_batch_size=self.max_size, prefill_batch_size=self.prefill_batch,
             prefill_step_size=self.chunks.size, max_kv_size=self.max_kv_size,
             stream=generation_stream)
+        if self.speculation is not None:
+            self.speculation.tracks.clear()
+            verify.attach(gen, self.speculation)
+        return gen
 
     def _set_chunk(self, size: int) -> None:
         """The prefill chunk of the next steps. BatchGenerator slices each prompt by its
@@ -333,6 +352,7 @@ class Batch:
         self.members[uid] = Member(seq, decoding, spec, self.tokens(prep), len(ids),
                                    checkpoints, key=None if key is ids else key)
         seq.uid = uid
+        self._speculate(uid, seq, prep, processors)
         self._reserve()
         self._bound_prefix()
 
@@ -345,6 +365,22 @@ class Batch:
         """A fresh cache for one sequence in the batch's KV format (None: mlx-lm's)."""
         return self.kv_format.make(self.engine.model, self.max_kv_size) \
             if self.kv_format.quantized else None
+
+    def _speculate(self, uid: int, seq, prep, processors: list) -> None:
+        """A drafter for the sequence: the client's prediction, else prompt lookup where
+        the model has it on. Not for a sequence with logits processors (a grammar,
+        penalties, logit_bias: they see one token at a time)."""
+        if self.speculation is None or processors:
+            return
+        predicted = getattr(prep, "prediction", None)
+        if predicted:
+            drafter = Prediction(predicted)
+        elif self.prompt_lookup:
+            drafter = PromptLookup(prep.ids)
+        else:
+            return
+        self.speculation.add(uid, Track(drafter, Pace(self.max_draft), seq,
+                                        prediction=bool(predicted)))
 
     def _fit_chunk(self) -> None:
         """The next prefill chunk within the budget the running sequences leave: halved
@@ -474,6 +510,8 @@ class Batch:
 
     def _leave(self, uid: int, in_gen: bool, store: bool) -> None:
         m = self.members.pop(uid)
+        if self.speculation is not None:
+            self.speculation.drop(uid)
         self._reserve()
         if in_gen:
             caches = self.gen.remove([uid], return_prompt_caches=store)

@@ -69,7 +69,8 @@ def return_buffers() -> None:
 class Sequence:
     __slots__ = ("gen", "rid", "prep", "dropped", "uid", "prompt_tokens", "completion_tokens",
                  "cached_tokens", "t0", "held_text", "held_ids", "sent_at", "held",
-                 "reasoning_tokens", "started", "suspect", "stop_sequence")
+                 "reasoning_tokens", "started", "suspect", "stop_sequence",
+                 "draft_accepted", "draft_rejected")
 
     def __init__(self, gen: Generate):
         self.gen = gen
@@ -89,6 +90,8 @@ class Sequence:
         self.held: Held | None = None  # held reasoning, calls, logprobs (if any)
         self.reasoning_tokens = 0
         self.stop_sequence = None  # the stop string that ended it (set by the batch)
+        self.draft_accepted = 0    # speculative drafts kept / rejected (set by the batch)
+        self.draft_rejected = 0
 
 
 class Held:
@@ -449,7 +452,9 @@ class Scheduler:
                             completion_tokens=seq.completion_tokens,
                             cached_tokens=seq.cached_tokens,
                             reasoning_tokens=seq.reasoning_tokens,
-                            stop_sequence=seq.stop_sequence))
+                            stop_sequence=seq.stop_sequence,
+                            draft_accepted=seq.draft_accepted,
+                            draft_rejected=seq.draft_rejected))
         if log_it:
             dt = time.monotonic() - seq.t0
             log.info("rid=%s done: %s, %d prompt + %d completion tokens in %.2fs", seq.rid,

@@ -54,6 +54,7 @@ class Prepared:
     banned: tuple = ()                           # token ids never to sample
     snapshot: object = None                      # its `resume` state read from disk, if any
     media: Optional[dict] = None                 # a vision model's processed images (numpy)
+    prediction: Optional[list] = None            # Predicted Outputs' text, as token ids
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -133,6 +134,9 @@ class TextEngine:
     def _outputs(self, gen, ids: list[int]) -> Prepared:
         """The grammar and the splitter a request needs (none for plain completions)."""
         prep = Prepared(gen, ids)
+        if getattr(gen, "prediction", None):
+            prep.prediction = list(self.tokenizer.encode(gen.prediction,
+                                                         add_special_tokens=False))
         out = gen.output
         chat = gen.messages is not None
         reasoning_first = chat and chat_prompt.starts_in_reasoning(self.tokenizer, ids)

@@ -1,0 +1,136 @@
+"""Which sequences speculate, how far, and what it earned.
+
+`Speculation` is what the batch attaches to mlx-lm's generation batch
+(worker/speculative/verify.py): one `Track` per speculating sequence (its drafter and
+its `Pace`), the running totals `/metrics` and `mlxctl status` show, and the counts each
+request reports (Predicted Outputs' accepted and rejected prediction tokens).
+
+`Pace` adapts a sequence's draft length to its acceptance: a draft accepted whole
+doubles the next (up to `max_draft`); one cut short proposes one more than was accepted.
+A verification step costs more than a plain one (the forward pass reads more positions,
+and it cannot be overlapped with the next step: worker/speculative/verify.py), so a
+sequence whose drafts keep failing stops drafting for a while (doubling each time, up to
+`MAX_REST` steps) and tries again: prose that does not repeat its prompt decodes as if
+nothing speculated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# A sequence rests when its average accepted tokens per verification falls below this:
+# what a verification step of a few positions costs over a plain step, measured with
+# bench/speculative.py (see docs/benchmarks.md).
+MIN_GAIN = 0.5
+MAX_REST = 64
+_EMA = 0.5
+
+
+@dataclass
+class Pace:
+    max_draft: int
+    length: int = 0
+    gain: float = 1.0     # accepted tokens per verification, recent average
+    rest: int = 0         # plain steps left before drafting again
+    backoff: int = 4
+
+    def __post_init__(self):
+        self.length = min(4, self.max_draft)
+
+    def wants(self) -> bool:
+        return self.rest == 0
+
+    def plain_step(self) -> None:
+        if self.rest:
+            self.rest -= 1
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if not drafted:
+            return
+        self.gain = (1 - _EMA) * self.gain + _EMA * accepted
+        if accepted == drafted:
+            self.length = min(self.max_draft, self.length * 2)
+        else:
+            self.length = max(1, accepted + 1)
+        if self.gain < MIN_GAIN:
+            self.rest, self.backoff = self.backoff, min(MAX_REST, self.backoff * 2)
+            self.gain = MIN_GAIN  # (a fresh chance after the rest)
+        elif accepted:
+            self.backoff = 4
+
+
+@dataclass
+class Track:
+    """One speculating sequence."""
+    drafter: object
+    pace: Pace
+    seq: object                  # the scheduler's Sequence: its counts go in its Done
+    prediction: bool = False     # drafts from the client's prediction
+
+
+@dataclass
+class Totals:
+    verifications: int = 0   # sequence-steps that verified a draft
+    drafted: int = 0
+    accepted: int = 0
+
+    def as_dict(self) -> dict:
+        return {"verifications": self.verifications, "drafted": self.drafted,
+                "accepted": self.accepted}
+
+
+@dataclass
+class Speculation:
+    tracks: dict = field(default_factory=dict)   # uid -> Track
+    totals: Totals = field(default_factory=Totals)
+
+    def add(self, uid: int, track: Track) -> None:
+        self.tracks[uid] = track
+
+    def drop(self, uid: int) -> None:
+        self.tracks.pop(uid, None)
+
+    def wants(self, uids, processors) -> bool:
+        """Whether this step verifies: some sequence without logits processors is ready
+        to draft."""
+        return any(not processors[i] and (t := self.tracks.get(uid)) is not None
+                   and t.pace.wants() for i, uid in enumerate(uids))
+
+    def propose(self, uid: int, pending: int, room: int, processed: bool) -> list[int]:
+        """The pending token joins the sequence's text; its draft (none for a sequence
+        not speculating now)."""
+        t = self.tracks.get(uid)
+        if t is None:
+            return []
+        t.drafter.extend([pending])
+        if processed or not t.pace.wants() or room <= 0:
+            t.pace.plain_step()
+            return []
+        return t.drafter.propose(min(room, t.pace.length))
+
+    def verified(self, uid: int, draft: list, accepted: int, tokens: list) -> None:
+        """`accepted` tokens of `draft` were kept (the pending token's successors in
+        `tokens`)."""
+        t = self.tracks.get(uid)
+        if t is None:
+            return
+        if tokens:
+            t.drafter.extend(tokens)
+        if not draft:
+            return
+        t.pace.update(len(draft), accepted)
+        self.totals.verifications += 1
+        self.totals.drafted += len(draft)
+        self.totals.accepted += accepted
+        seq = t.seq
+        seq.draft_accepted = getattr(seq, "draft_accepted", 0) + accepted
+        seq.draft_rejected = getattr(seq, "draft_rejected", 0) + len(draft) - accepted
+
+    def reported(self, responses) -> None:
+        """A plain step's tokens (mlx-lm's own step): the drafters follow the text."""
+        for r in responses:
+            t = self.tracks.get(r.uid)
+            if t is not None:
+                t.drafter.extend([r.token])
+                t.pace.plain_step()
+

@@ -1,0 +1,165 @@
+"""One batched step that verifies every speculating sequence's draft.
+
+mlx-lm's GenerationBatch advances each sequence by one token a step, with the next step
+launched before the current token is read (worker/loop/batch.py). A speculating step
+cannot be pipelined that way: what is fed next depends on what was accepted. So when any
+sequence of the batch has a draft (`Speculation.wants`), `next` runs `verify` instead:
+
+- each row's input is its pending token (sampled at the previous step, not yet in the
+  KV cache) followed by its draft, right-padded to the longest draft; a sequence without
+  a draft (not speculating, or one with logits processors: a grammar, penalties,
+  logit_bias, which see one token at a time) takes its one token in the same forward;
+- every position is sampled with the sequence's own sampler, and a draft token is kept
+  while it equals the token the target model sampled at its position. For a draft that is
+  one fixed guess this IS rejection sampling (keep the guess d with probability p(d),
+  else draw from p without d): at temperature 0 the text is the target's own, at any
+  temperature its distribution; a seeded sampler draws the same keys for the same drafts,
+  so a seed reproduces its output;
+- the tokens reported are the pending one and the accepted drafts, each with the
+  log-probability row it was sampled from, in order, through the batch's usual per-token
+  path (stop tokens, the token budget here; stop strings, logprobs, tool and reasoning
+  parsing in worker/text/decoding.py); a sequence that ends inside its accepted run
+  reports up to its last token;
+- the KV cache keeps exactly the reported tokens: the rows' rejected positions are
+  trimmed (the fewest any row rejected, off every row: `trim`), and rows that rejected
+  more are rolled right by the difference into their left padding (mlx-lm's own
+  right-padding `finalize`), so no rejected token stays in a cache the prompt cache or a
+  snapshot later takes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import mlx.core as mx
+from mlx_lm.generate import GenerationBatch
+
+
+def install() -> None:
+    """`GenerationBatch.next` verifies drafts when the batch has a Speculation attached
+    (`attach`) that wants it; otherwise it is mlx-lm's, and the Speculation only sees the
+    tokens reported."""
+    original = GenerationBatch.next
+    if getattr(original, "mlxd_speculative", False):
+        return
+
+    @functools.wraps(original)
+    def next(self):
+        spec = self.__dict__.get("mlxd_speculation")
+        if spec is None or not self.uids:
+            return original(self)
+        if spec.wants(self.uids, self.logits_processors):
+            return verify(self, spec)
+        responses = original(self)
+        spec.reported(responses)
+        return responses
+
+    next.mlxd_speculative = True
+    GenerationBatch.next = next
+
+
+def attach(generator, speculation) -> None:
+    """Speculate in this BatchGenerator's generation batch (one object for its life: new
+    sequences are merged into it)."""
+    generator._generation_batch.mlxd_speculation = speculation
+
+
+def verify(gb, spec) -> list:
+    """One verification step of the whole batch: mlx-lm's Responses, several per
+    sequence (its reported tokens in order)."""
+    n = len(gb.uids)
+    current = gb._next_tokens
+    mx.eval(current, gb._next_logprobs)
+    pending = current.tolist()
+    drafts = []
+    for i, uid in enumerate(gb.uids):
+        room = gb.max_tokens[i] - gb._num_tokens[i] - 1  # (the pending token takes one)
+        drafts.append(spec.propose(uid, pending[i], max(0, room),
+                                   bool(gb.logits_processors[i])))
+    width = 1 + max(len(d) for d in drafts)
+    rows = [[p] + d + [0] * (width - 1 - len(d)) for p, d in zip(pending, drafts)]
+    inputs = mx.array(rows, dtype=current.dtype)
+
+    logits = gb.model(inputs, cache=gb.prompt_cache)  # (n, width, vocab)
+    if any(gb.logits_processors):  # (their rows have no draft: position 0 only)
+        first = []
+        for e in range(n):
+            row = logits[e:e + 1, 0]
+            processors = gb.logits_processors[e] or ()
+            if processors:
+                context = gb._token_context[e].update_and_fetch(inputs[e:e + 1, 0])
+                for processor in processors:
+                    row = processor(context, row)
+            first.append(row)
+        logits = mx.concatenate([mx.concatenate(first, axis=0)[:, None], logits[:, 1:]],
+                                axis=1)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    samplers = [gb.fallback_sampler if s is None else s
+                for s in (gb.samplers or [None] * n)]
+    if all(s is samplers[0] for s in samplers):
+        sampled = samplers[0](logprobs.reshape(n * width, -1)).reshape(n, width)
+    else:
+        sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
+    mx.eval(sampled)
+    sampled = sampled.tolist()
+
+    responses, keep, kept_positions = [], [], []
+    next_tokens, next_logprobs = [], []
+    for i, uid in enumerate(gb.uids):
+        draft = drafts[i]
+        accepted = 0
+        while accepted < len(draft) and sampled[i][accepted] == draft[accepted]:
+            accepted += 1
+        tokens = [pending[i]] + draft[:accepted]
+        rows_lp = [gb._next_logprobs[i]] + [logprobs[i, j] for j in range(accepted)]
+        finish = None
+        for j, tok in enumerate(tokens):
+            gb._num_tokens[i] += 1
+            if gb._num_tokens[i] >= gb.max_tokens[i]:
+                finish = "length"
+            if gb._matchers[i].advance(tok):
+                finish = "stop"
+            if finish is not None:
+                tokens, rows_lp = tokens[:j + 1], rows_lp[:j + 1]
+                break
+        kept_positions.append(len(tokens))
+        gb.tokens[i].extend(tokens)
+        spec.verified(uid, draft, len(tokens) - 1 if finish else accepted, tokens[1:])
+        last = len(tokens) - 1
+        for j, tok in enumerate(tokens):
+            responses.append((i, tok, rows_lp[j], finish if j == last else None))
+        if finish is None:
+            keep.append(i)
+        next_tokens.append(sampled[i][accepted])
+        next_logprobs.append(logprobs[i, accepted])
+
+    _keep_only(gb.prompt_cache, [width - k for k in kept_positions])
+    gb._current_tokens = current
+    gb._current_logprobs = [r[2] for r in responses]
+    gb._next_tokens = mx.array(next_tokens, dtype=current.dtype)
+    gb._next_logprobs = next_logprobs
+    mx.async_eval(gb._next_tokens, gb._next_logprobs)
+
+    out = []
+    for i, tok, lp, finish in responses:
+        ended = finish is not None
+        out.append(GenerationBatch.Response(
+            uid=gb.uids[i], token=tok, logprobs=lp, finish_reason=finish,
+            prompt_cache=gb.extract_cache(i) if ended else None,
+            all_tokens=gb.tokens[i] if ended else None))
+    if len(keep) < n:
+        gb.filter(keep)
+    return out
+
+
+def _keep_only(caches, rejected: list[int]) -> None:
+    """Drop each row's last `rejected[i]` positions from the batch's KV caches."""
+    least = min(rejected)
+    if least:
+        for c in caches:
+            c.trim(least)
+    extra = [r - least for r in rejected]
+    if any(extra):  # (a batch of several rows: BatchKVCaches)
+        for c in caches:
+            c.prepare(right_padding=extra)
+            c.finalize()
