@@ -47,7 +47,9 @@ def test_the_worker_takes_the_settings_it_always_took():
         "kv_bits", "kv_group_size", "gguf_dtype", "quantize",
         # a worker group's ranks: how to shard, the per-host memory check's factor, and how
         # long the leader waits for the other ranks to join
-        "sharding", "memory_factor", "group_join_timeout"}
+        "sharding", "memory_factor", "group_join_timeout",
+        # speculative decoding (worker/speculative/)
+        "speculative", "max_draft_tokens"}
 
 
 def worker_values(argv: list[str], parser: argparse.ArgumentParser | None = None) -> dict:

@@ -42,6 +42,9 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
                  kvcache=kvcache, kv=kv, max_kv_size=args.max_kv_size, kv_format=kv_format,
                  chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)),
+                 # (Not in a worker group yet: its ranks step together, and
+                 # a verification step is not one the followers know.)
+                 speculative=args.speculative, max_draft=0 if shard else args.max_draft_tokens,
                  # (Not a group's rank: each would measure its own shard, and every rank
                  # must run the chunk the leader chose: worker/group/follower.py.)
                  step_memory=None if shard else StepMemory.measure(
