@@ -509,10 +509,10 @@ class Done(Message, frozen=True, kw_only=True, tag="done"):
     cached_tokens: int = 0
     reasoning_tokens: int = 0   # of completion_tokens, those spent reasoning
     stop_sequence: Optional[str] = None  # the stop string that ended it ("stop" only)
-    # Speculative decoding (worker/speculative/): drafted tokens the target model
-    # accepted, and those it rejected (Predicted Outputs' accepted/rejected_prediction_tokens).
-    draft_accepted: int = 0
-    draft_rejected: int = 0
+    # Predicted Outputs (worker/speculative/): tokens drafted from the request's prediction
+    # that the model accepted, and those it rejected.
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
 
 
 class Error(Message, frozen=True, kw_only=True, tag="error"):

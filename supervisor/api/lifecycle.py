@@ -105,20 +105,24 @@ class Shapes(Protocol):
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
-          reasoning_tokens: int = 0) -> dict:
+          reasoning_tokens: int = 0, accepted_prediction: int = 0,
+          rejected_prediction: int = 0) -> dict:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
-        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens,
+                                      "accepted_prediction_tokens": accepted_prediction,
+                                      "rejected_prediction_tokens": rejected_prediction},
     }
 
 
 def usage_of(done) -> dict:
     """The OpenAI usage object of a finished request (chat and legacy completions)."""
     return usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
-                 done.reasoning_tokens)
+                 done.reasoning_tokens, done.accepted_prediction_tokens,
+                 done.rejected_prediction_tokens)
 
 
 def wire_finish(table: dict, reason: str) -> str:

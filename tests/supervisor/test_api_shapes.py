@@ -51,7 +51,9 @@ def _assert_no_extra(value, where: str) -> None:
 def test_usage():
     assert U == {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17,
                  "prompt_tokens_details": {"cached_tokens": 8},
-                 "completion_tokens_details": {"reasoning_tokens": 0}}
+                 "completion_tokens_details": {"reasoning_tokens": 0,
+                                               "accepted_prediction_tokens": 0,
+                                               "rejected_prediction_tokens": 0}}
     validate(U, "CompletionUsage", strict=True)
 
 

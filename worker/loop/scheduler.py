@@ -90,7 +90,7 @@ class Sequence:
         self.held: Held | None = None  # held reasoning, calls, logprobs (if any)
         self.reasoning_tokens = 0
         self.stop_sequence = None  # the stop string that ended it (set by the batch)
-        self.draft_accepted = 0    # speculative drafts kept / rejected (set by the batch)
+        self.draft_accepted = 0    # prediction drafts kept / rejected (set by the batch)
         self.draft_rejected = 0
 
 
@@ -453,8 +453,8 @@ class Scheduler:
                             cached_tokens=seq.cached_tokens,
                             reasoning_tokens=seq.reasoning_tokens,
                             stop_sequence=seq.stop_sequence,
-                            draft_accepted=seq.draft_accepted,
-                            draft_rejected=seq.draft_rejected))
+                            accepted_prediction_tokens=seq.draft_accepted,
+                            rejected_prediction_tokens=seq.draft_rejected))
         if log_it:
             dt = time.monotonic() - seq.t0
             log.info("rid=%s done: %s, %d prompt + %d completion tokens in %.2fs", seq.rid,

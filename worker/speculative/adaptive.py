@@ -122,6 +122,8 @@ class Speculation:
         self.totals.verifications += 1
         self.totals.drafted += len(draft)
         self.totals.accepted += accepted
+        if not t.prediction:
+            return
         seq = t.seq
         seq.draft_accepted = getattr(seq, "draft_accepted", 0) + accepted
         seq.draft_rejected = getattr(seq, "draft_rejected", 0) + len(draft) - accepted

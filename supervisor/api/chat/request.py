@@ -40,6 +40,7 @@ class ChatRequest(CommonParams):
     logprobs: bool = False
     top_logprobs: int = 0
     reasoning_effort: Optional[str] = None
+    prediction: Optional[str] = None       # Predicted Outputs' content (the worker drafts)
 
     def to_generate(self, config) -> Generate:
         """The request as the worker gets it (less its rid), with the server's defaults
@@ -56,6 +57,7 @@ class ChatRequest(CommonParams):
                                 reasoning_effort=self.reasoning_effort),
             template_kwargs=self.template_kwargs,
             cache=build.prompt_cache(self.prompt_cache_key),
+            prediction=self.prediction,
         )
 
 
@@ -85,7 +87,36 @@ def parse_chat_request(body: dict) -> ChatRequest:
         logprobs=logprobs,
         top_logprobs=top or 0,
         reasoning_effort=parse_reasoning_effort(body),
+        prediction=_parse_prediction(body),
     )
+
+
+def _parse_prediction(body: dict) -> Optional[str]:
+    """Predicted Outputs: {"type": "content", "content": a string or text parts}, the
+    text the answer is expected to mostly repeat (joined parts, as message content is)."""
+    prediction = opt_object(body, "prediction")
+    if prediction is None:
+        return None
+    if "type" not in prediction:
+        raise missing("prediction.type")
+    if prediction["type"] != "content":
+        raise invalid_value("prediction.type", "the only supported type is 'content'.")
+    content = prediction.get("content")
+    if content is None:
+        raise missing("prediction.content")
+    if isinstance(content, str):
+        return content or None
+    if not isinstance(content, list) or not content:
+        raise invalid_type("prediction.content", "a string or an array of text parts",
+                           content)
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" \
+                or not isinstance(part.get("text"), str):
+            raise invalid_value(f"prediction.content[{i}]",
+                                "expected a text part ({'type': 'text', 'text': ...}).")
+        texts.append(part["text"])
+    return "\n".join(texts) or None
 
 
 # ---- messages ------------------------------------------------------------------------
