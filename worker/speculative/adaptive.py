@@ -106,7 +106,10 @@ class Speculation:
         if processed or not t.pace.wants() or room <= 0:
             t.pace.plain_step()
             return []
-        return t.drafter.propose(min(room, t.pace.length))
+        draft = t.drafter.propose(min(room, t.pace.length))
+        if not draft:  # a step verified for nothing: as costly as a draft rejected
+            t.pace.update(1, 0)
+        return draft
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list) -> None:
         """`accepted` tokens of `draft` were kept (the pending token's successors in
