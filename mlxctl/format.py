@@ -59,17 +59,24 @@ def format_status(body: dict) -> str:
                      f"{w.get('tokens_per_s', 0.0):.1f}",
                      f"{cache.get('hits', 0)}/{lookups}" if cache else "-",
                      human_bytes(cache.get("bytes")) if cache else "-", _snapshots(cache),
-                     w.get("restarts", 0)))
+                     _drafts(w.get("speculation")), w.get("restarts", 0)))
     if rows:
         lines.append(table(("MODEL", "KIND", "STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK",
                             "QUEUED", "IN-FLIGHT", "TOK/S (1m)", "CACHE HITS", "CACHE MEM",
-                            "RESUMED RAM/DISK", "RESTARTS"), rows))
+                            "RESUMED RAM/DISK", "DRAFTS OK, TOK/VERIFY", "RESTARTS"), rows))
     else:
         lines.append("no model loaded")
     for w in body.get("workers", []):
         if w.get("group"):
             lines += format_group(w["model"], w["group"])
     return "\n".join(lines)
+
+
+def _drafts(spec: dict | None) -> str:
+    """Speculative decoding: the share of drafted tokens accepted, tokens per verification."""
+    if not spec or not spec.get("verifications"):
+        return "-"
+    return f"{spec['acceptance']:.0%}, {spec['tokens_per_verification']:.2f}"
 
 
 def format_group(model: str, group: dict) -> list[str]:

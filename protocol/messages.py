@@ -599,6 +599,16 @@ class KVStats(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int = 0
 
 
+class SpeculationStats(msgspec.Struct, frozen=True, kw_only=True):
+    """The worker's speculative decoding (worker/speculative/), counted since it started
+    (a field of Heartbeat): sequence-steps that verified a draft, tokens drafted, and
+    those the model accepted. Acceptance is accepted / drafted; a verification yields
+    (verifications + accepted) / verifications tokens."""
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
 class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     """Sent by the worker's I/O thread about once a second, also while the MLX thread is
     busy in a long step: `steps` not advancing while busy is how a hang is seen."""
@@ -616,6 +626,7 @@ class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
     kv: Optional[KVStats] = None  # None: an engine without a KV batch (or an older worker)
     load_progress: Optional[float] = None  # 0..1 while a model is converted (GGUF) at load
     progress: Optional[float] = None       # as Status.progress
+    speculation: Optional[SpeculationStats] = None  # None: the worker does not speculate
     # A worker group's leader: seconds since the quietest other rank was last heard from
     # (None: one process). A rank that hangs or dies shows here.
     group_silence: Optional[float] = None

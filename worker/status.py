@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from protocol.messages import CacheStats, Heartbeat, KVStats, Status
+from protocol.messages import CacheStats, Heartbeat, KVStats, SpeculationStats, Status
 
 
 class View(NamedTuple):
@@ -23,6 +23,7 @@ class View(NamedTuple):
     prompt_cache: CacheStats | None = None
     cache_bytes: int = 0       # MLX's buffer cache
     kv: KVStats | None = None  # the batch's KV memory
+    speculation: SpeculationStats | None = None
 
 
 class WorkerStatus:
@@ -36,7 +37,8 @@ class WorkerStatus:
 
     def publish(self, state: str, active=(), waiting=(), active_bytes: int | None = None,
                 peak_bytes: int | None = None, prompt_cache: CacheStats | None = None,
-                cache_bytes: int | None = None, kv: KVStats | None = None) -> None:
+                cache_bytes: int | None = None, kv: KVStats | None = None,
+                speculation: SpeculationStats | None = None) -> None:
         """None for a figure: keep the last published one."""
         old = self.view
         self.view = View(state, tuple(active), tuple(waiting),
@@ -44,7 +46,8 @@ class WorkerStatus:
                          old.peak_bytes if peak_bytes is None else peak_bytes,
                          old.prompt_cache if prompt_cache is None else prompt_cache,
                          old.cache_bytes if cache_bytes is None else cache_bytes,
-                         old.kv if kv is None else kv)
+                         old.kv if kv is None else kv,
+                         old.speculation if speculation is None else speculation)
 
     def status(self, qid: int) -> Status:
         v, steps = self.view, self.steps
@@ -69,5 +72,6 @@ class WorkerStatus:
                          peak_bytes=v.peak_bytes, cache_bytes=v.cache_bytes,
                          prompt_cache=v.prompt_cache, kv=v.kv,
                          load_progress=self.load_progress if v.state == "loading" else None,
-                         progress=self.progress, group_silence=self.group_silence(),
+                         progress=self.progress, speculation=v.speculation,
+                         group_silence=self.group_silence(),
                          group_memory=self.group_memory())

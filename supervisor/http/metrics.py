@@ -47,6 +47,7 @@ class WorkerSample:
     mlx_peak_bytes: int
     prompt_cache: object = None  # protocol CacheStats, or None
     kv: object = None            # protocol KVStats, or None
+    speculation: object = None   # protocol SpeculationStats, or None
 
 
 def rss_bytes(pid: int | None) -> int | None:
@@ -124,7 +125,7 @@ class Metrics(Observer):
     async def render(self, pool: Pool) -> bytes:
         samples = [WorkerSample(r.id, r.state, r.link.pid if r.link else None, len(r.queue),
                                 len(r.inflight), r.live.active_bytes, r.live.peak_bytes,
-                                r.live.prompt_cache, r.live.kv)
+                                r.live.prompt_cache, r.live.kv, r.live.speculation)
                    for r in pool.all_runners()]
         async with self._scrape:  # the gauges hold one scrape's samples at a time
             return await asyncio.to_thread(self._render, samples, pool.gate.probe)
@@ -169,6 +170,7 @@ class _PoolGauges:
         yield from self._prompt_cache()
         yield from self._kv()
         yield from self._snapshots()
+        yield from self._speculation()
         yield GaugeMetricFamily("mlxd_models_loaded", "Workers resident or loading",
                                 value=len(self.samples))
         if self.memory is not None:
@@ -260,6 +262,34 @@ class _PoolGauges:
             held.add_metric([m, "disk"], snap.disk_entries)
             disk.add_metric([m], snap.disk_bytes)
         yield from (hits, misses, fallbacks, evictions, corrupt, moved, seconds, held, disk)
+
+    def _speculation(self):
+        """Each speculating worker's drafts (worker/speculative/), counted since it
+        started, and what they come to: the share accepted, tokens per verification."""
+        counters = {name: CounterMetricFamily(f"mlxd_speculative_{name}", text,
+                                              labels=["model"])
+                    for name, text in (("verifications", "Sequence-steps that verified a "
+                                        "draft"),
+                                       ("drafted_tokens", "Tokens drafted"),
+                                       ("accepted_tokens", "Drafted tokens the model accepted"))}
+        rate = GaugeMetricFamily("mlxd_speculative_acceptance_ratio",
+                                 "Drafted tokens accepted / drafted, since the worker started",
+                                 labels=["model"])
+        per = GaugeMetricFamily("mlxd_speculative_tokens_per_verification",
+                                "Tokens a verification step yields per sequence (1 + "
+                                "accepted drafts), since the worker started", labels=["model"])
+        for s in self.samples:
+            c = s.speculation
+            if c is None:
+                continue
+            for family, value in zip(counters.values(),
+                                     (c.verifications, c.drafted, c.accepted)):
+                family.add_metric([s.model], value)
+            if c.drafted:
+                rate.add_metric([s.model], c.accepted / c.drafted)
+            if c.verifications:
+                per.add_metric([s.model], 1 + c.accepted / c.verifications)
+        yield from (*counters.values(), rate, per)
 
 
 METRICS = web.AppKey("metrics", Metrics)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from protocol import Heartbeat
-from protocol.messages import CacheStats, KVStats
+from protocol.messages import CacheStats, KVStats, SpeculationStats
 from supervisor.config import Config
 from supervisor.workers.states import ExitCause, Verdict
 
@@ -39,6 +39,7 @@ class Liveness:
     cache_bytes: int = 0                # MLX's buffer cache
     prompt_cache: CacheStats | None = None
     kv: KVStats | None = None           # the worker's KV memory (format, bytes per token)
+    speculation: SpeculationStats | None = None
     load_progress: float | None = None
     progress: float | None = None       # the running request's (Heartbeat.progress)
     group_silence: float | None = None  # a group: s since its quietest rank was heard
@@ -53,6 +54,7 @@ class Liveness:
         self.cache_bytes = msg.cache_bytes
         self.prompt_cache = msg.prompt_cache
         self.kv = msg.kv
+        self.speculation = msg.speculation
         self.load_progress = msg.load_progress
         self.progress = msg.progress
         self.group_silence = msg.group_silence

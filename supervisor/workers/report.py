@@ -62,7 +62,20 @@ def runner_report(r: ModelRunner) -> dict:
         "prompt_cache": msgspec.to_builtins(lv.prompt_cache) if lv.prompt_cache else None,
         # Its KV memory: format (bits 0: full precision), bytes per token, held now.
         "kv": msgspec.to_builtins(lv.kv) if lv.kv else None,
+        # Its speculative decoding since it started (None: it does not speculate).
+        "speculation": speculation(lv.speculation),
     }
+
+
+def speculation(s) -> dict | None:
+    """SpeculationStats with what they mean: the share of drafted tokens accepted and the
+    tokens a verification step yields (its pending token and the accepted drafts)."""
+    if s is None:
+        return None
+    return {**msgspec.to_builtins(s),
+            "acceptance": round(s.accepted / s.drafted, 3) if s.drafted else None,
+            "tokens_per_verification": round(1 + s.accepted / s.verifications, 2)
+            if s.verifications else None}
 
 
 def live_group(group: dict | None, live: Liveness) -> dict | None:

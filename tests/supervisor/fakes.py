@@ -42,6 +42,7 @@ class FakeBehaviour:
     die_after_ready_s: float | None = None  # crash this long after Ready, busy or not
     model_kind: ModelKind = ModelKind.TEXT
     active_bytes: int = 0                   # MLX memory its heartbeats report
+    speculation: object = None              # SpeculationStats its heartbeats report
     voices: tuple[str, ...] = ("fable", "onyx")  # a TTS model's
 
 
@@ -127,7 +128,8 @@ class FakeLink(WorkerLink):
     async def _beat(self) -> None:
         while True:
             self._emit(Heartbeat(epoch=self.epoch, state="ready", steps=self.steps,
-                                 active_bytes=self.b.active_bytes))
+                                 active_bytes=self.b.active_bytes,
+                                 speculation=self.b.speculation))
             await asyncio.sleep(self.b.heartbeat_s)
 
     async def _main(self) -> None:

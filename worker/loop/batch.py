@@ -42,7 +42,7 @@ from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from mlx_lm.models.cache import KVCache as KVCacheType
 
 from protocol.messages import (CacheStats, Generate, KVStats, PromptCache, SamplingParams,
-                               pack_ids)
+                               SpeculationStats, pack_ids)
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
 from worker.loop import mlx_lm_patches
@@ -566,6 +566,11 @@ class Batch:
         per = self.kv.per_token
         return KVStats(bits=self.kv_format.bits or 0, bytes_per_token=per, bytes=held,
                        tokens=int(held // per) if per else 0)
+
+    def speculation_stats(self) -> Optional[SpeculationStats]:
+        if self.speculation is None:
+            return None
+        return SpeculationStats(**self.speculation.totals.as_dict())
 
     def close(self) -> None:
         self.gen.close()

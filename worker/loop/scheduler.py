@@ -478,7 +478,7 @@ class Scheduler:
         state = "draining" if self.stopping else (
             "busy" if self.active or self.waiting or self.preparing else "ready")
         # None: keep the last published figures
-        active_bytes = peak_bytes = buffers = cache = kv = None
+        active_bytes = peak_bytes = buffers = cache = kv = spec = None
         if memory:
             # Only this thread may call MLX; the I/O threads read the published figures.
             self._next_memory = time.monotonic() + _MEMORY_EVERY
@@ -486,8 +486,9 @@ class Scheduler:
             buffers = mx.get_cache_memory()
             cache = self.batch.cache_stats()
             kv = getattr(self.batch, "kv_stats", lambda: None)()
+            spec = getattr(self.batch, "speculation_stats", lambda: None)()
         self.status.publish(state, self.active, self._queued(), active_bytes, peak_bytes,
-                            cache, buffers, kv)
+                            cache, buffers, kv, spec)
 
     def _queued(self) -> list:
         """Rids accepted and not started: prepared ones first, then those in preparation."""

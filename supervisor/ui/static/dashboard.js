@@ -57,6 +57,14 @@
             `${bytes(pc.bytes)} held in ${pc.entries} entries`];
   }
 
+  function drafts(sp) {
+    if (!sp || !sp.verifications) return ["–", sp ? "no drafts verified yet" : "no speculation"];
+    return [`${Math.round(100 * sp.acceptance)}% · ${sp.tokens_per_verification.toFixed(2)}`,
+            `${sp.accepted} of ${sp.drafted} drafted tokens accepted; ` +
+            `${sp.tokens_per_verification.toFixed(2)} tokens per verification step ` +
+            `(${sp.verifications} verifications)`];
+  }
+
   function actions(w) {
     if (w.state === "stopped") return el("td");
     return el("td", {},
@@ -70,6 +78,7 @@
 
   function workerRow(w) {
     const [hits, hitsTitle] = hitRate(w.prompt_cache);
+    const [draft, draftTitle] = drafts(w.speculation);
     const state = w.state + (w.progress != null ? ` ${Math.round(100 * w.progress)}%` : "") +
       (w.load_progress != null ? ` ${Math.round(100 * w.load_progress)}%` : "");
     return el("tr", { "data-model": w.model },
@@ -88,6 +97,7 @@
       el("td", { class: "num tps", title: "completion tokens per second, mean of the last minute" },
          rate(w.tokens_per_s)),
       el("td", { class: "num", title: hitsTitle }, hits),
+      el("td", { class: "num", title: draftTitle }, draft),
       el("td", { title: causes(w) }, String(w.restarts) + (w.restarts ? ` (${causes(w)})` : "")),
       actions(w));
   }
@@ -99,7 +109,7 @@
     const workers = s.workers || [];
     $("workers").tBodies[0].replaceChildren(...workers.map(workerRow));
     if (!workers.length) {
-      $("workers").tBodies[0].append(el("tr", {}, el("td", { colspan: 13, class: "muted" },
+      $("workers").tBodies[0].append(el("tr", {}, el("td", { colspan: 14, class: "muted" },
         "No model is loaded.")));
     }
     const total = workers.reduce((n, w) => n + (w.tokens_total || 0), 0);
