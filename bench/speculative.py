@@ -10,6 +10,11 @@ per second over the whole run (prefill included, the same in every variant), the
 `--rounds` rounds alternating variants, and each variant's acceptance.
 
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
+                                [--cases edit,prediction,prose] [--step-cost]
+
+`--step-cost` first times the forward pass that verifies a draft of d tokens (1 + d
+positions, one sequence, a 200-token context) against the one-token step: the tokens
+a draft must earn to pay (worker/speculative/adaptive.py's MIN_GAIN).
 """
 
 from __future__ import annotations
@@ -50,23 +55,56 @@ def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None)
     return n / (time.perf_counter() - start), ["".join(t) for t in texts.values()]
 
 
+def step_cost(eng, drafts=(1, 2, 4, 8), reps: int = 20) -> None:
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(eng.model)
+    mx.eval(eng.model(mx.array([list(range(1, 201))]), cache=cache))
+
+    def once(width: int) -> float:
+        t = time.perf_counter()
+        mx.eval(eng.model(mx.array([[7] * width]), cache=cache))
+        dt = time.perf_counter() - t
+        for c in cache:
+            c.trim(width)
+        return dt
+
+    times = {w: [] for w in (1,) + tuple(1 + d for d in drafts)}
+    for _ in range(reps):  # (interleaved, the best of each: the machine drifts)
+        for w in times:
+            times[w].append(once(w))
+    one = min(times[1])
+    print(f"one-token step {one * 1e3:.1f} ms; verifying a draft of d tokens costs "
+          "(x the one-token step), i.e. accepted tokens it must earn:")
+    for d in drafts:
+        cost = min(times[1 + d]) / one
+        print(f"  d={d}: {cost:.2f}x, {cost - 1:.2f} tokens")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", default="1,8")
+    p.add_argument("--cases", default="edit,prediction,prose")
+    p.add_argument("--step-cost", action="store_true")
     a = p.parse_args()
     from bench.gpu import in_process
     path = model_path("smollm2", None)
     eng, _ = in_process(path, prompt_cache=0)
+    if a.step_cost:
+        step_cost(eng)
 
     def batch_for(spec: str):
         _, b = in_process(path, prompt_cache=0)
         b.prompt_lookup = spec == "prompt-lookup"
         return b
 
-    cases = [("edit", EDIT, "prompt-lookup", None), ("edit", EDIT, "none", SOURCE),
-             ("prose", PROSE, "prompt-lookup", None)]
+    cases = {"edit": ("edit", EDIT, "prompt-lookup", None),
+             "prediction": ("edit", EDIT, "none", SOURCE),
+             "prose": ("prose", PROSE, "prompt-lookup", None)}
+    cases = [cases[c] for c in a.cases.split(",")]
     print(f"{'workload':8} {'drafter':18} {'streams':>7} {'none tok/s':>10} "
           f"{'spec tok/s':>10} {'ratio':>6} {'accept':>7} {'tok/verify':>10} same")
     for streams in [int(s) for s in a.streams.split(",")]:

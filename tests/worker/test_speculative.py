@@ -73,7 +73,8 @@ def text(outcomes) -> str:
 
 
 FOUR = {
-    "lookup": dict(prompt=REPEATING, max_tokens=40, temperature=0.0),
+    # (the tiny model falls into a loop after 40 tokens: lookup's drafts accepted)
+    "lookup": dict(prompt=REPEATING, max_tokens=80, temperature=0.0),
     "plain": dict(prompt="Hi there", max_tokens=30, temperature=0.0),
     "biased": dict(prompt=REPEATING, max_tokens=30, temperature=0.0,
                    logit_bias=[(5, 2.0)]),   # a logits processor: never speculates
@@ -107,8 +108,10 @@ def test_greedy_text_is_identical_with_drafts_alone_and_in_a_batch_of_four(engin
 
 def test_a_seeded_sampled_request_gives_the_same_text_twice(engine):
     req = {"s": dict(prompt=REPEATING, max_tokens=40, temperature=0.9, seed=7)}
-    first, seqs, _ = run(engine, req, speculative="prompt-lookup")
-    second, _, _ = run(engine, req, speculative="prompt-lookup")
+    plain, _, _ = run(engine, req)
+    guess = {"s": ids(plain["s"])}  # (drafts that are sometimes right)
+    first, seqs, _ = run(engine, req, guess, speculative="prompt-lookup")
+    second, _, _ = run(engine, req, guess, speculative="prompt-lookup")
     assert ids(first["s"]) == ids(second["s"])
     assert run.totals.drafted > 0
 
@@ -123,3 +126,84 @@ def test_a_stop_string_inside_an_accepted_draft_ends_the_text_there(engine):
     got, seqs, _ = run(engine, req, {"p": exact})
     assert text(got["p"]) == text(want["p"]) and got["p"][-1][2] == want["p"][-1][2] == "stop"
     assert seqs["p"].draft_accepted > 0
+
+
+def test_a_step_without_drafts_is_mlx_lms_own_and_the_drafter_follows_the_text(
+        engine, monkeypatch):
+    """A drafter with no guess keeps mlx-lm's pipelined step (no verification); one
+    whose guess vanishes once the pending token is known falls back to it too, and
+    either way the drafter holds exactly the prompt and the output, once each."""
+    from worker.speculative import verify
+    verified = []
+    real = verify.verify
+    monkeypatch.setattr(verify, "verify", lambda gb, spec: verified.append(
+        r := real(gb, spec)) or r)
+    req = {"p": dict(prompt=REPEATING, max_tokens=30, temperature=0.0)}
+    without, _, _ = run(engine, req)
+    drafters = []
+    init = PromptLookup.__init__
+    monkeypatch.setattr(PromptLookup, "__init__",
+                        lambda self, prompt: drafters.append(self) or init(self, prompt))
+    for ready in (False, True):
+        monkeypatch.setattr(PromptLookup, "ready", lambda self: ready)
+        monkeypatch.setattr(PromptLookup, "propose", lambda self, k: [])
+        verified.clear()
+        got, _, _ = run(engine, req, speculative="prompt-lookup")
+        assert ids(got["p"]) == ids(without["p"])
+        assert run.totals.verifications == 0
+        assert all(r is None for r in verified)  # (each fell back to mlx-lm's step)
+        assert bool(verified) == ready  # (a few: finding nothing, the sequence rests)
+        d = drafters.pop()
+        prompt = list(engine.prepare(generate(rid="p", **req["p"])).ids)
+        assert d._index.tokens + d._pending == prompt + ids(got["p"])
+
+
+JSON = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+        "additionalProperties": False}
+
+
+def test_a_grammar_beside_drafting_sequences_never_drafts_and_keeps_its_text(engine):
+    """A grammar-constrained request (a logits processor) beside sequences that draft,
+    even given a prediction, takes one token a step: its text
+    is the one it has alone, and the others' are theirs."""
+    reqs = {"json": dict(messages=[{"role": "user", "content": "JSON please"}], max_tokens=60,
+                         temperature=0.0, response_format="json_schema", json_schema=JSON),
+            "predicted": FOUR["predicted"]}
+    alone = {name: run(engine, {name: kw})[0][name] for name, kw in reqs.items()}
+    exact = ids(alone["predicted"])
+    # (its own text as its prediction: were it drafted, the drafts would be verified)
+    got, seqs, _ = run(engine, reqs, {"predicted": exact, "json": ids(alone["json"])},
+                       speculative="prompt-lookup")
+    for name in reqs:
+        assert text(got[name]) == text(alone[name]), name
+    assert got["json"][-1][2] == "stop" and text(got["json"]).startswith("{")
+    assert not hasattr(seqs["json"], "draft_accepted")
+    assert seqs["predicted"].draft_accepted > 0
+
+
+def test_cancelling_a_sequence_mid_draft_leaves_the_others_and_the_next_untouched(engine):
+    reqs = {"predicted": FOUR["predicted"], "plain": FOUR["plain"]}
+    alone = {name: run(engine, {name: kw})[0][name] for name, kw in reqs.items()}
+    b = make_batch(engine, speculative="prompt-lookup")
+    seqs, out = {}, {n: [] for n in reqs}
+    for name, kw in reqs.items():
+        prep = engine.prepare(generate(rid=name, **kw))
+        if name == "predicted":
+            prep.prediction = ids(alone["predicted"])
+        seqs[name] = Seq(name)
+        b.add(seqs[name], prep)
+    while not getattr(seqs["predicted"], "draft_accepted", 0):  # (a draft verified)
+        for seq, o in b.step():
+            out[seq.rid].append(o)
+    uid = seqs["predicted"].uid
+    b.remove(seqs["predicted"])
+    assert uid not in b.speculation.tracks
+    later = engine.prepare(generate(rid="later", **FOUR["predicted"]))
+    later.prediction = ids(alone["predicted"])
+    b.add(Seq("later"), later)
+    out["later"] = []
+    while b.members:
+        for seq, o in b.step():
+            out[seq.rid].append(o)
+    assert text(out["plain"]) == text(alone["plain"])
+    assert text(out["later"]) == text(alone["predicted"])

@@ -10,8 +10,10 @@ doubles the next (up to `max_draft`); one cut short proposes one more than was a
 A verification step costs more than a plain one (the forward pass reads more positions,
 and it cannot be overlapped with the next step: worker/speculative/verify.py), so a
 sequence whose drafts keep failing stops drafting for a while (doubling each time, up to
-`MAX_REST` steps) and tries again: prose that does not repeat its prompt decodes as if
-nothing speculated.
+`MAX_REST` steps) and tries again; and a step verifies only when some sequence's drafter
+has a guess for the text so far (`Drafter.ready`), so a step where none does is mlx-lm's
+own pipelined step: prose that does not repeat its prompt decodes as if nothing
+speculated.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # A sequence rests when its average accepted tokens per verification falls below this:
-# what a verification step of a few positions costs over a plain step, measured with
-# bench/speculative.py (see docs/benchmarks.md).
-MIN_GAIN = 0.5
+# what a verification step costs over a plain one, in tokens. `python -m
+# bench.speculative --step-cost` on the demo model (CPU, OpenBLAS) measured the forward
+# pass verifying a draft of 1, 2, 4, 8 tokens at 0.99, 1.25, 1.17, 1.36 x a one-token step
+# (docs/benchmarks.md): a draft must earn up to 0.36 tokens, and the step it cannot
+# overlap with the next (verify.py) a little more.
+MIN_GAIN = 0.4
 MAX_REST = 64
 _EMA = 0.5
 
@@ -92,9 +97,11 @@ class Speculation:
 
     def wants(self, uids, processors) -> bool:
         """Whether this step verifies: some sequence without logits processors is ready
-        to draft."""
+        to draft and its drafter has a guess for the text so far (`Drafter.ready`,
+        asked without the pending token, which is still being computed: a step where no
+        sequence has one stays mlx-lm's pipelined step, at no extra cost)."""
         return any(not processors[i] and (t := self.tracks.get(uid)) is not None
-                   and t.pace.wants() for i, uid in enumerate(uids))
+                   and t.pace.wants() and t.drafter.ready() for i, uid in enumerate(uids))
 
     def propose(self, uid: int, pending: int, room: int, processed: bool) -> list[int]:
         """The pending token joins the sequence's text; its draft (none for a sequence
@@ -131,8 +138,11 @@ class Speculation:
         seq.draft_accepted = getattr(seq, "draft_accepted", 0) + accepted
         seq.draft_rejected = getattr(seq, "draft_rejected", 0) + len(draft) - accepted
 
-    def reported(self, responses) -> None:
-        """A plain step's tokens (mlx-lm's own step): the drafters follow the text."""
+    def reported(self, responses, fed: bool = False) -> None:
+        """A plain step's tokens (mlx-lm's own step): the drafters follow the text
+        (`fed`: `propose` already gave them these tokens and counted the step)."""
+        if fed:
+            return
         for r in responses:
             t = self.tracks.get(r.uid)
             if t is not None:

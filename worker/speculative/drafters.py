@@ -28,6 +28,10 @@ class Drafter(Protocol):
     def propose(self, k: int) -> list[int]:
         """Up to `k` tokens guessed to follow the sequence so far (may be none)."""
 
+    def ready(self) -> bool:
+        """Whether the drafter has a guess for the text so far (cheap: asked each step
+        before the pending token is known, to keep steps without drafts pipelined)."""
+
 
 class _Index:
     """Where each n-gram of a token list ended (its latest occurrence, or every one)."""
@@ -64,6 +68,11 @@ class PromptLookup:
         if tokens:
             self._index.extend(self._pending + list(tokens[:-1]))
             self._pending = [tokens[-1]]
+
+    def ready(self) -> bool:
+        # (Whether the text up to the last token known had a guess: the pending token,
+        # still being computed, is then likely to have one too.)
+        return bool(self.propose(1))
 
     def propose(self, k: int) -> list[int]:
         # The index holds every token but the last: an n-gram ending at the last token
@@ -113,6 +122,9 @@ class Prediction:
                 later = [e for e in ends if e >= last]
                 return later[0] if later else ends[0]
         return None
+
+    def ready(self) -> bool:
+        return self.at is not None and self.at < len(self.predicted)
 
     def propose(self, k: int) -> list[int]:
         if self.at is None:

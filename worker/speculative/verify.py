@@ -49,9 +49,14 @@ def install() -> None:
         if spec is None or not self.uids:
             return original(self)
         if spec.wants(self.uids, self.logits_processors):
-            return verify(self, spec)
+            responses = verify(self, spec)
+            if responses is not None:
+                return responses
+            fed = True  # (no sequence drafted after all: mlx-lm's step)
+        else:
+            fed = False
         responses = original(self)
-        spec.reported(responses)
+        spec.reported(responses, fed)
         return responses
 
     next.mlxd_speculative = True
@@ -64,9 +69,10 @@ def attach(generator, speculation) -> None:
     generator._generation_batch.mlxd_speculation = speculation
 
 
-def verify(gb, spec) -> list:
+def verify(gb, spec) -> list | None:
     """One verification step of the whole batch: mlx-lm's Responses, several per
-    sequence (its reported tokens in order)."""
+    sequence (its reported tokens in order); None when no sequence drafted after all
+    (its drafters have the pending tokens: mlx-lm's step reports them)."""
     n = len(gb.uids)
     current = gb._next_tokens
     mx.eval(current, gb._next_logprobs)
@@ -77,6 +83,8 @@ def verify(gb, spec) -> list:
         drafts.append(spec.propose(uid, pending[i], max(0, room),
                                    bool(gb.logits_processors[i])))
     width = 1 + max(len(d) for d in drafts)
+    if width == 1:
+        return None
     rows = [[p] + d + [0] * (width - 1 - len(d)) for p, d in zip(pending, drafts)]
     inputs = mx.array(rows, dtype=current.dtype)
 
