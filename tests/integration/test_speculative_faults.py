@@ -45,9 +45,9 @@ def test_worker_killed_mid_verification_requeues_cleanly(tiny_model):
             r = queued.result(timeout=60)
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 60
             # The respawned worker speculates again, from zero: the queued request's drafts.
-            w = wait_for(lambda: (w := worker(srv))["speculation"] and w, 10)
+            w = wait_for(lambda: ((w := worker(srv))["speculation"] or {}).get("accepted")
+                         and w, 10)
             assert w["restarts"] == 1 and w["pid"] != pid
-            assert 0 < w["speculation"]["accepted"]
             again = http.post("/v1/completions", json={"model": model, "prompt": REPEATING,
                                                        "temperature": 0, "max_tokens": 60})
             assert again.json()["choices"][0]["text"] == r.json()["choices"][0]["text"]
