@@ -377,7 +377,11 @@ def test_a_sigterm_to_the_leader_ends_the_group_as_lost(shard_model, reference, 
     group's own code (its clients retry), not die unexplained or drain as cancelled."""
     s = tensor2
     epoch = group_of(s)["epoch"]
+    lost_before = s.log().count("lost a rank")
     os.kill(rank_pids(s)[0], signal.SIGTERM)
     w = _wait_epoch(s, epoch + 1)
-    assert "lost a rank" in (w["last_error"] or ""), w
+    # The exit is logged with its cause. last_error alone can't be asked: on this shared
+    # group a respawn may fail to load once more (its last ranks still leaving) before one
+    # is ready, and that later error replaces the exit's.
+    assert s.log().count("lost a rank") > lost_before, (w, s.log()[-3000:])
     assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
