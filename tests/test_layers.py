@@ -175,6 +175,7 @@ WORKER_FLOORS = [
     {"worker.errors", "worker.demos", "worker.link", "worker.lifeline", "worker.status",
      "worker.faults"},
     {"worker.text", "worker.kvcache"},        # tokens in and out; the KV states kept
+    {"worker.speculative"},                    # drafting and verifying several tokens a step
     {"worker.loop"},                           # the MLX thread's loop, its batch
     {"worker.vision", "worker.pooling", "worker.speech"},  # the engines of other kinds
     {"worker.loading"},                        # a name becomes a loaded, started model
