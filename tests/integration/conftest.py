@@ -39,11 +39,7 @@ def stopping_server(models_dir) -> ServerProcess:
 
     source = build_model(models_dir / "tiny-qwen3_coder-8k", "tiny", context_length=8192,
                          template=FAMILIES["qwen3_coder"]).path
-    model = build_stopping_model(source, models_dir / "tiny-qwen3_coder-8k-stopping")
-    with ServerProcess([str(model)]) as srv:
-        srv.wait_healthy()
-        srv.model = str(model)
-        yield srv
+    yield from _serving(build_stopping_model(source, models_dir / "tiny-qwen3_coder-8k-stopping"))
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +48,11 @@ def stopping_vision_server(vision_model, models_dir) -> ServerProcess:
     replies end after one token: the Open Responses image case."""
     from tests.openresponses.model import build_stopping_model
 
-    model = build_stopping_model(vision_model, models_dir / "tiny-vision-stopping")
+    yield from _serving(build_stopping_model(vision_model, models_dir / "tiny-vision-stopping"))
+
+
+def _serving(model):
+    """A healthy server on one model, its `model` attribute the id to ask for."""
     with ServerProcess([str(model)]) as srv:
         srv.wait_healthy()
         srv.model = str(model)

@@ -118,7 +118,7 @@ def test_with_the_token_unload_then_load_again(page, ui_server, tiny_model):
     pid = worker(ui_server, str(tiny_model))["pid"]
     tiny.locator("button.kill").click()
     until(p, "document.querySelector('#message').innerText.includes('killed')", 60_000)
-    until(p, f"document.querySelector('tr[data-model=\"{tiny_model}\"] td:nth-child(12)')"
+    until(p, f"document.querySelector('tr[data-model=\"{tiny_model}\"] td.restarts')"
              ".innerText.startsWith('1 (admin')", 60_000)
     tiny.locator(".badge", has_text="ready").wait_for()
     assert worker(ui_server, str(tiny_model))["pid"] != pid

@@ -98,7 +98,7 @@
          rate(w.tokens_per_s)),
       el("td", { class: "num", title: hitsTitle }, hits),
       el("td", { class: "num", title: draftTitle }, draft),
-      el("td", { title: causes(w) }, String(w.restarts) + (w.restarts ? ` (${causes(w)})` : "")),
+      el("td", { class: "restarts", title: causes(w) }, String(w.restarts) + (w.restarts ? ` (${causes(w)})` : "")),
       actions(w));
   }
 
