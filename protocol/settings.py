@@ -305,11 +305,13 @@ SETTINGS: tuple[Setting, ...] = (
     S("max_kv_size", INT, None, "a rotating KV cache of this many tokens per sequence (the "
       "oldest tokens are dropped; default: the whole context)", worker=True),
     # Speculative decoding (worker/speculative/): drafts verified inside the batch.
-    S("speculative", choice("none", "prompt-lookup"), "none", "draft tokens for every "
-      "sequence that may (no grammar, penalties or logit_bias) and verify them in the "
+    S("speculative", choice("none", "prompt-lookup", "mtp"), "none", "draft tokens for "
+      "every sequence that may (no grammar, penalties or logit_bias) and verify them in the "
       "batch's step: prompt-lookup guesses from n-grams of the prompt and output so far "
-      "(no extra weights; pays on edits that repeat the prompt). Lossless. Predicted "
-      "Outputs (a request's prediction) draft whatever this says", worker=True),
+      "(no extra weights; pays on edits that repeat the prompt); mtp runs the checkpoint's "
+      "own multi-token-prediction head (Qwen3.5/3.6-style `mtp.*` weights; a load error "
+      "where it has none). Lossless. Predicted Outputs (a request's prediction) draft "
+      "whatever this says", worker=True),
     S("max_draft_tokens", INT, 8, "longest draft a sequence proposes per step (each adapts "
       "its own below this; 0: no speculation, Predicted Outputs included)", worker=True),
     # Worker groups (worker/group/): one model over several MLX processes and hosts.

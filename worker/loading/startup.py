@@ -38,17 +38,27 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
         if args.prompt_cache_bytes > 0 else None
     step = max(1, args.prefill_step)
     Batch = cls or Batch
-    return Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
+    mtp_head = None
+    if args.speculative == "mtp" and not shard:  # (worker/speculative/mtp.py)
+        from worker.speculative.mtp import load_head
+
+        mtp_head = load_head(engine.model, path)
+    batch = Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
                  kvcache=kvcache, kv=kv, max_kv_size=args.max_kv_size, kv_format=kv_format,
                  chunks=ChunkSizer(step, max(PREFILL_LARGEST, step)),
                  # (Not in a worker group yet: its ranks step together, and
                  # a verification step is not one the followers know.)
                  speculative=args.speculative, max_draft=0 if shard else args.max_draft_tokens,
+                 mtp_head=mtp_head,
                  # (Not a group's rank: each would measure its own shard, and every rank
                  # must run the chunk the leader chose: worker/group/follower.py.)
                  step_memory=None if shard else StepMemory.measure(
                      engine.model, engine.vocab_size or 0, kv_format=kv_format))
+    if mtp_head is not None and batch.speculation is None:
+        raise LoadError("--speculative mtp cannot draft with --max-kv-size, --kv-bits or "
+                        "--max-draft-tokens 0 (their caches are not rolled back yet)")
+    return batch
 
 
 def kv_format_of(engine, args):

@@ -38,15 +38,14 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
-from mlx_lm.models.cache import KVCache as KVCacheType
+from mlx_lm.models.cache import BatchKVCache
 
 from protocol.messages import (CacheStats, Generate, KVStats, PromptCache, SamplingParams,
                                SpeculationStats, pack_ids)
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
 from worker.loop import mlx_lm_patches
-from worker.speculative import verify
+from worker.speculative import mtp, recurrent, verify
 from worker.speculative.adaptive import Pace, Speculation, Track
 from worker.speculative.drafters import Prediction, PromptLookup
 from worker.text.decoding import Decoding
@@ -231,7 +230,7 @@ class Batch:
                  chunks: Optional[ChunkSizer] = None,
                  step_memory: Optional[StepMemory] = None,
                  kv_format: KVFormat = KVFormat(),
-                 speculative: str = "none", max_draft: int = 8,
+                 speculative: str = "none", max_draft: int = 8, mtp_head=None,
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.max_size = max(1, max_size)
@@ -249,13 +248,15 @@ class Batch:
         self.reserved = 0
         # Speculative decoding (worker/speculative/): prompt lookup for every sequence
         # that may (`speculative`), a client's prediction whenever one comes; only where
-        # the cache can give back rejected positions (plain KVCaches, no rotating window,
-        # not quantized: its rows are not yet trimmed that way).
+        # the cache can give back rejected positions (plain KVCaches and recurrent state:
+        # worker/speculative/recurrent.py; no rotating window, not quantized: its rows
+        # are not yet trimmed that way). `mtp_head`: --speculative mtp's (mtp.py).
         self.prompt_lookup = speculative == "prompt-lookup"
         self.max_draft = max(0, max_draft)
         self.speculation = Speculation() if self.max_draft and max_kv_size is None \
-            and not kv_format.quantized and all(
-                type(c) is KVCacheType for c in make_prompt_cache(engine.model)) else None
+            and not kv_format.quantized and recurrent.install(engine.model) else None
+        if self.speculation is not None and mtp_head is not None:  # (--speculative mtp)
+            self.speculation = mtp.MTPSpeculation(engine.model, mtp_head)
         self.gen = self._new_generator()
 
     def _new_generator(self) -> BatchGenerator:
@@ -377,6 +378,8 @@ class Batch:
             drafter = Prediction(predicted)
         elif self.prompt_lookup:
             drafter = PromptLookup(prep.ids)
+        elif isinstance(self.speculation, mtp.MTPSpeculation):
+            drafter = self.speculation.drafter()
         else:
             return
         self.speculation.add(uid, Track(drafter, Pace(self.max_draft), seq,

@@ -88,6 +88,13 @@ class Totals:
 class Speculation:
     tracks: dict = field(default_factory=dict)   # uid -> Track
     totals: Totals = field(default_factory=Totals)
+    # Whether a step none of whose sequences drafted still runs the verify forward (a
+    # drafter that needs its hidden states: worker/speculative/mtp.py).
+    always_verify = False
+
+    def forward(self, gb, inputs):
+        """The verify step's logits of `inputs` (n, width) on the batch's caches."""
+        return gb.model(inputs, cache=gb.prompt_cache)
 
     def add(self, uid: int, track: Track) -> None:
         self.tracks[uid] = track

@@ -33,6 +33,9 @@ import functools
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
+from mlx_lm.models.cache import ArraysCache
+
+from worker.speculative import recurrent
 
 
 def install() -> None:
@@ -49,7 +52,10 @@ def install() -> None:
         if spec is None or not self.uids:
             return original(self)
         if spec.wants(self.uids, self.logits_processors):
-            responses = verify(self, spec)
+            try:
+                responses = verify(self, spec)
+            finally:
+                recurrent.done()
             if responses is not None:
                 return responses
             fed = True  # (no sequence drafted after all: mlx-lm's step)
@@ -83,12 +89,13 @@ def verify(gb, spec) -> list | None:
         drafts.append(spec.propose(uid, pending[i], max(0, room),
                                    bool(gb.logits_processors[i])))
     width = 1 + max(len(d) for d in drafts)
-    if width == 1:
+    if width == 1 and not spec.always_verify:
         return None
     rows = [[p] + d + [0] * (width - 1 - len(d)) for p, d in zip(pending, drafts)]
     inputs = mx.array(rows, dtype=current.dtype)
 
-    logits = gb.model(inputs, cache=gb.prompt_cache)  # (n, width, vocab)
+    recurrent.start()
+    logits = spec.forward(gb, inputs)  # (n, width, vocab)
     if any(gb.logits_processors):  # (their rows have no draft: position 0 only)
         first = []
         for e in range(n):
@@ -161,7 +168,13 @@ def verify(gb, spec) -> list | None:
 
 
 def _keep_only(caches, rejected: list[int]) -> None:
-    """Drop each row's last `rejected[i]` positions from the batch's KV caches."""
+    """Drop each row's last `rejected[i]` positions from the batch's KV caches (a
+    recurrent layer's: its state at the row's last kept position, worker/speculative/
+    recurrent.py)."""
+    for c in caches:
+        if recurrent.recorded(c):
+            recurrent.keep(c, rejected)
+    caches = [c for c in caches if not isinstance(c, ArraysCache)]
     least = min(rejected)
     if least:
         for c in caches:

@@ -1,0 +1,139 @@
+"""The checkpoint's MTP head as a drafter (`--speculative mtp`, worker/speculative/mtp.py)
+on a tiny Qwen3.5-style checkpoint built here in the Hugging Face layout (tests/
+mtp_model.py): its head loads by the real weight names, drafts inside the batch on a
+hybrid model (recurrent layers whose state a rejected draft must not keep: worker/
+speculative/recurrent.py), and changes nothing in the text: at temperature 0 it is the
+one decoding gives without drafts, alone and in a batch of four beside a request that
+does not speculate and one drafting from its prediction; a seed reproduces."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.settings import worker_parser
+from tests.generates import generate
+from tests.mtp_model import build_mtp_model
+from tests.worker.batchrun import Seq, make_batch
+from tests.worker.test_speculative import ids, run, text
+from worker.errors import LoadError
+from worker.loading.startup import make_batch as startup_batch
+from worker.text.engine import TextEngine
+
+
+@pytest.fixture(scope="module")
+def mtp(models_dir):
+    """(engine, head) of the checkpoint whose head guesses well (`predictable`)."""
+    from worker.loading import models
+    from worker.speculative.mtp import load_head
+
+    path = build_mtp_model(models_dir / "qwen3_5-mtp", predictable=True)
+    loaded = models.load(str(path), path.parent)
+    engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 64,
+                        loaded.vocab_size)
+    return engine, load_head(loaded.model, path), path
+
+
+FOUR = {
+    "mtp": dict(prompt="Hello there " * 4, max_tokens=40, temperature=0.0),
+    "story": dict(prompt="Write a story", max_tokens=30, temperature=0.0),
+    "biased": dict(prompt="Hello there", max_tokens=25, temperature=0.0,
+                   logit_bias=[(5, 2.0)]),   # a logits processor: never speculates
+    "predicted": dict(prompt="The quick brown fox " * 3, max_tokens=30, temperature=0.0),
+}
+
+
+def test_the_head_loads_by_the_checkpoints_names_and_what_cannot_draft_refuses(
+        mtp, models_dir, tiny_loaded, tmp_path):
+    import mlx.core as mx
+
+    from worker.loading import models
+    from worker.speculative.mtp import MTPSpeculation
+    engine, head, path = mtp
+    stored = mx.load(str(path / "model.safetensors"))
+    assert mx.array_equal(head.fc.weight, stored["mtp.fc.weight"])
+    # (zero-centred in the file, as Hugging Face's Qwen3.5 stores its norms)
+    assert mx.allclose(head.norm.weight, stored["mtp.norm.weight"] + 1.0)
+    assert mx.allclose(head.layers[0].input_layernorm.weight, mx.ones(64))
+
+    def worker_batch(engine, path, *flags):
+        args = worker_parser().parse_args(
+            ["--model", "m", "--commands", "c", "--events", "e", "--epoch", "0",
+             "--state-dir", str(tmp_path), "--speculative", "mtp", *flags])
+        return startup_batch(engine, args, path)
+
+    assert isinstance(worker_batch(engine, path).speculation, MTPSpeculation)
+    bare = build_mtp_model(models_dir / "qwen3_5-bare", mtp=False)
+    bare_engine = TextEngine(models.load(str(bare), bare.parent).model, engine.tokenizer,
+                             engine.context_length, 64, engine.vocab_size)
+    with pytest.raises(LoadError, match="no MTP weights"):
+        worker_batch(bare_engine, bare)
+    tiny = TextEngine(tiny_loaded.model, tiny_loaded.tokenizer, 4096, 64,
+                      tiny_loaded.vocab_size)
+    with pytest.raises(LoadError, match="family has no MTP head"):
+        worker_batch(tiny, tiny_loaded.path)
+    with pytest.raises(LoadError, match="cannot draft with --max-kv-size"):
+        worker_batch(engine, path, "--max-kv-size", "256")
+
+
+def test_greedy_text_is_identical_with_mtp_alone_and_in_a_batch_of_four(mtp):
+    engine, head, _ = mtp
+    without, _, plain_steps = run(engine, FOUR)
+    wrong = ids(without["predicted"])[:8] + [5, 6] + ids(without["predicted"])[10:]
+    with_, seqs, _ = run(engine, FOUR, {"predicted": wrong}, speculative="mtp",
+                         mtp_head=head)
+    for name in FOUR:
+        assert ids(with_[name]) == ids(without[name]), name
+        assert text(with_[name]) == text(without[name]), name
+    assert seqs["predicted"].draft_rejected > 0     # (a departure rolled back)
+    alone, _, steps = run(engine, {"mtp": FOUR["mtp"]}, speculative="mtp", mtp_head=head)
+    assert ids(alone["mtp"]) == ids(without["mtp"])
+    totals = run.totals
+    # The head guesses most tokens and misses some: both paths ran (a rejected draft
+    # rolls back the recurrent layers' state), in fewer steps than one token each.
+    assert 0 < totals.accepted < totals.drafted
+    assert steps < 40 * 2 / 3
+
+
+def test_a_seeded_sampled_request_gives_the_same_text_twice_with_mtp(mtp):
+    engine, head, _ = mtp
+    req = {"s": dict(prompt="Hello there " * 4, max_tokens=30, temperature=0.9, seed=7)}
+    first, _, _ = run(engine, req, speculative="mtp", mtp_head=head)
+    assert run.totals.drafted > 0
+    second, _, _ = run(engine, req, speculative="mtp", mtp_head=head)
+    assert ids(first["s"]) == ids(second["s"])
+
+
+def test_cancelling_a_sequence_mid_draft_leaves_the_others_and_the_next_untouched(mtp):
+    engine, head, _ = mtp
+    reqs = {"mtp": FOUR["mtp"], "story": FOUR["story"]}
+    alone = {name: run(engine, {name: kw})[0][name] for name, kw in reqs.items()}
+    b = make_batch(engine, speculative="mtp", mtp_head=head)
+    seqs, out = {}, {n: [] for n in reqs}
+    for name, kw in reqs.items():
+        seqs[name] = Seq(name)
+        b.add(seqs[name], engine.prepare(generate(rid=name, **kw)))
+    while not b.speculation.totals.drafted:  # (a draft proposed and verified)
+        for seq, o in b.step():
+            out[seq.rid].append(o)
+    uid = seqs["mtp"].uid
+    b.remove(seqs["mtp"])
+    assert uid not in b.speculation.tracks
+    b.add(Seq("later"), engine.prepare(generate(rid="later", **FOUR["mtp"])))
+    out["later"] = []
+    while b.members:
+        for seq, o in b.step():
+            out[seq.rid].append(o)
+    assert text(out["story"]) == text(alone["story"])
+    assert text(out["later"]) == text(alone["mtp"])
+
+
+def test_drafts_on_another_hybrid_family_roll_its_recurrent_state_back(hybrid_engine):
+    """Qwen3-Next's recurrent layers (another class than Qwen3.5's) under a prediction
+    that departs from the text: the rejected drafts leave its state as decoding left it."""
+    req = {"p": dict(prompt="The quick brown fox " * 3, max_tokens=30, temperature=0.0)}
+    without, _, _ = run(hybrid_engine, req)
+    exact = ids(without["p"])
+    wrong = exact[:6] + [5, 6, 7] + exact[9:20] + [8] + exact[21:]
+    got, seqs, _ = run(hybrid_engine, req, {"p": wrong})
+    assert ids(got["p"]) == exact
+    assert seqs["p"].draft_accepted > 0 and seqs["p"].draft_rejected > 0

@@ -1,0 +1,231 @@
+"""The checkpoint's own multi-token-prediction head as a drafter (`--speculative mtp`).
+
+Qwen3.5/3.6 checkpoints ship an MTP block beside the model (`mtp.*` weights, config key
+`mtp_num_hidden_layers`) that mlx-lm drops on load. Given the target's last hidden state
+at position t (after its final norm) and the embedding of the token at t+1, it predicts
+the token at t+2: `fc([norm_e(embed(x[t+1])), norm_h(h[t])])`, one full-attention
+decoder layer with its own KV cache over the positions before, a norm, and the target's
+own LM head. Its draft costs one small layer, not a second model.
+
+Why not mlx-vlm's `Qwen3_5MTPDraftModel`: its decoder layer is mlx-vlm's (another
+attention signature), and its state is one batch whose rows are the rounds of its own
+generate loop; here sequences join and leave mlx-lm's batch at any step, so each keeps
+its own MTP cache (`MTPDrafter`), and the layer is mlx-lm's `DecoderLayer` of the same
+family as the target (the weights load by the same names). The weights are read from the
+checkpoint's safetensors by their `mtp.` names, the Hugging Face layout's zero-centred
+norms shifted as mlx-vlm's sanitize does.
+
+Inside the batch (worker/speculative/verify.py) the verify forward runs the target's body
+and head as two calls (`MTPSpeculation.forward`): the same computation as the model's own
+call, whose hidden states are then at hand for every row at no second forward. After the
+step each row keeps the hidden states of its kept positions (`observe`); its next draft
+feeds them with the tokens that followed (the accepted drafts and the next pending
+token) through the head, appending those positions to its MTP cache, and chains further
+tokens from the head's own output where the sequence's pace asks for more than one (those
+speculative positions are trimmed from its MTP cache at the next step). A step where the
+row took no hidden state (a plain mlx-lm step while it rested) leaves a gap: it drafts
+again after one verify step without a draft.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
+
+from worker.errors import LoadError
+from worker.speculative.adaptive import Speculation
+
+# Norms the Hugging Face layout stores zero-centred (weight - 1): mlx-vlm's rule.
+_CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight",
+            ".q_norm.weight", ".k_norm.weight", "norm.weight",
+            "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
+# A chained draft (the head fed its own output) degrades fast: mlx-vlm drafts
+# mtp_num_hidden_layers + 1 tokens a round by default.
+MAX_DRAFT = 3
+
+
+def _text(model):
+    """mlx-lm's text model inside `model` (a Qwen3.5 checkpoint loads as a wrapper with
+    `language_model`)."""
+    return getattr(model, "language_model", model)
+
+
+def body_and_head(model):
+    """(the target's body: tokens -> final-norm hidden states, its LM head)."""
+    lm = _text(model)
+    head = getattr(lm, "lm_head", None)
+    if getattr(lm.args, "tie_word_embeddings", False) or head is None:
+        head = lm.model.embed_tokens.as_linear
+    return lm.model, head
+
+
+class MTPHead(nn.Module):
+    """Qwen3.5's MTP block (module doc); its layers are the target family's own."""
+
+    def __init__(self, args, layers: int):
+        super().__init__()
+        from mlx_lm.models.qwen3_5 import DecoderLayer
+
+        size, eps = args.hidden_size, args.rms_norm_eps
+        self.fc = nn.Linear(2 * size, size, bias=False)
+        self.pre_fc_norm_embedding = nn.RMSNorm(size, eps=eps)
+        self.pre_fc_norm_hidden = nn.RMSNorm(size, eps=eps)
+        # (A full-attention layer: the index of the family's first attention layer.)
+        self.layers = [DecoderLayer(args, args.full_attention_interval - 1)
+                       for _ in range(layers)]
+        self.norm = nn.RMSNorm(size, eps=eps)
+
+    def __call__(self, embedded: mx.array, hidden: mx.array, cache: list) -> mx.array:
+        h = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embedded),
+                                    self.pre_fc_norm_hidden(hidden)], axis=-1))
+        mask = create_attention_mask(h, cache[0])
+        for layer, c in zip(self.layers, cache):
+            h = layer(h, mask, c)
+        return self.norm(h)
+
+
+def load_head(model, path) -> MTPHead:
+    """The MTP head of the checkpoint at `path` for `model` (loaded by mlx-lm), in the
+    model's dtype; a LoadError naming what is missing where it has none."""
+    lm = _text(model)
+    args = getattr(lm, "args", None)
+    config = json.loads((Path(path) / "config.json").read_text())
+    text = config.get("text_config", config)
+    layers = int(text.get("mtp_num_hidden_layers", 0) or 0)
+    if type(lm).__module__ != "mlx_lm.models.qwen3_5" or args is None:
+        raise LoadError("--speculative mtp: this model's family has no MTP head mlxd "
+                        f"can run (Qwen3.5/3.6-style checkpoints have one; this is "
+                        f"{config.get('model_type')!r})")
+    if getattr(args, "num_experts", 0):
+        raise LoadError("--speculative mtp: MoE MTP heads are not supported yet")
+    weights = {}
+    for f in sorted(glob.glob(str(Path(path) / "*.safetensors"))):
+        for key, value in mx.load(f).items():
+            if "mtp." in key:
+                weights[key] = value
+    if not layers or not weights:
+        raise LoadError("--speculative mtp: the checkpoint has no MTP weights (no "
+                        "`mtp.*` tensors or no mtp_num_hidden_layers in its config; "
+                        "MLX conversions usually drop them: use the original checkpoint)")
+    head = MTPHead(args, layers)
+    mine = {}
+    for key, value in weights.items():
+        top = key.startswith("mtp.")  # the Hugging Face layout: zero-centred norms
+        key = key[key.index("mtp.") + 4:]
+        if top and key.endswith(_CENTRED) and value.ndim == 1:
+            value = value + 1.0
+        mine[key] = value
+    quant = config.get("quantization")
+    if quant and any(k.endswith(".scales") for k in mine):
+        nn.quantize(head, quant["group_size"], quant["bits"],
+                    class_predicate=lambda p, m: f"{p}.scales" in mine)
+    try:
+        head.load_weights(list(mine.items()), strict=True)
+    except ValueError as e:
+        raise LoadError(f"--speculative mtp: the checkpoint's MTP weights do not fit "
+                        f"its config: {e}"[:500]) from None
+    dtype = lm.model.embed_tokens.weight.dtype
+    if not quant:
+        head.set_dtype(dtype)
+    head.eval()
+    mx.eval(head.parameters())
+    return head
+
+
+class MTPDrafter:
+    """One sequence's MTP state: its head's cache and the target's hidden states of the
+    positions the last verify step kept (module doc)."""
+
+    def __init__(self, head: MTPHead, embed, lm_head):
+        self.head, self.embed, self.lm_head = head, embed, lm_head
+        self.cache = [KVCache() for _ in head.layers]
+        self.hidden = None      # (1, n, H): the kept positions' hidden states
+        self.fresh: list = []   # the tokens that followed those positions so far
+        self.chained = 0        # MTP cache positions of the last draft's chain
+
+    def extend(self, tokens) -> None:
+        self.fresh.extend(tokens)
+
+    def ready(self) -> bool:
+        return True  # (a step without a hidden state verifies to take one)
+
+    def has_hidden(self) -> bool:
+        """Whether the next pending token finds the hidden states it follows."""
+        return self.hidden is not None and len(self.fresh) + 1 == self.hidden.shape[1]
+
+    def observe(self, hidden: mx.array, accepted: list) -> None:
+        """A verify step kept these positions (hidden: (1, n, H)); `accepted`: the n - 1
+        drafted tokens kept after the pending one (their successors' inputs)."""
+        self.hidden, self.fresh = hidden, list(accepted)
+
+    def forget(self) -> None:
+        self.hidden, self.fresh = None, []
+
+    def propose(self, k: int) -> list[int]:
+        if self.hidden is None or len(self.fresh) != self.hidden.shape[1] or k <= 0:
+            return []
+        if self.chained:
+            for c in self.cache:
+                c.trim(self.chained)
+            self.chained = 0
+        tokens = mx.array([self.fresh], dtype=mx.int32)
+        h = self.head(self.embed(tokens), self.hidden, self.cache)[:, -1:]
+        self.forget()
+        draft = []
+        for n in range(min(k, MAX_DRAFT)):
+            tok = mx.argmax(self.lm_head(h), axis=-1)
+            draft.append(tok)
+            if n + 1 < min(k, MAX_DRAFT):
+                h = self.head(self.embed(tok), h, self.cache)
+                self.chained += 1
+        return mx.concatenate(draft, axis=1).reshape(-1).tolist()
+
+
+class MTPSpeculation(Speculation):
+    """Speculation whose verify forward also keeps the target's hidden states for the
+    sequences drafting with the MTP head."""
+
+    always_verify = True  # (a step without drafts still gives the hidden states)
+
+    def __init__(self, model, head: MTPHead):
+        super().__init__()
+        self.body, self.lm_head = body_and_head(model)
+        self.head = head
+        self.hidden = None
+        self.rows: dict = {}
+
+    def drafter(self) -> MTPDrafter:
+        return MTPDrafter(self.head, self.body.embed_tokens, self.lm_head)
+
+    def forward(self, gb, inputs):
+        self.hidden = self.body(inputs, cache=gb.prompt_cache)
+        self.rows = {uid: i for i, uid in enumerate(gb.uids)}
+        return self.lm_head(self.hidden)
+
+    def propose(self, uid: int, pending: int, room: int, processed: bool) -> list[int]:
+        t = self.tracks.get(uid)
+        if t is not None and isinstance(t.drafter, MTPDrafter) \
+                and not t.drafter.has_hidden() and t.pace.wants():
+            t.drafter.extend([pending])  # (no hidden yet: this step takes one, unpenalized)
+            return []
+        return super().propose(uid, pending, room, processed)
+
+    def verified(self, uid: int, draft: list, accepted: int, tokens: list) -> None:
+        super().verified(uid, draft, accepted, tokens)
+        t = self.tracks.get(uid)
+        if t is not None and isinstance(t.drafter, MTPDrafter) and uid in self.rows:
+            i = self.rows[uid]
+            t.drafter.observe(self.hidden[i:i + 1, :len(tokens) + 1], list(tokens))
+
+    def reported(self, responses, fed: bool = False) -> None:
+        super().reported(responses, fed)
+        for r in responses:  # (a plain step: no hidden state for these tokens)
+            t = self.tracks.get(r.uid)
+            if t is not None and isinstance(t.drafter, MTPDrafter):
+                t.drafter.forget()
