@@ -125,9 +125,10 @@ class Speculation:
             t.pace.update(1, 0)
         return draft
 
-    def verified(self, uid: int, draft: list, accepted: int, tokens: list) -> None:
+    def verified(self, uid: int, draft: list, accepted: int, tokens: list,
+                 following: int | None = None) -> None:
         """`accepted` tokens of `draft` were kept (the pending token's successors in
-        `tokens`)."""
+        `tokens`); `following`: the token sampled after them (None: the sequence ended)."""
         t = self.tracks.get(uid)
         if t is None:
             return

@@ -139,52 +139,49 @@ def load_head(model, path) -> MTPHead:
 
 
 class MTPDrafter:
-    """One sequence's MTP state: its head's cache and the target's hidden states of the
-    positions the last verify step kept (module doc)."""
+    """One sequence's MTP state: its head's cache, and its next draft, computed (lazily)
+    as soon as a verify step has the hidden states and the token that follows them."""
 
     def __init__(self, head: MTPHead, embed, lm_head):
         self.head, self.embed, self.lm_head = head, embed, lm_head
         self.cache = [KVCache() for _ in head.layers]
-        self.hidden = None      # (1, n, H): the kept positions' hidden states
-        self.fresh: list = []   # the tokens that followed those positions so far
-        self.chained = 0        # MTP cache positions of the last draft's chain
+        self.guess = None       # (k,) the draft that follows the pending token
+        self.chained = 0        # MTP cache positions of that draft's chain
 
     def extend(self, tokens) -> None:
-        self.fresh.extend(tokens)
+        pass  # (the head reads the tokens with their hidden states: `observe`)
 
     def ready(self) -> bool:
-        return True  # (a step without a hidden state verifies to take one)
+        return True  # (a step without a guess verifies to compute one)
 
-    def has_hidden(self) -> bool:
-        """Whether the next pending token finds the hidden states it follows."""
-        return self.hidden is not None and len(self.fresh) + 1 == self.hidden.shape[1]
-
-    def observe(self, hidden: mx.array, accepted: list) -> None:
-        """A verify step kept these positions (hidden: (1, n, H)); `accepted`: the n - 1
-        drafted tokens kept after the pending one (their successors' inputs)."""
-        self.hidden, self.fresh = hidden, list(accepted)
-
-    def forget(self) -> None:
-        self.hidden, self.fresh = None, []
-
-    def propose(self, k: int) -> list[int]:
-        if self.hidden is None or len(self.fresh) != self.hidden.shape[1] or k <= 0:
-            return []
+    def observe(self, hidden: mx.array, accepted: list, following: int, k: int):
+        """A verify step kept the pending token and `accepted` drafts (hidden: their
+        target hidden states, (1, n, H)), then sampled `following`: the head's entries for
+        those positions (each hidden state with the token after it), and a draft of up to
+        `k` tokens to follow `following` (returned unevaluated)."""
         if self.chained:
             for c in self.cache:
                 c.trim(self.chained)
             self.chained = 0
-        tokens = mx.array([self.fresh], dtype=mx.int32)
-        h = self.head(self.embed(tokens), self.hidden, self.cache)[:, -1:]
-        self.forget()
+        tokens = mx.array([list(accepted) + [following]], dtype=mx.int32)
+        h = self.head(self.embed(tokens), hidden, self.cache)[:, -1:]
         draft = []
-        for n in range(min(k, MAX_DRAFT)):
-            tok = mx.argmax(self.lm_head(h), axis=-1)
-            draft.append(tok)
-            if n + 1 < min(k, MAX_DRAFT):
-                h = self.head(self.embed(tok), h, self.cache)
+        for n in range(max(1, min(k, MAX_DRAFT))):
+            if n:
+                h = self.head(self.embed(draft[-1]), h, self.cache)
                 self.chained += 1
-        return mx.concatenate(draft, axis=1).reshape(-1).tolist()
+            draft.append(mx.argmax(self.lm_head(h), axis=-1))
+        self.guess = mx.concatenate(draft, axis=1).reshape(-1)
+        return self.guess
+
+    def forget(self) -> None:
+        self.guess = None
+
+    def propose(self, k: int) -> list[int]:
+        if self.guess is None or k <= 0:
+            return []
+        guess, self.guess = self.guess, None
+        return guess[:k].tolist()
 
 
 class MTPSpeculation(Speculation):
@@ -199,6 +196,7 @@ class MTPSpeculation(Speculation):
         self.head = head
         self.hidden = None
         self.rows: dict = {}
+        self.lazy: list = []
 
     def drafter(self) -> MTPDrafter:
         return MTPDrafter(self.head, self.body.embed_tokens, self.lm_head)
@@ -209,19 +207,24 @@ class MTPSpeculation(Speculation):
         return self.lm_head(self.hidden)
 
     def propose(self, uid: int, pending: int, room: int, processed: bool) -> list[int]:
+        if self.lazy:  # (every row's draft in one evaluation)
+            mx.eval(self.lazy)
+            self.lazy = []
         t = self.tracks.get(uid)
         if t is not None and isinstance(t.drafter, MTPDrafter) \
-                and not t.drafter.has_hidden() and t.pace.wants():
-            t.drafter.extend([pending])  # (no hidden yet: this step takes one, unpenalized)
-            return []
+                and t.drafter.guess is None and t.pace.wants():
+            return []  # (no hidden state yet: this step takes one, unpenalized)
         return super().propose(uid, pending, room, processed)
 
-    def verified(self, uid: int, draft: list, accepted: int, tokens: list) -> None:
+    def verified(self, uid: int, draft: list, accepted: int, tokens: list,
+                 following: int | None = None) -> None:
         super().verified(uid, draft, accepted, tokens)
         t = self.tracks.get(uid)
-        if t is not None and isinstance(t.drafter, MTPDrafter) and uid in self.rows:
+        if t is not None and isinstance(t.drafter, MTPDrafter) and uid in self.rows \
+                and following is not None:
             i = self.rows[uid]
-            t.drafter.observe(self.hidden[i:i + 1, :len(tokens) + 1], list(tokens))
+            self.lazy.append(t.drafter.observe(self.hidden[i:i + 1, :len(tokens) + 1],
+                                               tokens, following, t.pace.length))
 
     def reported(self, responses, fed: bool = False) -> None:
         super().reported(responses, fed)

@@ -139,7 +139,8 @@ def verify(gb, spec) -> list | None:
                 break
         kept_positions.append(len(tokens))
         gb.tokens[i].extend(tokens)
-        spec.verified(uid, draft, len(tokens) - 1 if finish else accepted, tokens[1:])
+        spec.verified(uid, draft, len(tokens) - 1 if finish else accepted, tokens[1:],
+                      None if finish else sampled[i][accepted])
         last = len(tokens) - 1
         for j, tok in enumerate(tokens):
             responses.append((i, tok, rows_lp[j], finish if j == last else None))
