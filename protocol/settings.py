@@ -306,9 +306,9 @@ SETTINGS: tuple[Setting, ...] = (
       "oldest tokens are dropped; default: the whole context)", worker=True),
     # Speculative decoding (worker/speculative/): drafts verified inside the batch.
     S("speculative", choice("none", "prompt-lookup", "mtp"), "none", "draft tokens for "
-      "every sequence that may (no grammar, penalties or logit_bias) and verify them in the "
-      "batch's step: prompt-lookup guesses from n-grams of the prompt and output so far "
-      "(no extra weights; pays on edits that repeat the prompt); mtp runs the checkpoint's "
+      "every sequence that may (any without a grammar) and verify them in the batch's "
+      "step: prompt-lookup guesses from n-grams of the prompt and output so far (no "
+      "extra weights; pays on edits that repeat the prompt); mtp runs the checkpoint's "
       "own multi-token-prediction head (Qwen3.5/3.6-style `mtp.*` weights; a load error "
       "where it has none). Lossless. Predicted Outputs (a request's prediction) draft "
       "whatever this says", worker=True),

@@ -137,3 +137,30 @@ def test_drafts_on_another_hybrid_family_roll_its_recurrent_state_back(hybrid_en
     got, seqs, _ = run(hybrid_engine, req, {"p": wrong})
     assert ids(got["p"]) == exact
     assert seqs["p"].draft_accepted > 0 and seqs["p"].draft_rejected > 0
+
+
+PENALIZED = dict(prompt="Hello there " * 4, max_tokens=30, temperature=0.0,
+                 frequency_penalty=1.5, presence_penalty=1.0, repetition_penalty=1.3,
+                 logit_bias=[(7, 30.0)])
+
+
+def test_penalties_and_logit_bias_draft_and_keep_their_text(mtp, engine):
+    """A request with penalties and logit_bias drafts (its processors see each drafted
+    position with the tokens before it, and its history keeps only what was kept): the
+    text is the one decoding gives one token a step, with the MTP head and with a
+    prediction that departs from it (on the tiny qwen2 model too)."""
+    mtp_engine, head, _ = mtp
+    for eng, kw in ((mtp_engine, dict(speculative="mtp", mtp_head=head)), (engine, {})):
+        plain, _, _ = run(eng, {"p": dict(PENALIZED, frequency_penalty=0, presence_penalty=0,
+                                          repetition_penalty=None, logit_bias=[])})
+        want, _, steps = run(eng, {"p": PENALIZED})
+        assert ids(want["p"]) != ids(plain["p"])          # (the processors matter)
+        exact = ids(want["p"])
+        for predicted in (exact, exact[:5] + [exact[4]] * 3 + exact[8:]):
+            got, seqs, fewer = run(eng, {"p": PENALIZED}, {"p": predicted}, **kw)
+            assert ids(got["p"]) == exact
+            assert seqs["p"].draft_accepted > 0
+        assert fewer < steps
+        if kw:
+            mtp_only, _, _ = run(eng, {"p": PENALIZED}, **kw)
+            assert ids(mtp_only["p"]) == exact and run.totals.accepted > 0

@@ -353,7 +353,7 @@ class Batch:
         self.members[uid] = Member(seq, decoding, spec, self.tokens(prep), len(ids),
                                    checkpoints, key=None if key is ids else key)
         seq.uid = uid
-        self._speculate(uid, seq, prep, processors)
+        self._speculate(uid, seq, prep)
         self._reserve()
         self._bound_prefix()
 
@@ -367,11 +367,11 @@ class Batch:
         return self.kv_format.make(self.engine.model, self.max_kv_size) \
             if self.kv_format.quantized else None
 
-    def _speculate(self, uid: int, seq, prep, processors: list) -> None:
+    def _speculate(self, uid: int, seq, prep) -> None:
         """A drafter for the sequence: the client's prediction, else prompt lookup where
-        the model has it on. Not for a sequence with logits processors (a grammar,
-        penalties, logit_bias: they see one token at a time)."""
-        if self.speculation is None or processors:
+        the model has it on. Not for a sequence with a grammar (it consumes one token at a
+        time; penalties and logit_bias process each drafted position: verify.py)."""
+        if self.speculation is None or self.members[uid].decoding.grammar is not None:
             return
         predicted = getattr(prep, "prediction", None)
         if predicted:

@@ -102,22 +102,23 @@ class Speculation:
     def drop(self, uid: int) -> None:
         self.tracks.pop(uid, None)
 
-    def wants(self, uids, processors) -> bool:
-        """Whether this step verifies: some sequence without logits processors is ready
-        to draft and its drafter has a guess for the text so far (`Drafter.ready`,
-        asked without the pending token, which is still being computed: a step where no
-        sequence has one stays mlx-lm's pipelined step, at no extra cost)."""
-        return any(not processors[i] and (t := self.tracks.get(uid)) is not None
-                   and t.pace.wants() and t.drafter.ready() for i, uid in enumerate(uids))
+    def wants(self, uids) -> bool:
+        """Whether this step verifies: some sequence is ready to draft and its drafter
+        has a guess for the text so far (`Drafter.ready`, asked without the pending
+        token, which is still being computed: a step where no sequence has one stays
+        mlx-lm's pipelined step, at no extra cost). (Only a sequence that may draft has
+        a track: worker/loop/batch.py gives none to one with a grammar.)"""
+        return any((t := self.tracks.get(uid)) is not None
+                   and t.pace.wants() and t.drafter.ready() for uid in uids)
 
-    def propose(self, uid: int, pending: int, room: int, processed: bool) -> list[int]:
+    def propose(self, uid: int, pending: int, room: int) -> list[int]:
         """The pending token joins the sequence's text; its draft (none for a sequence
         not speculating now)."""
         t = self.tracks.get(uid)
         if t is None:
             return []
         t.drafter.extend([pending])
-        if processed or not t.pace.wants() or room <= 0:
+        if not t.pace.wants() or room <= 0:
             t.pace.plain_step()
             return []
         draft = t.drafter.propose(min(room, t.pace.length))

@@ -206,7 +206,7 @@ class MTPSpeculation(Speculation):
         self.rows = {uid: i for i, uid in enumerate(gb.uids)}
         return self.lm_head(self.hidden)
 
-    def propose(self, uid: int, pending: int, room: int, processed: bool) -> list[int]:
+    def propose(self, uid: int, pending: int, room: int) -> list[int]:
         if self.lazy:  # (every row's draft in one evaluation)
             mx.eval(self.lazy)
             self.lazy = []
@@ -214,7 +214,7 @@ class MTPSpeculation(Speculation):
         if t is not None and isinstance(t.drafter, MTPDrafter) \
                 and t.drafter.guess is None and t.pace.wants():
             return []  # (no hidden state yet: this step takes one, unpenalized)
-        return super().propose(uid, pending, room, processed)
+        return super().propose(uid, pending, room)
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
                  following: int | None = None) -> None:

@@ -7,8 +7,12 @@ sequence of the batch has a draft (`Speculation.wants`), `next` runs `verify` in
 
 - each row's input is its pending token (sampled at the previous step, not yet in the
   KV cache) followed by its draft, right-padded to the longest draft; a sequence without
-  a draft (not speculating, or one with logits processors: a grammar, penalties,
-  logit_bias, which see one token at a time) takes its one token in the same forward;
+  a draft (not speculating, or one with a grammar, which consumes one token at a time)
+  takes its one token in the same forward;
+- a sequence's logits processors (penalties, logit_bias: functions of the tokens so
+  far) process each of its positions with the tokens before it, the draft's included,
+  as decoding the draft one token a step would (`_processed`); its token history keeps
+  only the tokens kept;
 - every position is sampled with the sequence's own sampler, and a draft token is kept
   while it equals the token the target model sampled at its position. For a draft that is
   one fixed guess this IS rejection sampling (keep the guess d with probability p(d),
@@ -51,7 +55,7 @@ def install() -> None:
         spec = self.__dict__.get("mlxd_speculation")
         if spec is None or not self.uids:
             return original(self)
-        if spec.wants(self.uids, self.logits_processors):
+        if spec.wants(self.uids):
             try:
                 responses = verify(self, spec)
             finally:
@@ -86,8 +90,7 @@ def verify(gb, spec) -> list | None:
     drafts = []
     for i, uid in enumerate(gb.uids):
         room = gb.max_tokens[i] - gb._num_tokens[i] - 1  # (the pending token takes one)
-        drafts.append(spec.propose(uid, pending[i], max(0, room),
-                                   bool(gb.logits_processors[i])))
+        drafts.append(spec.propose(uid, pending[i], max(0, room)))
     width = 1 + max(len(d) for d in drafts)
     if width == 1 and not spec.always_verify:
         return None
@@ -96,18 +99,9 @@ def verify(gb, spec) -> list | None:
 
     recurrent.start()
     logits = spec.forward(gb, inputs)  # (n, width, vocab)
-    if any(gb.logits_processors):  # (their rows have no draft: position 0 only)
-        first = []
-        for e in range(n):
-            row = logits[e:e + 1, 0]
-            processors = gb.logits_processors[e] or ()
-            if processors:
-                context = gb._token_context[e].update_and_fetch(inputs[e:e + 1, 0])
-                for processor in processors:
-                    row = processor(context, row)
-            first.append(row)
-        logits = mx.concatenate([mx.concatenate(first, axis=0)[:, None], logits[:, 1:]],
-                                axis=1)
+    history = None  # (a processed row's token history before this step)
+    if any(gb.logits_processors):
+        logits, history = _processed(gb, inputs, drafts, logits)
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     samplers = [gb.fallback_sampler if s is None else s
                 for s in (gb.samplers or [None] * n)]
@@ -138,6 +132,8 @@ def verify(gb, spec) -> list | None:
                 tokens, rows_lp = tokens[:j + 1], rows_lp[:j + 1]
                 break
         kept_positions.append(len(tokens))
+        if history is not None and history[i] is not None:  # (the tokens kept)
+            gb._token_context[i]._size = history[i] + len(tokens)
         gb.tokens[i].extend(tokens)
         spec.verified(uid, draft, len(tokens) - 1 if finish else accepted, tokens[1:],
                       None if finish else sampled[i][accepted])
@@ -166,6 +162,32 @@ def verify(gb, spec) -> list | None:
     if len(keep) < n:
         gb.filter(keep)
     return out
+
+
+def _processed(gb, inputs, drafts, logits):
+    """(`logits` with each row's processors applied at each of its positions, given the
+    tokens before it; each processed row's history length before this step, else None).
+    mlx-lm's TokenBuffer has no trim: `verify` sets its `_size` back to what was kept."""
+    rows, history = [], []
+    for e, draft in enumerate(drafts):
+        processors = gb.logits_processors[e] or ()
+        if not processors:
+            rows.append(logits[e])
+            history.append(None)
+            continue
+        buffer = gb._token_context[e]
+        before = buffer._size
+        context = buffer.update_and_fetch(inputs[e, :1 + len(draft)])
+        out = []
+        for j in range(logits.shape[1]):
+            row = logits[e:e + 1, j]
+            if j <= len(draft):
+                for processor in processors:
+                    row = processor(context[:before + j + 1], row)
+            out.append(row)
+        rows.append(mx.concatenate(out, axis=0))
+        history.append(before)
+    return mx.stack(rows), history
 
 
 def _keep_only(caches, rejected: list[int]) -> None:
