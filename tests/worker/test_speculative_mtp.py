@@ -13,8 +13,10 @@ import pytest
 from protocol.settings import worker_parser
 from tests.generates import generate
 from tests.mtp_model import build_mtp_model
-from tests.worker.batchrun import Seq, make_batch
+from tests.worker.batchrun import Seq, make_batch, run_all
 from tests.worker.test_speculative import ids, run, text
+from tests.worker.test_worker_vision_batch import (asks, loaded, same, tokens,  # noqa: F401
+                                                   vbatch, vlm_engine)
 from worker.errors import LoadError
 from worker.loading.startup import make_batch as startup_batch
 from worker.text.engine import TextEngine
@@ -164,3 +166,22 @@ def test_penalties_and_logit_bias_draft_and_keep_their_text(mtp, engine):
         if kw:
             mtp_only, _, _ = run(eng, {"p": PENALIZED}, **kw)
             assert ids(mtp_only["p"]) == exact and run.totals.accepted > 0
+
+
+def test_a_vision_batch_verifies_drafts_at_each_rows_own_positions(vlm_engine):
+    """Image rows decode at their index plus a rotary delta (Qwen's multimodal
+    positions): a verify step tells the model which rows it runs, as mlx-lm's own steps
+    do, even after another prompt's chunk (a request joining later) ran in between.
+    Each request predicted exactly gives its own tokens and log-probabilities, on the
+    tiny Qwen2-VL and the tiny Qwen3.5 (recurrent layers rolled back)."""
+    gens = asks(logprobs=True)
+    alone = {name: run_all(vbatch(vlm_engine), {name: vlm_engine.prepare(g)})[name]
+             for name, g in gens.items()}
+    preps = {n: vlm_engine.prepare(g) for n, g in gens.items()}
+    for name, prep in preps.items():
+        prep.prediction = tokens(alone[name])[:4] + [5] + tokens(alone[name])[5:]
+    b = vbatch(vlm_engine)  # (Predicted Outputs draft whatever --speculative says)
+    mixed = run_all(b, preps, join={"joins": 3})
+    for name in gens:
+        assert same(mixed[name], alone[name]), name
+    assert b.speculation.totals.accepted > 0

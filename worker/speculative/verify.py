@@ -97,6 +97,9 @@ def verify(gb, spec) -> list | None:
     rows = [[p] + d + [0] * (width - 1 - len(d)) for p, d in zip(pending, drafts)]
     inputs = mx.array(rows, dtype=current.dtype)
 
+    positions = getattr(gb.model, "mlxd_positions", None)
+    if positions is not None:  # (a VLM's rows' rotary deltas: worker/vision/language.py)
+        positions.rows(gb.uids)
     recurrent.start()
     logits = spec.forward(gb, inputs)  # (n, width, vocab)
     history = None  # (a processed row's token history before this step)
