@@ -49,13 +49,30 @@ def test_the_head_loads_by_the_checkpoints_names_and_what_cannot_draft_refuses(
     import mlx.core as mx
 
     from worker.loading import models
-    from worker.speculative.mtp import MTPSpeculation
+    from worker.speculative.mtp import MTPSpeculation, load_head
     engine, head, path = mtp
     stored = mx.load(str(path / "model.safetensors"))
     assert mx.array_equal(head.fc.weight, stored["mtp.fc.weight"])
     # (zero-centred in the file, as Hugging Face's Qwen3.5 stores its norms)
     assert mx.allclose(head.norm.weight, stored["mtp.norm.weight"] + 1.0)
     assert mx.allclose(head.layers[0].input_layernorm.weight, mx.ones(64))
+    # A sharded checkpoint: the head is read from the shard its index names.
+    import json
+    import shutil
+    sharded = tmp_path / "sharded"
+    shutil.copytree(path, sharded)
+    (sharded / "model.safetensors").unlink()
+    shards = {"model-00001-of-00002.safetensors": {k: v for k, v in stored.items()
+                                                   if not k.startswith("mtp.")},
+              "model-00002-of-00002.safetensors": {k: v for k, v in stored.items()
+                                                   if k.startswith("mtp.")}}
+    for name, part in shards.items():
+        mx.save_safetensors(str(sharded / name), part)
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {k: name for name, part in shards.items() for k in part}}))
+    (sharded / "model-00001-of-00002.safetensors").write_bytes(b"not read")
+    assert mx.array_equal(load_head(engine.model, sharded).fc.weight,
+                          stored["mtp.fc.weight"])
 
     def worker_batch(engine, path, *flags):
         args = worker_parser().parse_args(

@@ -17,14 +17,15 @@ norms shifted as mlx-vlm's sanitize does.
 
 Inside the batch (worker/speculative/verify.py) the verify forward runs the target's body
 and head as two calls (`MTPSpeculation.forward`): the same computation as the model's own
-call, whose hidden states are then at hand for every row at no second forward. After the
-step each row keeps the hidden states of its kept positions (`observe`); its next draft
-feeds them with the tokens that followed (the accepted drafts and the next pending
-token) through the head, appending those positions to its MTP cache, and chains further
-tokens from the head's own output where the sequence's pace asks for more than one (those
-speculative positions are trimmed from its MTP cache at the next step). A step where the
-row took no hidden state (a plain mlx-lm step while it rested) leaves a gap: it drafts
-again after one verify step without a draft.
+call, whose hidden states are then at hand for every row at no second forward. As the
+step accepts each row's tokens (`observe`), the row's kept positions' hidden states go
+through the head with the tokens that followed them (the accepted drafts and the token
+sampled next), appending those positions to its MTP cache, and its next draft follows,
+chained from the head's own output where the sequence's pace asks for more than one
+token (those speculative positions are trimmed from its MTP cache at the next step);
+every row's draft is evaluated at once when the next step asks for the first. A step
+where the row took no hidden state (a plain mlx-lm step while every sequence rested)
+leaves a gap: it drafts again after one verify step without a draft.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def load_head(model, path) -> MTPHead:
     if getattr(args, "num_experts", 0):
         raise LoadError("--speculative mtp: MoE MTP heads are not supported yet")
     weights = {}
-    for f in sorted(glob.glob(str(Path(path) / "*.safetensors"))):
-        for key, value in mx.load(f).items():
+    for f in _shards(Path(path)):
+        for key, value in mx.load(str(f)).items():  # (lazy: only the head's are read)
             if "mtp." in key:
                 weights[key] = value
     if not layers or not weights:
@@ -136,6 +137,16 @@ def load_head(model, path) -> MTPHead:
     head.eval()
     mx.eval(head.parameters())
     return head
+
+
+def _shards(path: Path) -> list:
+    """The checkpoint's safetensors files that hold `mtp.` weights (by its index, where
+    it has one)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        names = json.loads(index.read_text()).get("weight_map", {})
+        return sorted({path / f for k, f in names.items() if "mtp." in k})
+    return sorted(Path(f) for f in glob.glob(str(path / "*.safetensors")))
 
 
 class MTPDrafter:
