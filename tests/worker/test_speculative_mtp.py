@@ -202,3 +202,31 @@ def test_a_vision_batch_verifies_drafts_at_each_rows_own_positions(vlm_engine):
     for name in gens:
         assert same(mixed[name], alone[name]), name
     assert b.speculation.totals.accepted > 0
+
+
+def test_a_hybrid_models_next_turn_resumes_from_the_state_its_drafted_turn_left(
+        hybrid_engine):
+    """A turn decoded with drafts (some rejected) stores its final recurrent state; the
+    next turn starts from it and says what it says from scratch."""
+    from protocol.messages import pack_ids
+    from worker.kvcache.prefix import PrefixCache
+
+    def turn(batch, ids, prediction=None):
+        prep = hybrid_engine.prepare(generate(rid="t", prompt_ids=pack_ids(ids),
+                                              max_tokens=12, temperature=0.0))
+        prep.prediction = prediction
+        cached = batch.add(Seq("t"), prep)
+        out = []
+        while batch.members:
+            out += [o[0] for _, o in batch.step() if o[0] >= 0]
+        return cached, out
+
+    turn1 = [10 + (i * 7) % 900 for i in range(60)]
+    _, reply = turn(make_batch(hybrid_engine), turn1)
+    batch = make_batch(hybrid_engine, prefix=PrefixCache(1 << 30))
+    assert turn(batch, turn1, reply[:4] + [5, 6] + reply[6:])[1] == reply
+    assert batch.speculation.totals.accepted < batch.speculation.totals.drafted
+    turn2 = turn1 + reply + [30, 31, 32]
+    cached, out = turn(batch, turn2)
+    assert cached >= len(turn1) + len(reply) - 1
+    assert out == turn(make_batch(hybrid_engine), turn2)[1]
