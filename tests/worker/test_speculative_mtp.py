@@ -230,3 +230,47 @@ def test_a_hybrid_models_next_turn_resumes_from_the_state_its_drafted_turn_left(
     cached, out = turn(batch, turn2)
     assert cached >= len(turn1) + len(reply) - 1
     assert out == turn(make_batch(hybrid_engine), turn2)[1]
+
+
+def test_a_qwen3_5_vision_checkpoint_drafts_with_its_head_in_the_vision_batch(models_dir,
+                                                                               tmp_path):
+    """Real Qwen3.5 checkpoints are vision-language ones: the tiny Qwen3.5-VL with an MTP
+    head added by its Hugging Face names drafts in the vision batch (image and text
+    rows, one joining later), each request's tokens and log-probabilities its own."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm import load
+
+    from worker.demos.vision import build_vision_model
+    from worker.loop.batch import KVSize
+    from worker.speculative.mtp import MTPHead, load_head
+    from worker.vision.batch import VisionBatch
+    from worker.vision.engine import VisionEngine
+    from worker.vision.language import shared_language_model
+
+    source = build_vision_model(models_dir / "tiny-vision-qwen3.5", family="qwen3.5").path
+    path = tmp_path / "vlm-mtp"
+    shutil.copytree(source, path)
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"]["mtp_num_hidden_layers"] = 1
+    (path / "config.json").write_text(json.dumps(config))
+    weights = mx.load(str(path / "model.safetensors"))
+    vlm, processor = load(str(path))  # (the model as built; the head joins its file below)
+    lm = shared_language_model(vlm, path)
+    for key, value in tree_flatten(MTPHead(lm.language_model.args, 1).parameters()):
+        weights["mtp." + key] = value - 1.0 if key.endswith("norm.weight") else value
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    engine = VisionEngine(vlm, processor, 4096, 64, lm=lm)
+    gens = asks(logprobs=True)
+    alone = {name: run_all(vbatch(engine), {name: engine.prepare(g)})[name]
+             for name, g in gens.items()}
+    b = VisionBatch(engine, max_size=8, prefill_step=64, prefill_batch=8, kv_budget=1 << 30,
+                    kvcache=None, kv=KVSize.measure(engine.model), speculative="mtp",
+                    mtp_head=load_head(engine.model, path))
+    mixed = run_all(b, {n: engine.prepare(g) for n, g in gens.items()}, join={"joins": 3})
+    for name in gens:
+        assert same(mixed[name], alone[name]), name
+    assert b.speculation.totals.drafted > 0
