@@ -49,6 +49,7 @@ def test_the_head_loads_by_the_checkpoints_names_and_what_cannot_draft_refuses(
     import mlx.core as mx
 
     from worker.loading import models
+    from worker.loop.batch import KVSize
     from worker.speculative.mtp import MTPSpeculation, load_head
     engine, head, path = mtp
     stored = mx.load(str(path / "model.safetensors"))
@@ -80,7 +81,11 @@ def test_the_head_loads_by_the_checkpoints_names_and_what_cannot_draft_refuses(
              "--state-dir", str(tmp_path), "--speculative", "mtp", *flags])
         return startup_batch(engine, args, path)
 
-    assert isinstance(worker_batch(engine, path).speculation, MTPSpeculation)
+    batch = worker_batch(engine, path)
+    assert isinstance(batch.speculation, MTPSpeculation)
+    # Admission counts each sequence's head cache: one attention layer's KV (2 heads of
+    # 16 float32 keys and values: 256 bytes a token) beside the model's.
+    assert batch.kv.per_token == KVSize.measure(engine.model).per_token + 256
     bare = build_mtp_model(models_dir / "qwen3_5-bare", mtp=False)
     bare_engine = TextEngine(models.load(str(bare), bare.parent).model, engine.tokenizer,
                              engine.context_length, 64, engine.vocab_size)

@@ -25,6 +25,12 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
 
     kv_format = kv_format_of(engine, args)
     kv = KVSize.measure(engine.model, args.max_kv_size, kv_format)
+    mtp_head = None
+    if args.speculative == "mtp" and not shard:  # (worker/speculative/mtp.py)
+        from worker.speculative.mtp import load_head
+
+        mtp_head = load_head(engine.model, path)
+        kv.per_token += mtp_head.kv_per_token()  # (each sequence's head cache)
     fits = kv.tokens_within(args.kv_budget)
     if fits < 2:
         raise LoadError(f"--kv-budget {args.kv_budget} bytes holds no sequence of this model "
@@ -38,11 +44,6 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
         if args.prompt_cache_bytes > 0 else None
     step = max(1, args.prefill_step)
     Batch = cls or Batch
-    mtp_head = None
-    if args.speculative == "mtp" and not shard:  # (worker/speculative/mtp.py)
-        from worker.speculative.mtp import load_head
-
-        mtp_head = load_head(engine.model, path)
     batch = Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
                  kvcache=kvcache, kv=kv, max_kv_size=args.max_kv_size, kv_format=kv_format,

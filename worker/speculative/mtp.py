@@ -82,6 +82,14 @@ class MTPHead(nn.Module):
                        for _ in range(layers)]
         self.norm = nn.RMSNorm(size, eps=eps)
 
+    def kv_per_token(self) -> float:
+        """Bytes a sequence's head cache holds per token (the batch admits by it)."""
+        cache = [KVCache() for _ in self.layers]
+        h = mx.zeros((1, 1, self.norm.weight.shape[0]), dtype=self.norm.weight.dtype)
+        self(h, h, cache)
+        mx.eval([c.state for c in cache])
+        return sum((c.keys.nbytes + c.values.nbytes) / c.keys.shape[2] for c in cache)
+
     def __call__(self, embedded: mx.array, hidden: mx.array, cache: list) -> mx.array:
         h = self.fc(mx.concatenate([self.pre_fc_norm_embedding(embedded),
                                     self.pre_fc_norm_hidden(hidden)], axis=-1))
