@@ -26,6 +26,12 @@ token (those speculative positions are trimmed from its MTP cache at the next st
 every row's draft is evaluated at once when the next step asks for the first. A step
 where the row took no hidden state (a plain mlx-lm step while every sequence rested)
 leaves a gap: it drafts again after one verify step without a draft.
+
+Not yet: each row runs the head by itself, so a step reads the head's layer and the LM
+head once per drafting row and chained token; on a large model with many streams that
+costs more than it saves (one batched pass over every row's positions, with only the
+attention per row, is the next step). A sequence resumed from the prompt cache starts
+its head cache empty.
 """
 
 from __future__ import annotations
