@@ -22,6 +22,13 @@ whose recurrent state cannot be trimmed; Qwen3-VL's vision tower with 16-pixel p
 and learned position embeddings; interleaved multimodal rotary positions over part of
 each head), with the same tokenizer and template and mlx-vlm's own Qwen3-VL processor:
 the hybrid checkpoints the continuous batch serves beside the plain ones.
+
+`family="gemma3"` builds Gemma 3's (mlx-vlm `gemma3`, mlx-lm `gemma3`/`gemma3_text`: a
+SigLIP tower whose patches are average-pooled to a fixed count of image tokens, a
+language model whose layers alternate a sliding window, a rotating cache, with global
+attention, its head tied to its embeddings): 32×32-pixel images of 4 image tokens each, a window of 16
+tokens so that a short prompt already wraps it, mlx-vlm's own Gemma3Processor over the
+same tokenizer with Gemma's `<start_of_image>` markers.
 """
 
 from __future__ import annotations
@@ -42,6 +49,10 @@ QWEN2_VL = ChatTemplate("qwen2-vl", (
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"), VISION_TOKENS)
 
+GEMMA3_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
+GEMMA3 = ChatTemplate("chatml-gemma3", QWEN2_VL.text.replace(
+    "<|vision_start|><|image_pad|><|vision_end|>", "<start_of_image>"), GEMMA3_TOKENS)
+
 MIN_PIXELS = 56 * 56
 SIZES = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, mrope=[2, 3, 3],
@@ -49,6 +60,28 @@ SIZES = {
     "small": dict(hidden=512, layers=8, heads=8, kv_heads=2, mlp=1536, mrope=[8, 12, 12],
                   mrope_half=[8, 4, 4], depth=4, embed=256, vision_heads=4, max_pixels=448 * 448),
 }
+
+
+def _qwen_processor(s: dict, processor: dict):
+    """The processor files of Qwen's families: the image processor's config and the
+    chat template."""
+    def write(folder: Path) -> None:
+        (folder / "preprocessor_config.json").write_text(json.dumps({
+            **processor, "min_pixels": MIN_PIXELS, "max_pixels": s["max_pixels"],
+            "temporal_patch_size": 2, "merge_size": 2,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+            "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "do_convert_rgb": True}, indent=2))
+        (folder / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_VL.text}))
+    return write
+
+
+def _scale_mergers(fc1, fc2) -> None:
+    """The image's embeddings as large as the text's, so what it shows changes what the
+    model says (a test checks that the image reaches the model)."""
+    fc1.weight = fc1.weight * 4
+    fc2.weight = fc2.weight * 16
 
 
 def _qwen2_vl(s: dict, token, vocab_size: int, context_length: int):
@@ -79,9 +112,10 @@ def _qwen2_vl(s: dict, token, vocab_size: int, context_length: int):
     args.text_config = qwen2_vl.TextConfig.from_dict(config)
     model = qwen2_vl.Model(args)
     merger = model.vision_tower.merger.mlp  # [Linear, GELU, Linear]
-    return config, model, (merger[0], merger[2]), {
+    _scale_mergers(merger[0], merger[2])
+    return config, model, _qwen_processor(s, {
         "image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen2VLProcessor",
-        "patch_size": 14}
+        "patch_size": 14})
 
 
 def _qwen3_5(s: dict, token, vocab_size: int, context_length: int):
@@ -118,12 +152,80 @@ def _qwen3_5(s: dict, token, vocab_size: int, context_length: int):
     }
     model = qwen3_5.Model(qwen3_5.ModelConfig.from_dict(dict(config)))
     merger = model.vision_tower.merger
-    return config, model, (merger.linear_fc1, merger.linear_fc2), {
+    _scale_mergers(merger.linear_fc1, merger.linear_fc2)
+    return config, model, _qwen_processor(s, {
         "image_processor_type": "Qwen3VLImageProcessor", "processor_class": "Qwen3VLProcessor",
-        "patch_size": 16}
+        "patch_size": 16})
 
 
-FAMILIES = {"qwen2-vl": _qwen2_vl, "qwen3.5": _qwen3_5}
+GEMMA3_SIZES = {"tiny": dict(image=32, patch=8, image_tokens=4, window=16),
+                "small": dict(image=224, patch=14, image_tokens=64, window=512)}
+
+
+def _gemma3(s: dict, token, vocab_size: int, context_length: int):
+    import mlx.core as mx
+    from mlx_vlm.models import gemma3
+
+    g, hidden, head = GEMMA3_SIZES["small" if s["hidden"] > 64 else "tiny"], s["hidden"], 16
+    config = {
+        "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
+        "vocab_size": vocab_size, "hidden_size": hidden, "torch_dtype": "float32",
+        "image_token_index": token("<image_soft_token>"),
+        "boi_token_index": token("<start_of_image>"), "eoi_token_index": token("<end_of_image>"),
+        "mm_tokens_per_image": g["image_tokens"], "pad_token_id": token("<|endoftext|>"),
+        "eos_token_id": [token("<|im_end|>")],
+        "text_config": {
+            "model_type": "gemma3_text", "hidden_size": hidden, "intermediate_size": s["mlp"],
+            "num_hidden_layers": 2 * s["layers"], "num_attention_heads": s["heads"],
+            "num_key_value_heads": s["kv_heads"], "head_dim": head,
+            "query_pre_attn_scalar": head, "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+            # Every other layer a sliding window (Gemma 3 has five in six).
+            "sliding_window": g["window"], "sliding_window_pattern": 2,
+            "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "mm_tokens_per_image": g["image_tokens"],
+            "max_position_embeddings": context_length},
+        "vision_config": {"model_type": "siglip_vision_model", "hidden_size": s["embed"],
+                          "intermediate_size": 2 * s["embed"],
+                          "num_hidden_layers": s["depth"],
+                          "num_attention_heads": s["vision_heads"], "patch_size": g["patch"],
+                          "image_size": g["image"], "layer_norm_eps": 1e-6,
+                          "vision_use_head": False},
+    }
+    args = gemma3.ModelConfig.from_dict(dict(config))
+    args.text_config = gemma3.TextConfig.from_dict(config["text_config"])
+    args.vision_config = gemma3.VisionConfig.from_dict(config["vision_config"])
+    model = gemma3.Model(args)
+    # (mlx-vlm starts the projection at ones, which would give every image token one
+    # constant embedding: random, at the text embeddings' size.)
+    projector = model.multi_modal_projector
+    projector.mm_input_projection_weight = 0.5 * mx.random.normal(
+        projector.mm_input_projection_weight.shape)
+    # Gemma ties its head to its embeddings (mlx-vlm ties it whatever the file says), so
+    # a step's output is the input token's own row unless the layers outweigh the
+    # embedding: their output norms scaled up (Gemma's norms scale by 1 + weight).
+    for layer in model.language_model.model.layers:
+        for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
+            norm.weight = mx.full(norm.weight.shape, 7.0)
+
+    def write(folder: Path) -> None:
+        (folder / "preprocessor_config.json").write_text(json.dumps({
+            "image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+            "size": {"height": g["image"], "width": g["image"]}, "resample": 2,
+            "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+            "do_normalize": True, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+            "do_convert_rgb": True, "do_pan_and_scan": False}, indent=2))
+        (folder / "processor_config.json").write_text(json.dumps({
+            "processor_class": "Gemma3Processor", "image_seq_length": g["image_tokens"]}))
+        (folder / "chat_template.json").write_text(json.dumps({"chat_template": GEMMA3.text}))
+    return config, model, write
+
+
+# family → (its builder, its chat template, the tokenizer's named image tokens)
+FAMILIES = {"qwen2-vl": (_qwen2_vl, QWEN2_VL, {}), "qwen3.5": (_qwen3_5, QWEN2_VL, {}),
+            "gemma3": (_gemma3, GEMMA3, {"boi_token": "<start_of_image>",
+                                         "eoi_token": "<end_of_image>",
+                                         "image_token": "<image_soft_token>"})}
 
 
 def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "qwen2-vl",
@@ -137,38 +239,30 @@ def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "q
     if (path / MARKER).exists():
         meta = json.loads((path / MARKER).read_text())
         return BuiltModel(path, meta["context_length"], meta["vocab_size"])
-    tokenizer = _train_tokenizer(1024, QWEN2_VL)
+    builder, template, named = FAMILIES[family]
+    tokenizer = _train_tokenizer(1024, template)
+    if named:  # (what Gemma's processor reads off its tokenizer)
+        tokenizer._set_model_specific_special_tokens(special_tokens=named)
     vocab_size = len(tokenizer)  # every id the model can sample decodes
     token = tokenizer.convert_tokens_to_ids
     s = SIZES[size]
     mx.random.seed(seed)
-    config, model, merger, processor = FAMILIES[family](s, token, vocab_size, context_length)
+    config, model, processor_files = builder(s, token, vocab_size, context_length)
     # As the text demo (worker/demos/text.py): a head scaled up, so greedy output has no
     # near-ties, and the EOS row zeroed, so generations run to max_tokens.
     lm = model.language_model
-    head = lm.lm_head.weight * 4
+    tied = family == "gemma3"  # (its head is its embeddings: not saved)
+    head = (lm.model.embed_tokens.weight if tied else lm.lm_head.weight) * 4
     head[token("<|im_end|>")] = 0.0
-    lm.update({"model": {"embed_tokens": {"weight": lm.model.embed_tokens.weight * 4}},
+    lm.update({"model": {"embed_tokens": {"weight": head if tied
+                                          else lm.model.embed_tokens.weight * 4}},
                "lm_head": {"weight": head}})
-    # And the image's embeddings as large as the text's, so what it shows changes what
-    # the model says (a test checks that the image reaches the model).
-    merger[0].weight = merger[0].weight * 4
-    merger[1].weight = merger[1].weight * 16
-    weights = dict(tree_flatten(model.parameters()))
+    weights = {k: v for k, v in tree_flatten(model.parameters())
+               if not (tied and k == "language_model.lm_head.weight")}
     mx.eval(weights)
 
-    def processor_files(folder: Path) -> None:
-        (folder / "preprocessor_config.json").write_text(json.dumps({
-            **processor, "min_pixels": MIN_PIXELS, "max_pixels": s["max_pixels"],
-            "temporal_patch_size": 2, "merge_size": 2,
-            "image_mean": [0.48145466, 0.4578275, 0.40821073],
-            "image_std": [0.26862954, 0.26130258, 0.27577711],
-            "do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255,
-            "do_normalize": True, "do_convert_rgb": True}, indent=2))
-        (folder / "chat_template.json").write_text(json.dumps({"chat_template": QWEN2_VL.text}))
-
     save_model_dir(path, weights, config, tokenizer,
-                   {"preset": f"{size}-vision", "family": QWEN2_VL.name, "seed": seed,
+                   {"preset": f"{size}-vision", "family": template.name, "seed": seed,
                     "architecture": family, "context_length": context_length,
                     "vocab_size": vocab_size},
                    extra=processor_files)

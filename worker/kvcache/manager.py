@@ -29,7 +29,7 @@ import enum
 from dataclasses import dataclass
 from typing import Optional
 
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
 
 from protocol.messages import CacheStats, PromptCache, SnapshotInfo
 from worker.kvcache import files
@@ -58,9 +58,12 @@ class Start:
 
 
 def trimmable(model, max_kv_size: Optional[int]) -> bool:
-    """Whether `model`'s cache can be trimmed back to a shorter prefix (a rotating cache
-    trims only until it wraps: treated as untrimmable)."""
-    return max_kv_size is None and can_trim_prompt_cache(make_prompt_cache(model))
+    """Whether `model`'s cache can be trimmed back to a shorter prefix (a rotating cache,
+    `--max-kv-size`'s or a sliding window's layers, trims only until it wraps: treated as
+    untrimmable, though a fresh one says it can)."""
+    cache = make_prompt_cache(model)
+    return max_kv_size is None and can_trim_prompt_cache(cache) and not any(
+        isinstance(c, RotatingKVCache) for c in cache)
 
 
 class KVCache:

@@ -116,8 +116,7 @@ def _start_vision(loaded, args):
         # image's prefill hands over mlx-vlm's full-precision cache, not quantized yet)
         log.warning("--kv-bits does not apply to vision models yet: full-precision KV")
         args = argparse.Namespace(**{**vars(args), "kv_bits": None})
-    # (--max-kv-size: a rotating cache, which an image's prefill cannot hand over yet.)
-    lm = None if args.max_kv_size else shared_language_model(loaded.model, loaded.path)
+    lm = shared_language_model(loaded.model, loaded.path)
     engine = VisionEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                           args.prefill_step, loaded.vocab_size, lm=lm)
     if lm is None:

@@ -33,12 +33,11 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
-from mlx_lm.models.cache import make_prompt_cache
 from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
 from worker.kvcache.manager import Start, Tier
 from worker.loop.batch import Batch
-from worker.vision.engine import _NOT_KWARGS, KEY, media_tokens, warm_requests
+from worker.vision.engine import KEY, media_tokens, model_inputs, warm_requests
 
 log = logging.getLogger("worker.vision")
 
@@ -69,14 +68,20 @@ def _carry(source: list, target: list) -> list:
     """`target` (fresh caches, layer by layer) holding `source`'s state: mlx-vlm's step
     runs on mlx-vlm's cache classes (its linear-attention layers write their window
     through them), the batch on mlx-lm's; both keep a layer's state as the same arrays
-    (attention keys and values up to the offset, a recurrent layer's conv and state).
-    Only these two kinds of cache (worker/vision/language.py `CARRIED`)."""
+    (attention keys and values up to the offset, a recurrent layer's conv and state),
+    and a sliding window's rotating cache keeps the same fields in both (its buffer as
+    it stands, where it wraps, what it keeps). Only these kinds of cache
+    (worker/vision/language.py `CARRIED`)."""
     for s, t in zip(source, target, strict=True):
         if isinstance(getattr(t, "cache", None), list):  # recurrent: its arrays
             t.cache = list(s.cache)
-            continue
-        keys, values = s.keys[..., :s.offset, :], s.values[..., :s.offset, :]
-        t.keys, t.values, t.offset = keys, values, s.offset
+        elif hasattr(t, "_idx"):  # rotating: the buffer whole (new array objects: each
+            # cache writes its own in place), with its write position and bounds
+            t.keys, t.values = (None, None) if s.keys is None else (s.keys[...], s.values[...])
+            t.offset, t._idx, t.keep, t.max_size = s.offset, s._idx, s.keep, s.max_size
+        else:
+            keys, values = s.keys[..., :s.offset, :], s.values[..., :s.offset, :]
+            t.keys, t.values, t.offset = keys, values, s.offset
     return target
 
 
@@ -88,7 +93,9 @@ class _Prefill:
     prep: Any
     hit: Any             # the KV cache's start (None: from scratch)
     inputs: mx.array     # the prompt's ids, (1, n)
-    kwargs: dict         # the processor's arrays the model's step takes
+    pixels: mx.array
+    mask: Any            # the processor's attention mask (None: none)
+    kwargs: dict         # the processor's other arrays the model's step takes
     end: int             # one past its last image token
     pos: int = 0         # prompt tokens in `cache`
     cache: Any = None    # mlx-vlm's caches, once the images are embedded
@@ -127,9 +134,7 @@ class VisionBatch(Batch):
             return cached
         ids = prep.ids
         end = 1 + max(i for i, t in enumerate(ids) if t in self.media_tokens)
-        job = _Prefill(seq, prep, hit, mx.array(ids)[None],
-                       {k: mx.array(v) for k, v in media.items() if k not in _NOT_KWARGS},
-                       end, cached)
+        job = _Prefill(seq, prep, hit, mx.array(ids)[None], *model_inputs(media), end, cached)
         if cached >= end:  # the KV cache holds every image: no vision tower
             self._join(job, hit, self._rope_delta(job.inputs, job.kwargs))
         else:
@@ -149,13 +154,12 @@ class VisionBatch(Batch):
     def _prefill_chunk(self, job: _Prefill) -> None:
         vlm = self.vlm
         if job.cache is None:
-            embedded = vlm.get_input_embeddings(
-                job.inputs, mx.array(job.prep.media["pixel_values"]), mask=None,
-                **job.kwargs)
+            embedded = vlm.get_input_embeddings(job.inputs, job.pixels, mask=job.mask,
+                                                **job.kwargs)
             job.embeds = embedded.inputs_embeds
             job.extra = {k: v for k, v in embedded.to_dict().items()
                          if k != "inputs_embeds" and v is not None}
-            job.cache = make_vlm_cache(vlm.language_model)
+            job.cache = make_vlm_cache(vlm.language_model, self.max_kv_size)
             if job.hit is not None:
                 _carry(job.hit.cache, job.cache)
         a, b = job.pos, min(job.end, job.pos + max(1, self.chunks.size))
@@ -166,7 +170,8 @@ class VisionBatch(Batch):
         if b == job.end:
             self.prefilling.remove(job)
             deltas = job.extra.get("rope_deltas")
-            start = Start(_carry(job.cache, make_prompt_cache(self.engine.model)), job.end,
+            fresh = self.kv_format.make(self.engine.model, self.max_kv_size)
+            start = Start(_carry(job.cache, fresh), job.end,
                           job.hit.tier if job.hit is not None else Tier.PREFIX)
             self._join(job, start, int(deltas.reshape(-1)[0].item())
                        if deltas is not None else 0)

@@ -64,6 +64,19 @@ def media_key(ids: list[int], images: tuple, tokens: frozenset) -> list[int]:
     return key
 
 
+def model_inputs(media: dict | None) -> tuple:
+    """(pixel values, attention mask, the other keyword arguments) of mlx-vlm's step, as
+    MLX arrays, from a request's processed images (None each where it has none). The
+    mask is the processor's (all ones: one prompt), which Gemma 3's step needs."""
+    import mlx.core as mx
+
+    media = media or {}
+    pixels, mask = media.get("pixel_values"), media.get("attention_mask")
+    return (mx.array(pixels) if pixels is not None else None,
+            mx.array(mask) if mask is not None else None,
+            {k: mx.array(v) for k, v in media.items() if k not in _NOT_KWARGS})
+
+
 def warm_requests() -> list[Generate]:
     """A short text request and a short image request (a grey 64×64 PNG): what a vision
     worker runs before Ready, so the first client request pays no compile."""

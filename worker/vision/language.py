@@ -30,15 +30,15 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 log = logging.getLogger("worker.vision")
 
 
 # The cache classes whose state an image's prefill hands from mlx-vlm's step to the
-# batch (worker/vision/batch.py `_carry`): attention KV and recurrent arrays. A sliding
-# window's rotating cache (Gemma 3) is not one yet.
-CARRIED = frozenset((KVCache, ArraysCache))
+# batch (worker/vision/batch.py `_carry`): attention KV, a sliding window's (Gemma 3's
+# local layers, `--max-kv-size`) and recurrent arrays.
+CARRIED = frozenset((KVCache, RotatingKVCache, ArraysCache))
 
 
 def shared_language_model(vlm, path: Path) -> Optional[nn.Module]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 from protocol.messages import CacheStats
-from worker.vision.engine import _NOT_KWARGS, warm_requests
+from worker.vision.engine import model_inputs, warm_requests
 
 
 class _Warm:
@@ -55,12 +55,9 @@ class SerialBatch:
         processors = engine.processors(prep)
         if decoding.grammar is not None:
             processors.append(decoding.grammar)
-        media = prep.media or {}
-        pixels = media.get("pixel_values")
-        kwargs = {k: mx.array(v) for k, v in media.items() if k not in _NOT_KWARGS}
+        pixels, mask, kwargs = model_inputs(prep.media)
         self._steps = generate_step(
-            mx.array(prep.ids)[None], engine.vlm,
-            mx.array(pixels) if pixels is not None else None, None,
+            mx.array(prep.ids)[None], engine.vlm, pixels, mask,
             max_tokens=decoding.budget, sampler=engine.sampler(prep),
             logits_processors=processors, prefill_step_size=engine.prefill_step, **kwargs)
         self._uid += 1
