@@ -16,6 +16,7 @@ from tests.worker.batchrun import Seq, run_all
 from tests.worker.test_worker_vision import png
 from tests.worker.test_worker_vision import run as mlx_vlms  # mlx-vlm's own step, serially
 from worker.kvcache.prefix import PrefixCache
+from worker.vision.engine import KEY
 
 
 @pytest.fixture(scope="module", params=["qwen2-vl", "qwen3.5", "gemma3"])
@@ -199,6 +200,21 @@ def tower_runs(loaded, monkeypatch):
     return runs
 
 
+@pytest.fixture
+def processor_runs(loaded, monkeypatch):
+    """How many times the image processor ran (worker/vision/processed.py wraps it)."""
+    inner = loaded[1].image_processor.inner
+    runs = []
+    original = type(inner).__call__
+
+    def counted(self, *a, **kw):
+        runs.append(1)
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(type(inner), "__call__", counted)
+    return runs
+
+
 def one(batch, engine, gen):
     """(tokens, cached prompt tokens) of `gen` run alone on `batch`."""
     seq, out = Seq(gen.rid), []
@@ -226,23 +242,34 @@ def test_the_prefix_cache_knows_an_image_by_its_content(vlm_engine, tower_runs):
     assert theirs == one(vbatch(vlm_engine), vlm_engine, other)[0]
 
 
-def test_the_next_turn_about_an_image_resumes_without_encoding_it_again(vlm_engine,
-                                                                         tower_runs):
+def test_the_next_turn_about_an_image_resumes_without_encoding_it_again(
+        vlm_engine, tower_runs, processor_runs):
     batch = vbatch(vlm_engine, PrefixCache(1 << 28))
     image = png(seed=5)
     turn = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
                                          {"type": "image"}]}]
     answer, _ = one(batch, vlm_engine, generate(rid="1", messages=turn, images=(image,),
                                                 max_tokens=6, temperature=0.0))
+    assert len(processor_runs) == 1 and len(tower_runs) == 1
     said = vlm_engine.tokenizer.decode(answer)
     turn2 = turn + [{"role": "assistant", "content": said},
                     {"role": "user", "content": "And its colour?"}]
     gen2 = generate(rid="2", messages=turn2, images=(image,), max_tokens=6, temperature=0.0)
-    runs = len(tower_runs)
+    prep2 = vlm_engine.prepare(gen2)
+    # Neither the image processor nor the vision tower: the image's processed arrays by
+    # its bytes, its state from the KV cache.
     warm, cached = one(batch, vlm_engine, gen2)
-    assert len(tower_runs) == runs and cached > 0  # resumed past the image
+    assert len(processor_runs) == 1 and len(tower_runs) == 1
+    assert cached >= 1 + max(i for i, t in enumerate(prep2.ids) if t in batch.media_tokens)
+    # The same prompt and arrays as the processor makes afresh, and the same answer as a
+    # cold prefill of it (the kept pixels through the tower).
+    vlm_engine.processed.clear()
+    fresh = vlm_engine.prepare(gen2)
+    assert len(processor_runs) == 2 and fresh.ids == prep2.ids
+    assert fresh.media.keys() == prep2.media.keys() and all(
+        (fresh.media[k] == prep2.media[k]).all() for k in fresh.media if k != KEY)
     cold, cold_cached = one(vbatch(vlm_engine), vlm_engine, gen2)
-    assert warm == cold and cold_cached == 0
+    assert warm == cold and cold_cached == 0 and len(tower_runs) == 2
 
 
 def test_the_next_text_turn_resumes_from_the_cache(vlm_engine):

@@ -14,7 +14,9 @@ and the pixel arrays. That runs on the preparation thread, in numpy, like the re
 An image's tokens are the same ids whatever the image shows, so the KV cache knows an
 image prompt by its ids with each image's tokens replaced by one id made of that image's
 bytes (`media_key`, past any vocabulary): the same words about another image share only
-what comes before it; the next turn about the same image finds its state.
+what comes before it; the next turn about the same image finds its state. Nor does that
+turn run the image processor again: its output is kept by the images' bytes
+(worker/vision/processed.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from worker.text import prompt as chat_prompt
 from worker.text.engine import Prepared, TextEngine
 from worker.errors import RequestError
 from worker.vision.images import Limits, decode_images
+from worker.vision.processed import Remembered
 
 # Where a request's cache key rides with its processed images (`Prepared.media`).
 KEY = "mlxd_cache_key"
@@ -44,10 +47,11 @@ def media_tokens(config) -> frozenset:
     return frozenset(i for i in ids if isinstance(i, int) and i >= 0)
 
 
-def media_key(ids: list[int], images: tuple, tokens: frozenset) -> list[int]:
-    """`ids` with the tokens of each image replaced by an id made of its bytes: the k-th
-    run of media tokens is the k-th image's (when there are as many runs as images;
-    otherwise every run gets an id made of all the images, which never reuses wrongly)."""
+def media_key(ids: list[int], digests: tuple, tokens: frozenset) -> list[int]:
+    """`ids` with the tokens of each image replaced by an id made of its bytes' digest
+    (`digests`, SHA-256, one an image): the k-th run of media tokens is the k-th image's
+    (when there are as many runs as images; otherwise every run gets an id made of all
+    the images, which never reuses wrongly)."""
     runs, start = [], None
     for i, t in enumerate(ids + [-1]):
         if t in tokens and start is None:
@@ -55,7 +59,6 @@ def media_key(ids: list[int], images: tuple, tokens: frozenset) -> list[int]:
         elif t not in tokens and start is not None:
             runs.append((start, i))
             start = None
-    digests = [hashlib.sha256(b).digest() for b in images]
     if len(runs) != len(digests):
         digests = [hashlib.sha256(b"".join(digests)).digest()] * len(runs)
     key = list(ids)
@@ -94,6 +97,19 @@ def warm_requests() -> list[Generate]:
                      output=OutputSpec())]
 
 
+def remember_images(processor):
+    """`processor`'s image processor made `Remembered` (worker/vision/processed.py), or None
+    where it has none or is mlx-vlm's own kind (which mlx-vlm calls otherwise)."""
+    from mlx_vlm.models.base import BaseImageProcessor
+
+    inner = getattr(processor, "image_processor", None)
+    if inner is None or isinstance(inner, BaseImageProcessor):
+        return None
+    if not isinstance(inner, Remembered):
+        processor.image_processor = Remembered(inner)
+    return processor.image_processor
+
+
 class VisionEngine(TextEngine):
     def __init__(self, vlm, processor, context_length: int, prefill_step: int = 512,
                  vocab_size: int | None = None, lm=None):
@@ -110,6 +126,7 @@ class VisionEngine(TextEngine):
         self.processor = processor
         self._media: dict[str, dict] = {}  # rid → processed images, prompt_ids → prepare
         self.limits = Limits.of(getattr(processor, "image_processor", None))
+        self.processed = remember_images(processor)  # (None: the processor's own way)
 
     def prepare(self, gen):
         try:
@@ -132,17 +149,27 @@ class VisionEngine(TextEngine):
         if placed != len(gen.images):
             raise RequestError(INVALID_REQUEST, f"the messages place {placed} images and "
                                f"{len(gen.images)} were sent", "messages")
-        images = decode_images(gen.images, self.limits)
+        digests = tuple(hashlib.sha256(b).digest() for b in gen.images)
+
+        def run(images: list):
+            return prepare_inputs(self.processor, images=images, prompts=[text],
+                                  image_token_index=getattr(self.vlm.config,
+                                                            "image_token_index", None),
+                                  add_special_tokens=False, return_tensors="np")
+
+        def decode() -> list:
+            return decode_images(gen.images, self.limits)
+
         try:
-            inputs = prepare_inputs(self.processor, images=images, prompts=[text],
-                                    image_token_index=getattr(self.vlm.config,
-                                                              "image_token_index", None),
-                                    add_special_tokens=False, return_tensors="np")
+            inputs = (run(decode()) if self.processed is None
+                      else self.processed.process(digests, decode, run))
+        except RequestError:
+            raise
         except Exception as e:  # the processor refused these images (size, mode, count)
             raise RequestError(INVALID_REQUEST, "the model's processor refused the images: "
                                f"{type(e).__name__}", "messages") from None
         ids = [int(t) for t in inputs["input_ids"][0]]
         media = {k: v for k, v in inputs.items() if k != "input_ids"}
-        media[KEY] = media_key(ids, gen.images, media_tokens(self.vlm.config))
+        media[KEY] = media_key(ids, digests, media_tokens(self.vlm.config))
         self._media[gen.rid] = media
         return ids, "messages"

@@ -1,0 +1,109 @@
+"""A vision model's processed images, remembered by the images' bytes, so that the next
+turn about the same image neither decodes it nor runs the image processor again.
+
+A conversation about an image sends the image with every turn. Its prompt's token ids
+depend on the image only through the processor's expansion of the image placeholder
+(how many image tokens, from the grid or crops the image processor cut it into), and
+its state past the image is in the KV cache (worker/vision/batch.py: no vision tower
+when the cache covers the image). What is left per turn is the image processor itself
+(decoding, resizing, normalizing, patching: the costly part of `prepare` for an image)
+— its output is the same for the same bytes.
+
+So the processor's `image_processor` is replaced by `Remembered`, which hands its
+calls through and keeps each output under the digests of the request's images (all of
+them: the processor cuts a request's images in one call). A request whose images are
+all known gives the processor 1×1 stand-ins and the output kept for them: the
+processor's own code expands the placeholders from that output and tokenizes, so the
+token ids are exactly those it gives the first time, and the pixel arrays are there
+for the vision tower should the KV cache no longer hold the image. A processor that
+makes its image arrays some other way than by calling its image processor (the kept
+output was not asked for) gets the real images again, and nothing more is kept.
+
+Held in bytes up to a budget, least recently used out first. The preparation thread is
+the only caller (worker/loop/preparer.py), and the warm-up before it starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from typing import Any, Callable
+
+from PIL import Image
+
+BUDGET = 128 << 20   # bytes of processed images kept
+
+
+def _nbytes(output) -> int:
+    return sum(getattr(v, "nbytes", 0) for v in output.values())
+
+
+class Remembered:
+    """A processor's image processor whose outputs are kept by the images' digests (see
+    the module's doc); every other attribute is the image processor's own."""
+
+    def __init__(self, inner, budget: int = BUDGET):
+        self.inner = inner
+        self.budget = budget
+        self.nbytes = 0
+        self.hits = 0
+        self._kept: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()  # LRU first
+        self._given = None   # the output the next call answers with
+        self._asked = False  # whether the processor asked for it
+        self._made = None    # the output the last real call made
+
+    def __getattr__(self, name):
+        if name == "inner":  # (not set yet: copying, pickling)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __call__(self, *args, **kwargs):
+        if self._given is not None:
+            self._asked = True
+            return copy.copy(self._given)  # (processors pop from it: Gemma 3's num_crops)
+        output = self.inner(*args, **kwargs)
+        self._made = copy.copy(output)
+        return output
+
+    def process(self, digests: tuple, decode: Callable[[], list], call: Callable[[list], Any]):
+        """`call(images)` (the processor's run over a request's images) for the images of
+        these `digests`: with stand-ins and the kept output when they are known, with
+        `decode()`'s images otherwise (their output then kept)."""
+        entry = self._kept.get(digests)
+        if entry is not None:
+            self._kept.move_to_end(digests)
+            self._given, self._asked = entry[0], False
+            try:
+                inputs = call([Image.new("RGB", (1, 1)) for _ in digests])
+            finally:
+                self._given = None
+            if self._asked:
+                self.hits += 1
+                return inputs
+            self.budget = 0  # this processor makes its arrays otherwise: keep nothing
+            self._drop(digests)
+        self._made = None
+        inputs = call(decode())
+        if self._made is not None:
+            self._keep(digests, self._made)
+            self._made = None
+        return inputs
+
+    def _keep(self, digests: tuple, output) -> None:
+        size = _nbytes(output)
+        if size > self.budget:
+            return
+        self._drop(digests)
+        self._kept[digests] = (output, size)
+        self.nbytes += size
+        while self.nbytes > self.budget:
+            self._drop(next(iter(self._kept)))
+
+    def _drop(self, digests: tuple) -> None:
+        entry = self._kept.pop(digests, None)
+        if entry is not None:
+            self.nbytes -= entry[1]
+
+    def clear(self) -> None:
+        for digests in list(self._kept):
+            self._drop(digests)
