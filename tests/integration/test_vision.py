@@ -1,6 +1,7 @@
 """A vision model served end to end (worker/vision/, supervisor/api/fields/media.py): the
 real supervisor and worker over HTTP with the official openai client, on the tiny
-random-weight Qwen2-VL. Random weights: asserts on structure, not on words."""
+random-weight Qwen2-VL. Random weights: asserts on structure, not on words. Audio, which
+no checkpoint here reads, is a 400 on every surface."""
 
 from __future__ import annotations
 
@@ -208,4 +209,42 @@ def test_an_image_bomb_is_a_400_on_every_surface_and_is_never_decoded(vserver, v
         assert peak_after - peak_before < 64 << 20, (peak_before, peak_after)
     assert pid_after == pid
     r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
+def test_audio_to_a_vision_model_is_a_400_in_each_surfaces_envelope(vserver, vclient,
+                                                                      vision_model):
+    # mlx-vlm 0.7.10 reads audio only with audio towers (Gemma 3n/4, Qwen3-Omni, Phi-4-MM,
+    # MiniCPM-o): none here, so audio in the turn being answered is refused before any
+    # worker sees it, and earlier in the conversation it stands as "[audio]".
+    import anthropic
+
+    model = str(vision_model)
+    wav = base64.b64encode(b"RIFF" + bytes(40)).decode()
+    audio = {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}
+    with pytest.raises(openai.BadRequestError) as e:
+        vclient.chat.completions.create(model=model, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is said?"}, audio]}])
+    assert e.value.body["type"] == "invalid_request_error"
+    assert e.value.body["param"] == "messages[0].content[1].type"
+    assert "cannot read audio" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        vclient.responses.create(model=model, max_output_tokens=2, input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "What is said?"},
+                                         audio]}])
+    assert e.value.body["param"] == "input[0].content[1].type"
+    assert "cannot read audio" in e.value.body["message"]
+    pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+                                          "data": base64.b64encode(b"%PDF-1.4").decode()}}
+    messages = anthropic.Anthropic(base_url=vserver.url, api_key="x", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as e:  # (Messages has no audio block)
+        messages.messages.create(model=model, max_tokens=2,
+                                 messages=[{"role": "user", "content": [pdf]}])
+    assert e.value.body["type"] == "error"
+    assert "cannot read documents" in e.value.body["error"]["message"]
+    r = vclient.chat.completions.create(model=model, max_tokens=2, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Hear this"}, audio]},
+        {"role": "assistant", "content": "I cannot hear it."},
+        {"role": "user", "content": [{"type": "text", "text": "And this?"},
+                                     {"type": "image_url", "image_url": {"url": data_url()}}]}])
     assert r.usage.completion_tokens == 2
