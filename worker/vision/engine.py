@@ -168,7 +168,7 @@ class VisionEngine(TextEngine):
         except Exception as e:  # the processor refused these images (size, mode, count)
             raise RequestError(INVALID_REQUEST, "the model's processor refused the images: "
                                f"{type(e).__name__}", "messages") from None
-        ids = [int(t) for t in inputs["input_ids"][0]]
+        ids = [int(t) for t in inputs["input_ids"][0].tolist()]  # (one read, not one a token)
         media = {k: v for k, v in inputs.items() if k != "input_ids"}
         media[KEY] = media_key(ids, digests, media_tokens(self.vlm.config))
         self._media[gen.rid] = media
