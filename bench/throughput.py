@@ -1,7 +1,8 @@
 """Throughput and prompt reuse: mlxd against raw mlx-lm and mlx-lm's own server, in one run.
 
     python -m bench.throughput [--preset tiny|small|tiny-hybrid|small-hybrid|smollm2|all] [--quick]
-    python -m bench.throughput --preset tiny-vision|small-vision|small-vision-hybrid [--quick]
+    python -m bench.throughput --preset tiny-vision|small-vision|small-vision-hybrid|
+                                        tiny-vision-gemma3|small-vision-gemma3 [--quick]
 
 Per preset, at temperature 0, side by side:
 - aggregate decode tokens/s at 1, 4 and 8 concurrent streams: raw mlx-lm `batch_generate`
@@ -46,7 +47,8 @@ TRAINED = ("smollm2",)
 REUSE_PRESETS = ("tiny", "tiny-hybrid")
 # Vision checkpoints (bench/vision_throughput.py): preset → (size, family).
 VISION = {"tiny-vision": ("tiny", "qwen2-vl"), "small-vision": ("small", "qwen2-vl"),
-          "small-vision-hybrid": ("small", "qwen3.5")}
+          "small-vision-hybrid": ("small", "qwen3.5"), "tiny-vision-gemma3": ("tiny", "gemma3"),
+          "small-vision-gemma3": ("small", "gemma3")}
 WORDS = "the model reads every line of the repository and writes a careful plan".split()
 
 
