@@ -190,12 +190,13 @@ def test_penalties_and_logit_bias_draft_and_keep_their_text(mtp, engine):
             assert ids(mtp_only["p"]) == exact and run.totals.accepted > 0
 
 
-def test_a_vision_batch_verifies_drafts_at_each_rows_own_positions(vlm_engine):
+def test_a_vision_batch_verifies_drafts_at_each_rows_own_positions(vlm_engine, loaded):
     """Image rows decode at their index plus a rotary delta (Qwen's multimodal
     positions): a verify step tells the model which rows it runs, as mlx-lm's own steps
     do, even after another prompt's chunk (a request joining later) ran in between.
     Each request predicted exactly gives its own tokens and log-probabilities, on the
-    tiny Qwen2-VL and the tiny Qwen3.5 (recurrent layers rolled back)."""
+    tiny Qwen2-VL and the tiny Qwen3.5 (recurrent layers rolled back); the tiny Gemma 3's
+    rotating window never drafts, and its predicted requests still say what they say alone."""
     gens = asks(logprobs=True)
     alone = {name: run_all(vbatch(vlm_engine), {name: vlm_engine.prepare(g)})[name]
              for name, g in gens.items()}
@@ -206,7 +207,10 @@ def test_a_vision_batch_verifies_drafts_at_each_rows_own_positions(vlm_engine):
     mixed = run_all(b, preps, join={"joins": 3})
     for name in gens:
         assert same(mixed[name], alone[name]), name
-    assert b.speculation.totals.accepted > 0
+    if "gemma3" in str(loaded[2]):  # a wrapped sliding window cannot take a draft back
+        assert b.speculation is None
+    else:
+        assert b.speculation.totals.accepted > 0
 
 
 def test_a_hybrid_models_next_turn_resumes_from_the_state_its_drafted_turn_left(
