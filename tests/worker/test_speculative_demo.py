@@ -1,7 +1,12 @@
 """Prompt lookup on the real `demo` model (SmolLM2-135M-Instruct), in the worker's batch:
-a trained model rewriting a file it was shown repeats long runs of its prompt, so drafts
+a trained model returning a file it was shown repeats long runs of its prompt, so drafts
 are accepted, and at temperature 0 the text is the one decoding gives without them, alone
-and in a batch of four beside prose, a grammar-free plain request and a logit_bias one."""
+and in a batch of four beside prose, a grammar-free plain request and a logit_bias one.
+
+The request asks for the file back as it is: asked for an edit, this small model first
+writes a sentence of its own (about 20 tokens that draft nothing), so the test needed 80
+tokens to see 30 accepted; copying from its first token, 56 tokens accept about 39 drafts
+in about 19 steps, and the test takes 0.7 x its time with the edit."""
 
 from __future__ import annotations
 
@@ -11,8 +16,7 @@ from tests.worker.test_speculative import ids, run, text
 
 SOURCE = "\n".join(f"def step_{i}(values, scale={i}):\n    return sum(v * scale for v in "
                    f"values)  # step {i}\n" for i in range(5))
-EDIT = [{"role": "user", "content": "Here is a Python file:\n\n" + SOURCE + "\n\nReturn the "
-         "whole file with one change: rename step_2 to scaled_sum. Output only the code."}]
+COPY = [{"role": "user", "content": "Repeat this Python code exactly:\n\n" + SOURCE}]
 PROSE = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 
 
@@ -27,7 +31,7 @@ def demo_engine(real_model_dir):
 
 
 def test_greedy_text_is_identical_with_prompt_lookup_alone_and_in_a_batch(demo_engine):
-    edit = {"edit": dict(messages=EDIT, max_tokens=80, temperature=0.0)}
+    edit = {"edit": dict(messages=COPY, max_tokens=56, temperature=0.0)}
     without, _, plain_steps = run(demo_engine, edit)
     with_, _, steps = run(demo_engine, edit, speculative="prompt-lookup")
     assert text(with_["edit"]) == text(without["edit"])
@@ -35,7 +39,7 @@ def test_greedy_text_is_identical_with_prompt_lookup_alone_and_in_a_batch(demo_e
     four = {**edit,
             "prose": dict(messages=PROSE, max_tokens=30, temperature=0.0),
             "plain": dict(prompt="The capital of France is", max_tokens=10, temperature=0.0),
-            "biased": dict(messages=EDIT, max_tokens=30, temperature=0.0,
+            "biased": dict(messages=COPY, max_tokens=30, temperature=0.0,
                            logit_bias=[(28, 1.5)])}
     without, _, _ = run(demo_engine, four)
     with_, _, _ = run(demo_engine, four, speculative="prompt-lookup")
