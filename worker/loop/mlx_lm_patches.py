@@ -18,6 +18,8 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_lm.models.cache import BatchKVCache, KVCache, create_attention_mask
 
+from worker.loop import lean
+
 # The per-sequence lists both of mlx-lm's batches keep beside their caches.
 _LISTS = ("uids", "tokens", "samplers", "logits_processors", "stop_sequences", "max_tokens")
 # ...and those only the generation batch keeps.
@@ -25,6 +27,7 @@ _GENERATION_LISTS = ("_next_logprobs", "_token_context", "_num_tokens", "_matche
 
 
 def apply() -> None:
+    lean.apply()  # first: the lone-sequence wrapper below calls its step
     _one_sequence_masks_as_a_plain_cache()
     _a_whole_prompt_batch_moves_without_a_copy()
     _one_padding_read_per_batch()
