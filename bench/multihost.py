@@ -2,6 +2,7 @@
 group of ranks on this machine, in one run.
 
     python -m bench.multihost [--shapes tiny,0.5b] [--ranks 2] [--rounds 8] [--tokens 128]
+    python -m bench.multihost --fits-across [--shapes 7b] [--backend nccl]
 
 Random-weight models of bench/gpu.py's Qwen2.5 shapes (bf16 on a GPU, float32 on the
 CPU). Two servers run side by side: `mlxd --model M` and `mlxd --model M --hosts H`,
@@ -16,6 +17,16 @@ group measured at start, from /health). The ratio is group / one process:
 on one machine whose one GPU (or CPU) every rank shares, a group can only lose (it adds
 collectives and the control channel to the same compute); across GPUs or hosts it
 splits the compute, and the ratio says what that buys.
+
+`--fits-across` is the case a group exists for: a model that one GPU cannot hold and the
+group's GPUs can. The memory gate admits a process at its weights × --memory-factor plus
+its --kv-budget against its GPU's free memory, and a group's ranks each at their share of
+the weights plus a KV budget of their own against their own GPU (supervisor/memory/
+gate.py). The bench reads each GPU's free memory as the supervisor does and picks the KV
+budget halfway between the two: one process's need exceeds one GPU, each rank's share
+fits. It prints the one process's refusal (its 507) and the group's decode and streams.
+Without CUDA GPUs (the CPU, for the decision alone) the servers read a memory file
+(`--memory-probe`) giving each rank a "GPU" of the model's weights plus 32 MiB.
 """
 
 from __future__ import annotations
@@ -27,12 +38,17 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench.gpu import SHAPES, build, default_dtype, server_many, server_stream
 from bench.report import gpu_clocks, in_turn, paired_ratio, print_table, ratio_verdict
 from bench.serverproc import ServerProcess
+from protocol.models import need_bytes, weights_bytes
+from supervisor.memory.probe import DeviceProbe
 from supervisor.workers import blas
+
+MEMORY_FACTOR = 1.2  # passed to both servers: the bench's arithmetic is the gate's
 
 
 def hostfile(folder: Path, ranks: int, backend: str) -> Path:
@@ -127,6 +143,104 @@ def run_shape(shape: str, dtype: str, ranks: int, backend: str, sharding: str, r
     return rows
 
 
+def split_budget(weights: int, free: int, ranks: int) -> int:
+    """The KV budget for `--fits-across`: one process's need (weights x factor + budget)
+    is over `free` by half the weights' share that the group spreads, and each rank's
+    (its share + budget) under it by as much."""
+    held = int(weights * MEMORY_FACTOR)
+    return int(free - held / ranks - held * (1 - 1 / ranks) / 2)
+
+
+def fits_across(shape: str, dtype: str, ranks: int, backend: str, sharding: str, rounds: int,
+                tokens: int, streams: int) -> list:
+    """One process is refused for memory; the group of `ranks` serves the model."""
+    model = str(build(shape, dtype))
+    weights = weights_bytes(Path(model))
+    reading = DeviceProbe()()
+    with tempfile.TemporaryDirectory(prefix="mlxd-multihost-") as tmp:
+        extra = []
+        gpus = list(reading.gpus[:ranks])
+        if len(gpus) < ranks:  # no GPU per rank: stand-in GPUs from a memory file
+            gpus = [int(weights * MEMORY_FACTOR) + (32 << 20)] * ranks
+            probe = Path(tmp) / "memory.json"
+            probe.write_text(json.dumps({"available_bytes": gpus[0], "gpus": gpus}))
+            extra = ["--memory-probe", str(probe)]
+        free = min(gpus)
+        kv = split_budget(weights, free, ranks)
+        if kv <= 0:
+            raise SystemExit(f"{shape}: {size(weights)} of weights leave no KV budget on "
+                             f"GPUs of {size(free)} free: take a smaller shape")
+        common = ["--kv-budget", str(kv), "--memory-factor", str(MEMORY_FACTOR),
+                  "--memory-wait", "0", "--prompt-cache-bytes", "0",
+                  "--max-batch-size", str(max(8, streams)), *extra]
+        one_need = need_bytes(Path(model), MEMORY_FACTOR, kv)
+        rank_need = need_bytes(Path(model), MEMORY_FACTOR, kv, (1, ranks))
+        rows = [(f"{shape} memory", f"weights {size(weights)}, KV budget {size(kv)}, each "
+                 f"GPU {size(free)} free",
+                 "stand-in GPUs (memory file)" if extra else f"{len(gpus)} CUDA GPUs")]
+        with ServerProcess([model], *common) as one:
+            reason = settled(one)
+            status, answer = post(one, model, [100 + i for i in range(32)], 8)
+        refused = status != 200
+        rows.append((f"{shape} one process", f"needs {size(one_need)}: "
+                     + (f"{reason[:100]}" if refused else "served"),
+                     "refused (as it must)" if refused else "NOT refused"))
+        hosts = hostfile(Path(tmp), ranks, backend)
+        with ServerProcess([model], "--hosts", str(hosts), "--sharding", sharding,
+                           *common) as group:
+            group.wait_healthy(600)
+            status, answer = post(group, model, [100 + i for i in range(32)], 8)
+            if status != 200:
+                rows.append((f"{shape} {ranks} ranks", f"each needs {size(rank_need)}: "
+                             f"{status} {answer[:90]}", "NOT served"))
+                return rows
+            got = []
+            for r in range(rounds + 1):
+                m = measure(group, model, tokens, streams, r)
+                print(f"{shape} fits-across round {r}: {m}", file=sys.stderr, flush=True)
+                if r:  # round 0 compiles
+                    got.append(m)
+        rows.append((f"{shape} {ranks} ranks", f"each needs {size(rank_need)}: "
+                     f"decode {statistics.median(m['decode'] for m in got):.4g} tok/s, "
+                     f"{streams} streams {statistics.median(m['many'] for m in got):.4g} "
+                     f"tok/s", "served" + ("" if refused else " (but so was one process)")))
+    return rows
+
+
+def size(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
+
+
+def settled(server: ServerProcess, timeout: float = 600) -> str:
+    """Wait until the server's start-up load of its model is over: "" once loaded, else
+    why it was refused (/health's reason)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            code, body = server.get("/health", timeout=2)
+            if body.get("status") == "ok":
+                return ""
+            if "refused" in body.get("reason", ""):
+                refusal = body["reason"].split("last refused: ")[-1]  # "MODEL: why; ..."
+                return refusal.split(": ", 1)[-1].split(";")[0]
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the model neither loaded nor was refused in {timeout} s")
+
+
+def post(server: ServerProcess, model: str, prompt: list[int], tokens: int) -> tuple[int, str]:
+    """(status, the error's message or the text) of a greedy /v1/completions."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0}
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    data = json.loads(resp.read() or b"{}")
+    if resp.status == 200:
+        return 200, data["choices"][0]["text"]
+    return resp.status, str(data.get("error", {}).get("message", data))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.multihost", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,6 +254,8 @@ def main() -> None:
                    "nccl (one CUDA GPU per rank)")
     p.add_argument("--dtype", default=None)
     p.add_argument("--kv-budget", default=None)
+    p.add_argument("--fits-across", action="store_true",
+                   help="a model one GPU cannot hold, served by the group (see above)")
     args = p.parse_args()
 
     import mlx.core as mx
@@ -150,11 +266,16 @@ def main() -> None:
     info = mx.device_info()
     rows = []
     for shape in args.shapes.split(","):
+        if args.fits_across:
+            rows += fits_across(shape, dtype, args.ranks, backend, args.sharding,
+                                args.rounds, args.tokens, args.streams)
+            continue
         rows += run_shape(shape, dtype, args.ranks, backend, args.sharding, args.rounds,
                           args.tokens, args.streams,
                           args.kv_budget or ("24G" if gpu else "2G"))
-    print_table(f"worker group ({args.ranks} ranks, {args.sharding}, {backend}) vs one "
-                f"process: {info.get('device_name', info.get('architecture', 'cpu'))} "
+    what = "a model only the group holds" if args.fits_across else "one process"
+    print_table(f"worker group ({args.ranks} ranks, {args.sharding}, {backend}) vs {what}: "
+                f"{info.get('device_name', info.get('architecture', 'cpu'))} "
                 f"(MLX {mx.__version__}, {dtype}, {args.rounds} rounds, {args.tokens} "
                 f"tokens)", rows)
 

@@ -139,7 +139,8 @@ class SystemProbe:
 
 class FileProbe:
     """Readings from a JSON file: `{"available_bytes": N, "total_bytes": M, "pressure":
-    "normal"}`. Keys left out come from the system. Read on every call, so a test can
+    "normal", "gpus": [free bytes of each GPU]}`. Keys left out come from the system (no
+    `gpus`: none). Read on every call, so a test can
     rewrite it while a load waits for memory."""
 
     def __init__(self, path: Path, fallback: Probe | None = None):
@@ -156,7 +157,8 @@ class FileProbe:
             return base
         return MemoryReading(int(data.get("available_bytes", base.available_bytes)),
                              int(data.get("total_bytes", base.total_bytes)),
-                             data.get("pressure", base.pressure), source=f"file:{self.path}")
+                             data.get("pressure", base.pressure), source=f"file:{self.path}",
+                             gpus=tuple(int(v) for v in data.get("gpus") or ()))
 
 
 # Run in a child process (the supervisor never imports MLX): what MLX's default device is,

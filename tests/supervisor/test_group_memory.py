@@ -52,3 +52,18 @@ def test_the_device_probe_reads_every_visible_gpu():
     r = DeviceProbe(host, run=lambda: out)()
     assert r.source == "mlx-cuda" and r.available_bytes == 70 * GiB
     assert r.gpus == (70 * GiB, 60 * GiB)
+
+
+def test_a_memory_file_may_stand_in_for_the_gpus(tmp_path):
+    # bench.multihost --fits-across checks the admission on a CPU with stand-in GPUs.
+    from supervisor.memory.probe import FileProbe
+
+    path = tmp_path / "memory.json"
+    path.write_text(json.dumps({"available_bytes": 30 * GiB, "gpus": [30 * GiB, 30 * GiB]}))
+    host = lambda: MemoryReading(100 * GiB, 128 * GiB, NORMAL)  # noqa: E731
+    r = FileProbe(path, host)()
+    assert r.available_bytes == 30 * GiB and r.gpus == (30 * GiB, 30 * GiB)
+    g = gate(tmp_path)
+    assert not g.judge(40 * GiB, r).fits and g.judge(40 * GiB, r, ranks_here=2).fits
+    path.write_text(json.dumps({"available_bytes": 30 * GiB}))
+    assert FileProbe(path, host)().gpus == ()
