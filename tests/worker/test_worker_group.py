@@ -371,6 +371,10 @@ def test_sharding_choice():
         setup._sharding(Model(tensor=False), cfg, 8, "auto")
     with pytest.raises(LoadError, match="no tensor parallel"):
         setup._sharding(Model(tensor=False), cfg, 2, "tensor")
+    # A model without pipeline sharding (mlx-lm's llama: SmolLM2, 3 KV heads) asked for
+    # it is refused for that, not for its heads (which only tensor sharding splits).
+    with pytest.raises(LoadError, match="no pipeline parallel sharding$"):
+        setup._sharding(Model(pipeline=False), odd, 2, "pipeline")
 
 
 def test_hostfile_is_checked_and_local_groups_get_free_ports(tmp_path):

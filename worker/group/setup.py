@@ -147,25 +147,29 @@ def _sharding(model, config: dict, size: int, wanted: str, p2p: bool = True) -> 
     layers = shared.config_value(config, ("num_hidden_layers", "n_layer")) or 0
     heads = shared.config_value(config, ("num_key_value_heads",)) or \
         shared.config_value(config, ("num_attention_heads",)) or 0
-    why_not = []
-    if tensor_ok and heads % size:
+    kind = config.get("model_type", "this model")
+    # Why each way is out, so a refusal names the reasons of the way asked for (a llama
+    # asked for pipeline has none: its heads are no reason).
+    why = {"tensor": [], "pipeline": []}
+    if not tensor_ok:
+        why["tensor"].append(f"mlx-lm's {kind} has no tensor parallel sharding")
+    elif heads % size:
         tensor_ok = False
-        why_not.append(f"its {heads} key/value heads do not split over {size} ranks")
-    if pipeline_ok and layers < size:
+        why["tensor"].append(f"its {heads} key/value heads do not split over {size} ranks")
+    if not pipeline_ok:
+        why["pipeline"].append(f"mlx-lm's {kind} has no pipeline parallel sharding")
+    elif layers < size:
         pipeline_ok = False
-        why_not.append(f"its {layers} layers are fewer than {size} ranks")
-    if pipeline_ok and not p2p:
+        why["pipeline"].append(f"its {layers} layers are fewer than {size} ranks")
+    elif not p2p:
         pipeline_ok = False
-        why_not.append("pipeline sharding needs send/recv, which MLX's CUDA backend lacks: "
-                       "use --sharding tensor")
+        why["pipeline"].append("pipeline sharding needs send/recv, which MLX's CUDA backend "
+                               "lacks: use --sharding tensor")
     if wanted == "tensor" and tensor_ok or wanted == "pipeline" and pipeline_ok:
         return wanted
     if wanted == "auto" and (tensor_ok or pipeline_ok):
         return "tensor" if tensor_ok else "pipeline"
-    kind = config.get("model_type", "this model")
-    detail = "; ".join(why_not) or (f"mlx-lm's {kind} has no {wanted} parallel sharding"
-                                    if wanted != "auto" else
-                                    f"mlx-lm's {kind} can be sharded neither way")
+    detail = "; ".join(why.get(wanted) or why["tensor"] + why["pipeline"])
     raise LoadError(f"cannot shard the model over {size} ranks ({wanted}): {detail}")
 
 
