@@ -5,10 +5,12 @@ whose speed drifts between rounds (the H200s here did by ±30% within one run).
 
     python -m bench.single_ab [--shape 0.5b] [--rounds 40] [--tokens 128]
         [--variants '{"default": {}, "no prefix cache": {"args": ["--prompt-cache-bytes", "0"]}}']
+        [--mlx-lm-steps]
 
 Raw is `stream_generate` in this process; "in-process" is mlxd's batch in this process
 (no worker, no HTTP); each variant is a server of its own (`args` to `mlxd`, `env` added
-to its environment).
+to its environment). `--mlx-lm-steps` adds the in-process batch on mlx-lm's own step
+methods instead of worker/loop/lean.py's (what the lean steps save per token).
 """
 
 from __future__ import annotations
@@ -26,6 +28,17 @@ from bench.serverproc import ServerProcess
 from supervisor.workers import blas
 
 
+def mlx_lm_steps(run):
+    """`run()` with mlx-lm's own step methods in place of worker/loop/lean.py's."""
+    from worker.loop import lean
+
+    lean.ON = False
+    try:
+        return run()
+    finally:
+        lean.ON = True
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
@@ -33,6 +46,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, else float32")
     p.add_argument("--variants", default='{"default": {}}')
+    p.add_argument("--mlx-lm-steps", action="store_true")
     a = p.parse_args()
     dtype = default_dtype(a.dtype)
     path = build(a.shape, dtype)
@@ -58,6 +72,9 @@ def main() -> None:
         ids = [prompt() for _ in range(a.rounds)]
         sides = {"raw": lambda i: raw.stream(ids[i], a.tokens)[1],
                  "in-process": lambda i: run_batch(eng, batch, [ids[i]], a.tokens, False)}
+        if a.mlx_lm_steps:
+            sides["in-process, mlx-lm's steps"] = lambda i: mlx_lm_steps(
+                lambda: run_batch(eng, batch, [ids[i]], a.tokens, False))
         for name, s in servers.items():
             sides[name] = lambda i, s=s: server_stream(s.port, str(path), ids[i], a.tokens)[1]
         got = alternate(a.rounds, sides, label=a.shape)
@@ -68,7 +85,10 @@ def main() -> None:
                 "(decode tok/s median; × raw: geometric mean of the rounds' ratios, 95% interval)",
                 [(name, f"{statistics.median(got.figures[name]):.1f} tok/s",
                   ratio_verdict(got.ratio(name, "raw"), ">=", 0.97))
-                 for name in got.figures if name != "raw"])
+                 for name in got.figures if name != "raw"]
+                + ([("in-process / mlx-lm's steps", "lean steps (worker/loop/lean.py)",
+                     ratio_verdict(got.ratio("in-process", "in-process, mlx-lm's steps"),
+                                   ">=", 1.0))] if a.mlx_lm_steps else []))
 
 
 if __name__ == "__main__":

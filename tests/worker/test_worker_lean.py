@@ -24,17 +24,6 @@ def counted(monkeypatch) -> dict:
     return calls
 
 
-def mlx_lms_own(monkeypatch) -> None:
-    """mlx-lm's methods in place of the lean ones (the reference run)."""
-    import importlib
-
-    g = importlib.import_module("mlx_lm.generate")
-    monkeypatch.setattr(g.BatchGenerator, "_next", lean.ORIGINAL["next"])
-    cell = next(c for c in g.GenerationBatch._step.__closure__
-                if getattr(c.cell_contents, "mlxd_lean", False))  # under the lone wrapper
-    monkeypatch.setattr(cell, "cell_contents", lean.ORIGINAL["step"])
-
-
 def run(engine, **kw):
     g = generate(rid="x", prompt=PROMPT, max_tokens=20, **kw)
     return [o for o in steps(engine, engine.prepare(g)) if o is not None]
@@ -48,7 +37,7 @@ def test_a_lone_stream_decodes_leanly_and_as_mlx_lm_does(engine, monkeypatch, kw
     assert calls["step"] == 0  # every decode step was the lean one
     assert calls["next"] <= 2  # the prompt's steps only (then nothing is prefilled)
     with monkeypatch.context() as m:
-        mlx_lms_own(m)
+        m.setattr(lean, "ON", False)  # mlx-lm's own methods: the reference
         own = run(engine, **kw)
     assert [o[0] for o in lean_out] == [o[0] for o in own] and len(own) == 20
     assert "".join(o[1] for o in lean_out) == "".join(o[1] for o in own)

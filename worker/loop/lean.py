@@ -28,6 +28,8 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch
 
 # mlx-lm's own methods, which the lean ones fall back to (module-level: a test counts them).
 ORIGINAL: dict = {}
+# False: mlx-lm's own methods for every step (bench.single_ab --mlx-lm-steps compares).
+ON = True
 
 
 def apply() -> None:
@@ -45,7 +47,7 @@ def _decode_only_steps_skip_the_prompt_bookkeeping() -> None:
 
     def _next(self):
         gb = self._generation_batch
-        if self._unprocessed_sequences or self._currently_processing \
+        if not ON or self._unprocessed_sequences or self._currently_processing \
                 or len(self._prompt_batch) or not len(gb):
             return ORIGINAL["next"](self)
         counters = self._counters
@@ -72,7 +74,7 @@ def _one_row_steps_without_the_row_loops() -> None:
 
     def _step(self):
         processors = self.logits_processors
-        if len(self.uids) != 1 or (processors and processors[0]):
+        if not ON or len(self.uids) != 1 or (processors and processors[0]):
             return ORIGINAL["step"](self)
         inputs = self._current_tokens = self._next_tokens
         self._current_logprobs = self._next_logprobs
