@@ -7,10 +7,13 @@ resumes from the compacted response's KV snapshot;
 another mlxd instance refuses the item.
 
 Lean: one compaction and one compacted chain for the module (this CPU runs the model at
-a few tokens a second).
+a few tokens a second), and the two summaries (demo writes up to 160 tokens each) are
+asked for at once, so the worker decodes them in one batch instead of one after the other.
 """
 
 from __future__ import annotations
+
+import concurrent.futures
 
 import httpx
 import openai
@@ -44,9 +47,31 @@ def client(real_server) -> openai.OpenAI:
                          timeout=600)
 
 
+def managed_turn(client) -> list:
+    """The streamed events of a turn whose `context_management` compacts its input."""
+    long_file = "\n".join(f"def helper_{i}(value):\n    return value + {i}\n"
+                          for i in range(120))  # about 2,000 tokens of a file read
+    return list(client.responses.create(
+        model="demo", temperature=0, max_output_tokens=4, stream=True,
+        context_management=[{"type": "compaction", "compact_threshold": 1000}],
+        input=[{"role": "user", "content": TASK},
+               {"type": "function_call", "call_id": "c1", "name": "read_file",
+                "arguments": '{"path": "utils/helpers.py"}'},
+               {"type": "function_call_output", "call_id": "c1", "output": long_file},
+               {"role": "user", "content": "Which helper adds 7?"}]))
+
+
 @pytest.fixture(scope="module")
-def compacted(client):
-    return client.responses.compact(model="demo", input=AGENT)
+def both(client):
+    """`responses.compact`'s answer and the compacting turn's events, asked for at once."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        managed = pool.submit(managed_turn, client)
+        return client.responses.compact(model="demo", input=AGENT), managed.result()
+
+
+@pytest.fixture(scope="module")
+def compacted(both):
+    return both[0]
 
 
 def test_compact_keeps_what_an_agent_needs(compacted, real_server):
@@ -71,17 +96,8 @@ def test_the_compacted_output_continues_the_conversation(client, compacted):
     assert r.status in ("completed", "incomplete") and r.output_text
 
 
-def test_context_management_compacts_and_the_next_turn_resumes_from_it(client):
-    long_file = "\n".join(f"def helper_{i}(value):\n    return value + {i}\n"
-                          for i in range(120))  # about 2,000 tokens of a file read
-    events = list(client.responses.create(
-        model="demo", temperature=0, max_output_tokens=4, stream=True,
-        context_management=[{"type": "compaction", "compact_threshold": 1000}],
-        input=[{"role": "user", "content": TASK},
-               {"type": "function_call", "call_id": "c1", "name": "read_file",
-                "arguments": '{"path": "utils/helpers.py"}'},
-               {"type": "function_call_output", "call_id": "c1", "output": long_file},
-               {"role": "user", "content": "Which helper adds 7?"}]))
+def test_context_management_compacts_and_the_next_turn_resumes_from_it(client, both):
+    events = both[1]
     # Streamed: the response opens before the summary is written, the compaction item
     # comes whole before the answer's items.
     kinds = [(e.type, getattr(getattr(e, "item", None), "type", None)) for e in events]
