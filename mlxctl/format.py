@@ -59,17 +59,28 @@ def format_status(body: dict) -> str:
                      f"{w.get('tokens_per_s', 0.0):.1f}",
                      f"{cache.get('hits', 0)}/{lookups}" if cache else "-",
                      human_bytes(cache.get("bytes")) if cache else "-", _snapshots(cache),
-                     _drafts(w.get("speculation")), w.get("restarts", 0)))
+                     *_kv(w.get("kv")), _drafts(w.get("speculation")), w.get("restarts", 0)))
     if rows:
         lines.append(table(("MODEL", "KIND", "STATE", "PID", "UPTIME", "RSS", "MLX ACTIVE", "MLX PEAK",
                             "QUEUED", "IN-FLIGHT", "TOK/S (1m)", "CACHE HITS", "CACHE MEM",
-                            "RESUMED RAM/DISK", "DRAFTS OK, TOK/VERIFY", "RESTARTS"), rows))
+                            "RESUMED RAM/DISK", "KV/TOKEN", "KV TOKENS", "DRAFTS OK, TOK/VERIFY",
+                            "RESTARTS"), rows))
     else:
         lines.append("no model loaded")
     for w in body.get("workers", []):
         if w.get("group"):
             lines += format_group(w["model"], w["group"])
     return "\n".join(lines)
+
+
+def _kv(kv: dict | None) -> tuple[str, str]:
+    """The worker's KV memory: bytes one token of context takes, with its format (q8, q4:
+    --kv-bits; none: full precision), and the tokens of context its batch and prompt
+    cache hold now."""
+    if not kv:
+        return "-", "-"
+    per = human_bytes(round(kv["bytes_per_token"]))
+    return (f"{per} q{kv['bits']}" if kv.get("bits") else per), f"{kv['tokens']:,}"
 
 
 def _drafts(spec: dict | None) -> str:

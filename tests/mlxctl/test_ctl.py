@@ -162,6 +162,8 @@ def test_human_formats():
         "workers": [{"model": "m", "kind": "text", "state": "ready", "pid": 42, "uptime_s": 5, "rss_bytes": 1 << 30,
                      "active_bytes": 1 << 29, "peak_bytes": 1 << 30, "queued": 2, "in_flight": 1,
                      "tokens_per_s": 12.345, "restarts": 1,
+                     "kv": {"bits": 8, "bytes_per_token": 12960.0, "bytes": 1 << 20,
+                            "tokens": 12345},
                      "speculation": {"verifications": 10, "acceptance": 0.685,
                                      "tokens_per_verification": 3.7411},
                      "prompt_cache": {"hits": 3, "misses": 1, "bytes": 3 << 20,
@@ -171,13 +173,19 @@ def test_human_formats():
     assert lines[1] == "memory: 8.0 GiB available of 16.0 GiB, pressure warn"
     assert lines[2].split() == ["MODEL", "KIND", "STATE", "PID", "UPTIME", "RSS", "MLX", "ACTIVE", "MLX",
                                 "PEAK", "QUEUED", "IN-FLIGHT", "TOK/S", "(1m)", "CACHE", "HITS",
-                                "CACHE", "MEM", "RESUMED", "RAM/DISK", "DRAFTS", "OK,",
+                                "CACHE", "MEM", "RESUMED", "RAM/DISK", "KV/TOKEN", "KV",
+                                "TOKENS", "DRAFTS", "OK,",
                                 "TOK/VERIFY", "RESTARTS"]
     assert lines[3].split() == ["m", "text", "ready", "42", "5s", "1.0", "GiB", "512.0", "MiB", "1.0", "GiB",
-                                "2", "1", "12.3", "3/4", "3.0", "MiB", "4/2", "68%,", "3.74", "1"]
+                                "2", "1", "12.3", "3/4", "3.0", "MiB", "4/2", "12.7", "KiB", "q8",
+                                "12,345", "68%,", "3.74", "1"]
     converting = format_status({"status": "ok", "workers": [
         {"model": "m.gguf", "state": "starting", "load_progress": 0.42}]}).splitlines()
     assert converting[-1].split()[:3] == ["m.gguf", "-", "starting(42%)"]
+    full = format_status({"status": "ok", "workers": [
+        {"model": "f", "state": "ready", "kv": {"bits": 0, "bytes_per_token": 46080.0,
+                                                "bytes": 0, "tokens": 0}}]}).splitlines()
+    assert full[-1].split()[-5:-2] == ["45.0", "KiB", "0"]  # full precision: no qN
     busy = format_status({"status": "ok", "workers": [
         {"model": "w", "kind": "stt", "state": "busy", "progress": 0.5}]}).splitlines()
     assert busy[-1].split()[:3] == ["w", "stt", "busy(50%)"]

@@ -64,6 +64,15 @@ def test_the_dashboard_lists_every_model_and_its_tokens_per_second_moves(
     until(p, 
         "parseFloat(document.querySelector('#chart text').textContent.slice(4)) > 1",
         timeout=15_000)
+    # Its KV memory: bytes per token of context and the tokens the prompt cache now holds
+    # (the request's), as /health says.
+    kv = worker(ui_server, str(tiny_model))["kv"]
+    assert kv["tokens"] > 0 and kv["bytes_per_token"] > 0
+    until(p, f"document.querySelector('tr[data-model=\"{tiny_model}\"] td.kv').innerText"
+             f".endsWith(' · {kv['tokens']}')", timeout=15_000)
+    cell = tiny.locator("td.kv")
+    assert re.fullmatch(r"\d+(\.\d+)? (B|KB|MB) · \d+", cell.inner_text())
+    assert "full precision KV" in cell.get_attribute("title")
     # The request's log line arrived in the tail (the log is read every few seconds).
     until(p, 
         f"document.querySelector('#log').innerText.includes('completion_tokens={n}')",

@@ -57,6 +57,14 @@
             `${bytes(pc.bytes)} held in ${pc.entries} entries`];
   }
 
+  function kvHeld(kv) {
+    if (!kv) return ["–", "no KV cache"];
+    const format = kv.bits ? `${kv.bits}-bit` : "full precision";
+    return [`${bytes(Math.round(kv.bytes_per_token))} · ${kv.tokens}`,
+            `${format} KV: ${bytes(Math.round(kv.bytes_per_token))} per token of context; ` +
+            `${kv.tokens} tokens (${bytes(kv.bytes)}) held by the batch and the prompt cache`];
+  }
+
   function drafts(sp) {
     if (!sp || !sp.verifications) return ["–", sp ? "no drafts verified yet" : "no speculation"];
     return [`${Math.round(100 * sp.acceptance)}% · ${sp.tokens_per_verification.toFixed(2)}`,
@@ -79,6 +87,7 @@
   function workerRow(w) {
     const [hits, hitsTitle] = hitRate(w.prompt_cache);
     const [draft, draftTitle] = drafts(w.speculation);
+    const [kv, kvTitle] = kvHeld(w.kv);
     const state = w.state + (w.progress != null ? ` ${Math.round(100 * w.progress)}%` : "") +
       (w.load_progress != null ? ` ${Math.round(100 * w.load_progress)}%` : "");
     return el("tr", { "data-model": w.model },
@@ -97,6 +106,7 @@
       el("td", { class: "num tps", title: "completion tokens per second, mean of the last minute" },
          rate(w.tokens_per_s)),
       el("td", { class: "num", title: hitsTitle }, hits),
+      el("td", { class: "num kv", title: kvTitle }, kv),
       el("td", { class: "num", title: draftTitle }, draft),
       el("td", { class: "restarts", title: causes(w) }, String(w.restarts) + (w.restarts ? ` (${causes(w)})` : "")),
       actions(w));
