@@ -147,6 +147,45 @@ PATHS = Kind("a list of paths (strings)", tuple[Path, ...], lambda t: _expanded(
              show=lambda v: ", ".join(map(str, v)))
 
 
+# Settings one model may set for itself (`--model-setting MODEL:KEY=VALUE`, or a table
+# `[model_settings."MODEL"]` in the file): its workers get them instead of the server's.
+# The KV format is a model's own choice: a model whose quality suffers at 4 bits keeps 8
+# while another runs at 4 under the same --kv-budget.
+PER_MODEL = ("kv_bits", "kv_group_size")
+
+
+def _model_setting(text: str) -> str:
+    """"MODEL:KEY=VALUE", checked (KEY one of PER_MODEL, VALUE what that setting takes)
+    and normalized. MODEL is as --model names it (it may hold colons: ollama:NAME:TAG)."""
+    model, _, rest = text.strip().rpartition(":")
+    key, eq, value = rest.partition("=")
+    key = key.strip().replace("-", "_")
+    if not model or not eq or key not in PER_MODEL:
+        raise ValueError(f"not MODEL:SETTING=VALUE with a SETTING of "
+                         f"{', '.join(PER_MODEL)}: {text!r}")
+    return f"{model}:{key}={BY_NAME[key].kind.parse(value)}"
+
+
+def _model_settings_toml(value) -> tuple[str, ...]:
+    """A table of tables ({MODEL: {KEY: VALUE}}), or a list of "MODEL:KEY=VALUE"."""
+    if isinstance(value, list):
+        return _list_of(_model_setting)(value)
+    if not isinstance(value, dict) or not all(isinstance(t, dict) for t in value.values()):
+        raise TypeError
+    items = []
+    for model, table in value.items():
+        for key, v in table.items():
+            setting = BY_NAME.get(key.replace("-", "_"))  # (any other key: refused below)
+            items.append(f"{model}:{key}={setting.kind.toml(v) if setting else v}")
+    return tuple(map(_model_setting, items))
+
+
+MODEL_SETTINGS = Kind(f"a list of MODEL:SETTING=VALUE, or a table of tables "
+                      f"[model_settings.\"MODEL\"] (settings: {', '.join(PER_MODEL)})",
+                      tuple[str, ...], _model_setting, _model_settings_toml, ",",
+                      show=", ".join)
+
+
 # ---- the table ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -338,6 +377,9 @@ SETTINGS: tuple[Setting, ...] = (
       worker=True),
     S("kv_group_size", INT, 64, "values per scale and bias of a quantized KV cache (32, 64 "
       "or 128; must divide the model's head dimension)", worker=True),
+    S("model_settings", MODEL_SETTINGS, (), "a setting for one model's workers instead of "
+      "the server's, as MODEL:SETTING=VALUE (e.g. demo:kv_bits=8; SETTING one of "
+      f"{', '.join(PER_MODEL)}); repeatable", flag="--model-setting"),
     # Decode steps that come faster than this travel (and stream) together: one message and
     # one SSE chunk per interval instead of per token. Real models on Apple Silicon take
     # longer than this per token, so for them every token still goes out at once.
@@ -394,10 +436,24 @@ def add_flag(parser: argparse.ArgumentParser, setting: Setting, default: Any = N
 
 # ---- the worker's side -------------------------------------------------------------------
 
-def worker_argv(values: Any) -> list[str]:
+def worker_argv(values: Any, model: str | None = None) -> list[str]:
     """The flags a worker gets from the server's configuration (any object with the
-    settings as attributes): every worker setting, as `worker_parser` reads it back."""
-    return [arg for s in WORKER_SETTINGS for arg in s.argv(getattr(values, s.name))]
+    settings as attributes): every worker setting, as `worker_parser` reads it back; for
+    `model`, its own --model-setting values instead of the server's."""
+    own = model_overrides(values, model) if model is not None else {}
+    return [arg for s in WORKER_SETTINGS
+            for arg in s.argv(own[s.name] if s.name in own else getattr(values, s.name))]
+
+
+def model_overrides(values: Any, model: str) -> dict[str, Any]:
+    """{setting: value} that --model-setting gives `model` (the last one given wins)."""
+    own = {}
+    for item in getattr(values, "model_settings", ()) or ():
+        name, _, rest = item.rpartition(":")
+        key, _, value = rest.partition("=")
+        if name == model:
+            own[key] = BY_NAME[key].kind.parse(value)
+    return own
 
 
 def worker_parser(prog: str = "python -m worker", description: str | None = None

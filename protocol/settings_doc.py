@@ -46,7 +46,17 @@ port = 8081
 queue_timeout = 30
 kv_budget = "2G"
 log_prompts = false
+kv_bits = 8
+
+# One model's own settings (tables come after the plain keys): its workers run with these
+# instead of the server's. The KV format (kv_bits, kv_group_size) is per model.
+[model_settings."mlx-community/Qwen2.5-7B-Instruct-4bit"]
+kv_bits = 4
+kv_group_size = 32
 ```
+
+As a flag or variable, one model's setting is `MODEL:SETTING=VALUE`
+(`--model-setting demo:kv_bits=8`); the last one given for a model and setting wins.
 
 `mlxd --print-config` prints every setting's effective value and where it came from
 (`flag --port`, `env MLXD_PORT`, `file PATH`, `default`), then exits without starting

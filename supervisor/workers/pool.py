@@ -59,10 +59,11 @@ log = logging.getLogger("mlxd.pool")
 GATE_POLL_S = 0.25
 
 
-def worker_args(config: Config) -> list[str]:
-    """Flags every worker gets from the server's configuration: the worker settings of
-    the one table (protocol/settings.py), which the worker's parser reads back."""
-    return worker_argv(config)
+def worker_args(config: Config, model: str | None = None) -> list[str]:
+    """Flags `model`'s workers get from the server's configuration: the worker settings of
+    the one table (protocol/settings.py), which the worker's parser reads back, with the
+    model's own --model-setting values."""
+    return worker_argv(config, model)
 
 
 def process_link_factory(config: Config, model: str, runtime_dir: Path,
@@ -72,7 +73,7 @@ def process_link_factory(config: Config, model: str, runtime_dir: Path,
 
     def make(epoch: int) -> ProcessLink:
         return ProcessLink(epoch=epoch, model=model, name=model, runtime_dir=runtime_dir,
-                           ctx=ctx, worker_args=worker_args(config), python=sys.executable,
+                           ctx=ctx, worker_args=worker_args(config, model), python=sys.executable,
                            hosts=hosts, state_dir=config.state_dir)
     return make
 

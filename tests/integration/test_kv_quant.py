@@ -1,5 +1,5 @@
-"""--kv-bits end to end: the real supervisor and an 8-bit KV worker answer the official
-client, batched requests give what each gives alone, and mlxctl status and /metrics show
+"""--kv-bits end to end: the real supervisor and an 8-bit KV worker (its model's own
+--model-setting over the server's --kv-bits) answer the official client, batched requests give what each gives alone, and mlxctl status and /metrics show
 the format, the bytes one token takes and the tokens held."""
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ def kvq_model(models_dir):
 
 
 def test_an_8_bit_kv_worker_serves_batches_and_shows_its_bytes_per_token(kvq_model):
-    with ServerProcess([str(kvq_model)], "--kv-bits", "8", "--kv-group-size", "32") as srv:
+    # (The server's format is 4 bits in groups of 64; this model's own settings, 8 bits in
+    # groups of 32, are what its worker runs with.)
+    with ServerProcess([str(kvq_model)], "--kv-bits", "4", "--model-setting",
+                       f"{kvq_model}:kv_bits=8", "--model-setting",
+                       f"{kvq_model}:kv_group_size=32") as srv:
         srv.wait_healthy()
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
         model = str(kvq_model)

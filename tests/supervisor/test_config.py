@@ -285,3 +285,49 @@ def test_a_bad_configuration_is_one_line_and_status_2(tmp_path, config, argv, en
     assert out.returncode == 2 and out.stdout == ""
     assert len(out.stderr.splitlines()) == 1 and out.stderr.startswith("mlxd: ")
     assert all(w in out.stderr for w in words), out.stderr
+
+
+def test_a_model_has_its_own_kv_settings_from_file_env_or_flag(tmp_path):
+    """--model-setting / [model_settings."MODEL"]: that model's workers get its KV format,
+    every other model the server's (protocol/settings.py PER_MODEL)."""
+    from protocol.settings import worker_argv, worker_parser
+
+    def kv(config, model):
+        args = worker_parser().parse_args(["--model", model, "--commands", "c", "--events", "e",
+                                           "--epoch", "1", *worker_argv(config, model)])
+        return args.kv_bits, args.kv_group_size
+
+    path = write(tmp_path / "c.toml", 'kv_bits = 4\nmodels = ["demo", "ollama:qwen:7b"]\n'
+                 '[model_settings."demo"]\nkv_bits = 8\nkv-group-size = 32\n'
+                 '[model_settings."ollama:qwen:7b"]\nkv_group_size = 128\n')
+    c = cfg(["--config", str(path)])
+    assert c.model_settings == ("demo:kv_bits=8", "demo:kv_group_size=32",
+                                "ollama:qwen:7b:kv_group_size=128")
+    assert kv(c, "demo") == (8, 32) and kv(c, "ollama:qwen:7b") == (4, 128)
+    assert kv(c, "other") == (4, 64)
+    c = cfg(["--config", str(path)], {"MLXD_MODEL_SETTING": "other:kv-bits=8, demo:kv_bits=4"})
+    assert kv(c, "other") == (8, 64) and kv(c, "demo") == (4, 64)
+    c = cfg(["--model-setting", "demo:kv_bits=8", "--model-setting", "demo:kv_bits=4"])
+    assert kv(c, "demo") == (4, 64) and kv(c, "x") == (None, 64)  # the last one wins
+
+
+@pytest.mark.parametrize("toml,argv,message", [
+    ('[model_settings."demo"]\nport = 1\n', None, "model_settings must be a list of "
+     "MODEL:SETTING=VALUE, or a table of tables"),
+    ('[model_settings."demo"]\nkv_bits = "8"\n', None, "model_settings must be"),
+    ('model_settings = ["demo=8"]\n', None, "model_settings must be"),
+    (None, ["--model-setting", "demo:kv_bits=eight"], "argument --model-setting: not a "
+     "list of MODEL:SETTING=VALUE"),
+    (None, ["--model-setting", "demo:max_batch_size=2"], "(settings: kv_bits, "
+     "kv_group_size): 'demo:max_batch_size=2'"),
+])
+def test_a_bad_model_setting_is_a_clear_error(tmp_path, capsys, toml, argv, message):
+    if toml is not None:
+        path = write(tmp_path / "c.toml", toml)
+        with pytest.raises(ConfigError) as e:
+            cfg(["--config", str(path)])
+        assert e.value.message.startswith(f"{path}: {message}")
+        return
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
