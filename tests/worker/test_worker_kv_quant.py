@@ -227,3 +227,18 @@ def test_a_rotating_cache_cannot_be_quantized_yet(kvq, tmp_path):
     with pytest.raises(LoadError, match="RotatingKVCache"):
         startup_batch(engine, worker_args(tmp_path, "--kv-bits", "8", "--kv-group-size",
                                           "32", "--max-kv-size", "64"), path)
+
+
+def test_kv_bits_0_is_full_precision_and_a_vision_model_refuses_kv_bits(kvq, tmp_path):
+    """0 lets one model opt out of a server-wide --kv-bits (--model-setting M:kv_bits=0);
+    a vision model, whose image prefill hands over a full-precision cache, refuses to load
+    with --kv-bits rather than run at full precision unasked."""
+    from worker.loading.kinds import _start_vision
+
+    engine, path = kvq
+    batch = startup_batch(engine, worker_args(tmp_path, "--kv-bits", "0",
+                                              "--prompt-cache-bytes", "0"), path)
+    assert not batch.kv_format.quantized
+    with pytest.raises(LoadError, match="vision model cannot hold a quantized KV cache.*"
+                                        "kv_bits=0"):
+        _start_vision(None, worker_args(tmp_path, "--kv-bits", "8"))

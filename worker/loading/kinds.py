@@ -10,7 +10,6 @@ its own kind runs (a speech worker never imports mlx-vlm, a text worker never ml
 
 from __future__ import annotations
 
-import argparse
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,10 +111,12 @@ def _start_vision(loaded, args):
     from worker.vision.engine import VisionEngine
     from worker.vision.language import shared_language_model
 
-    if args.kv_bits is not None:  # (a server-wide setting: the text models keep it; an
-        # image's prefill hands over mlx-vlm's full-precision cache, not quantized yet)
-        log.warning("--kv-bits does not apply to vision models yet: full-precision KV")
-        args = argparse.Namespace(**{**vars(args), "kv_bits": None})
+    if args.kv_bits:  # (never silently full precision: the model opts out by its own 0)
+        from worker.errors import LoadError
+
+        raise LoadError("--kv-bits: a vision model cannot hold a quantized KV cache yet (an "
+                        "image's prefill hands over mlx-vlm's full-precision cache); give "
+                        "this model full precision: --model-setting MODEL:kv_bits=0")
     lm = shared_language_model(loaded.model, loaded.path)
     engine = VisionEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                           args.prefill_step, loaded.vocab_size, lm=lm)
