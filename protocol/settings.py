@@ -151,7 +151,7 @@ PATHS = Kind("a list of paths (strings)", tuple[Path, ...], lambda t: _expanded(
 # `[model_settings."MODEL"]` in the file): its workers get them instead of the server's.
 # The KV format is a model's own choice: a model whose quality suffers at 4 bits keeps 8
 # while another runs at 4 under the same --kv-budget.
-PER_MODEL = ("kv_bits", "kv_group_size")
+PER_MODEL = ("kv_bits", "kv_group_size", "quantized_kv_start")
 
 
 def _model_setting(text: str) -> str:
@@ -377,6 +377,10 @@ SETTINGS: tuple[Setting, ...] = (
       worker=True),
     S("kv_group_size", INT, 64, "values per scale and bias of a quantized KV cache (32, 64 "
       "or 128; must divide the model's head dimension)", worker=True),
+    S("quantized_kv_start", INT, 0, "with --kv-bits: tokens a sequence holds at full "
+      "precision before its KV is quantized (short prompts stay full precision; a batch "
+      "converts once one of its sequences passes it; 0: from the first token)",
+      worker=True),
     S("model_settings", MODEL_SETTINGS, (), "a setting for one model's workers instead of "
       "the server's, as MODEL:SETTING=VALUE (e.g. demo:kv_bits=8; SETTING one of "
       f"{', '.join(PER_MODEL)}); repeatable", flag="--model-setting"),

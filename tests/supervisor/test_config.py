@@ -309,6 +309,12 @@ def test_a_model_has_its_own_kv_settings_from_file_env_or_flag(tmp_path):
     assert kv(c, "other") == (8, 64) and kv(c, "demo") == (4, 64)
     c = cfg(["--model-setting", "demo:kv_bits=8", "--model-setting", "demo:kv_bits=4"])
     assert kv(c, "demo") == (4, 64) and kv(c, "x") == (None, 64)  # the last one wins
+    c = cfg(["--model-setting", "demo:quantized_kv_start=512"])
+    def start(model):
+        argv = worker_argv(c, model)
+        return argv[argv.index("--quantized-kv-start") + 1]
+
+    assert (start("demo"), start("x")) == ("512", "0")
 
 
 @pytest.mark.parametrize("toml,argv,message", [
@@ -319,7 +325,7 @@ def test_a_model_has_its_own_kv_settings_from_file_env_or_flag(tmp_path):
     (None, ["--model-setting", "demo:kv_bits=eight"], "argument --model-setting: not a "
      "list of MODEL:SETTING=VALUE"),
     (None, ["--model-setting", "demo:max_batch_size=2"], "(settings: kv_bits, "
-     "kv_group_size): 'demo:max_batch_size=2'"),
+     "kv_group_size, quantized_kv_start): 'demo:max_batch_size=2'"),
 ])
 def test_a_bad_model_setting_is_a_clear_error(tmp_path, capsys, toml, argv, message):
     if toml is not None:

@@ -44,7 +44,7 @@ def test_the_worker_takes_the_settings_it_always_took():
         "stream_interval", "log_prompts", "kv_budget", "max_batch_size",
         "prefill_batch_size", "prompt_cache_bytes", "prompt_cache_ttl", "kv_disk_bytes", "warm_prompt",
         "max_kv_size",
-        "kv_bits", "kv_group_size", "gguf_dtype", "quantize",
+        "kv_bits", "kv_group_size", "quantized_kv_start", "gguf_dtype", "quantize",
         # a worker group's ranks: how to shard, the per-host memory check's factor, and how
         # long the leader waits for the other ranks to join
         "sharding", "memory_factor", "group_join_timeout",

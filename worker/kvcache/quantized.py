@@ -18,9 +18,15 @@ model's cache are quantized (its attention layers; a recurrent layer's state sta
 full precision), checked once at load so that a model whose cache or attention cannot
 hold quantized keys is a load error, never silently full precision.
 
-(The per-sequence quantization start of mlx-lm's generate, `--quantized-kv-start`, is not
-here: a batch's layers are one array per layer for every row, so a row cannot be plain
-while its neighbours are quantized.)
+`--quantized-kv-start N` (as mlx-lm's generate has it) keeps short sequences at full
+precision: a sequence starts with mlx-lm's plain cache and its batch converts once one of
+its rows holds more than N tokens (`pass_start`, after each step). A batch is one array per
+layer for every row, so a row cannot stay plain while a neighbour is quantized: the batch
+converts as a whole, and a plain cache that joins a quantized batch (a new prompt, a
+prefix from the cache) is quantized as it joins (`_merge_caches`, `_extend_cache` of
+mlx-lm's generator, wrapped). A state stored from the batch is in the format it had then
+(mlx-lm's KVCache or QuantizedKVCache), and the start is part of the format's tag, so a
+snapshot is resumed only by a worker of the same format and start.
 """
 
 from __future__ import annotations
@@ -29,8 +35,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import mlx.core as mx
-from mlx_lm.models.cache import (CacheList, ChunkedKVCache, KVCache, QuantizedKVCache,
-                                 RotatingKVCache, create_attention_mask, make_prompt_cache)
+from mlx_lm.models.cache import (BatchKVCache, CacheList, ChunkedKVCache, KVCache,
+                                 QuantizedKVCache, RotatingKVCache, create_attention_mask,
+                                 make_prompt_cache)
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)   # what mx.quantize accepts
@@ -45,6 +52,7 @@ class KVFormat:
     """How attention keys and values are stored: `bits` None is full precision."""
     bits: Optional[int] = None
     group_size: int = 64
+    start: int = 0   # --quantized-kv-start: tokens a sequence holds at full precision
 
     @property
     def quantized(self) -> bool:
@@ -53,17 +61,56 @@ class KVFormat:
     @property
     def tag(self) -> str:
         """The format in a snapshot's identity: "" for full precision (identities of
-        full-precision snapshots are what they always were), else "q8g64"."""
-        return f"q{self.bits}g{self.group_size}" if self.quantized else ""
+        full-precision snapshots are what they always were), else "q8g64" (with a
+        start: "q8g64s1024")."""
+        if not self.quantized:
+            return ""
+        return f"q{self.bits}g{self.group_size}" + (f"s{self.start}" if self.start else "")
+
+    @property
+    def from_the_first(self) -> "KVFormat":
+        """This format quantized from the first token (what a long sequence comes to)."""
+        return KVFormat(self.bits, self.group_size)
 
     def make(self, model, max_kv_size: Optional[int] = None) -> list:
         """A fresh cache for one sequence: the model's own, its attention layers
-        quantized."""
+        quantized (with a start: plain, until its batch passes the start)."""
         cache = make_prompt_cache(model, max_kv_size)
         if not self.quantized:
             return cache
         install()
-        return self.convert(cache)
+        return self.convert(cache) if not self.start else cache
+
+    def pass_start(self, gen) -> None:
+        """After a step of mlx-lm's BatchGenerator `gen`: once a row of its prompt or
+        generation batch holds more than `start` tokens, both batches are quantized."""
+        if not self.quantized or not self.start:
+            return
+        batches = [b.prompt_cache for b in (gen._prompt_batch, gen._generation_batch)
+                   if b.prompt_cache]
+        plain = [c for cache in batches for c in cache
+                 if type(c) is BatchKVCache and c.keys is not None]
+        if not plain or max(int(mx.max(c.offset).item()) for c in plain) <= self.start:
+            return
+        for cache in batches:
+            cache[:] = [self.quantize_batch(c) for c in cache]
+
+    def quantize_batch(self, c):
+        """mlx-lm's BatchKVCache as the batched quantized cache, row for row (its left
+        padding and lengths kept); anything else as it is."""
+        if type(c) is not BatchKVCache:
+            return c
+        q = _batch_class()(c.left_padding.tolist(), group_size=self.group_size,
+                           bits=self.bits)
+        q.left_padding, q.offset = c.left_padding, c.offset
+        q._right_padding = getattr(c, "_right_padding", None)
+        if c.keys is not None and c._idx > 0:
+            q.keys = mx.quantize(c.keys[..., : c._idx, :], group_size=self.group_size,
+                                 bits=self.bits)
+            q.values = mx.quantize(c.values[..., : c._idx, :], group_size=self.group_size,
+                                   bits=self.bits)
+            q._idx = c._idx
+        return q
 
     def convert(self, cache: list) -> list:
         return [self._layer(c) for c in cache]
@@ -101,7 +148,7 @@ class KVFormat:
             raise FormatError(f"--kv-bits: --kv-group-size {self.group_size} does not divide "
                               f"this model's head dimension ({', '.join(map(str, sorted(dims)))}"
                               "); choose a group size that does, or leave --kv-bits unset")
-        cache = self.make(model, max_kv_size)
+        cache = self.from_the_first.make(model, max_kv_size)
         if not any(isinstance(c, QuantizedKVCache) for c in _flat(cache)):
             raise FormatError(f"--kv-bits: this model ({model_type or 'its family'}) has no "
                               "attention KV cache to quantize; leave --kv-bits unset")
@@ -214,9 +261,35 @@ def _batch_class():
 
 def install() -> None:
     """mlx-lm's QuantizedKVCache made batchable: BatchGenerator merges a prompt batch's
-    caches by the first one's `merge`. Idempotent."""
+    caches by the first one's `merge`; and plain caches that meet quantized ones in its
+    merge or extend (--quantized-kv-start) quantized to match. Idempotent."""
     if getattr(QuantizedKVCache, "mlxd_batch", False):
         return
+    import importlib
+
+    generate = importlib.import_module("mlx_lm.generate")  # (mlx_lm.generate: a function)
     QuantizedKVCache.merge = classmethod(lambda cls, caches: _batch_class().merge(caches))
     QuantizedKVCache.size = lambda self: self.offset
     QuantizedKVCache.mlxd_batch = True
+
+    merge, extend = generate._merge_caches, generate._extend_cache
+
+    def _merge_caches(caches):
+        for i in range(len(caches[0]) if caches else 0):
+            q = next((c[i] for c in caches if type(c[i]) is QuantizedKVCache), None)
+            if q is not None:
+                for c in caches:
+                    if type(c[i]) is KVCache:
+                        c[i] = (c[i].to_quantized(group_size=q.group_size, bits=q.bits)
+                                if c[i].keys is not None
+                                else QuantizedKVCache(group_size=q.group_size, bits=q.bits))
+        return merge(caches)
+
+    def _extend_cache(cache_a, cache_b):
+        for a, b in ((cache_a, cache_b), (cache_b, cache_a)):
+            for i in range(min(len(a or ()), len(b or ()))):
+                if type(a[i]) is BatchKVCache and isinstance(b[i], _batch_class()):
+                    a[i] = KVFormat(b[i].bits, b[i].group_size).quantize_batch(a[i])
+        return extend(cache_a, cache_b)
+
+    generate._merge_caches, generate._extend_cache = _merge_caches, _extend_cache

@@ -20,11 +20,11 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
     cache, named KV snapshots too (on disk under STATE_DIR/kv/MODEL-IDENTITY; a group's
     ranks, each with its own shard of every state, under MODEL-IDENTITY-`shard`). `cls`:
     the batch's class (a vision-language model's: worker/vision/batch.py)."""
-    from worker.loop.batch import Batch, ChunkSizer, KVSize, StepMemory
+    from worker.loop.batch import Batch, ChunkSizer, StepMemory
     from worker.errors import LoadError
 
     kv_format = kv_format_of(engine, args)
-    kv = KVSize.measure(engine.model, args.max_kv_size, kv_format)
+    kv = kv_size(engine.model, args.max_kv_size, kv_format)
     mtp_head = None
     if args.speculative == "mtp" and not shard:  # (worker/speculative/mtp.py)
         from worker.speculative.mtp import load_head
@@ -69,13 +69,29 @@ def kv_format_of(engine, args):
     from worker.errors import LoadError
     from worker.kvcache.quantized import FormatError, KVFormat
 
-    kv_format = KVFormat(args.kv_bits or None, args.kv_group_size)  # (0: full precision)
+    kv_format = KVFormat(args.kv_bits or None, args.kv_group_size,  # (0: full precision)
+                         args.quantized_kv_start if args.kv_bits else 0)
     try:
         model_type = getattr(getattr(engine.model, "args", None), "model_type", "")
         kv_format.check(engine.model, args.max_kv_size, model_type)
     except FormatError as e:
         raise LoadError(str(e)) from None
     return kv_format
+
+
+def kv_size(model, window, kv_format):
+    """What a sequence's KV takes. With --quantized-kv-start N its first N tokens may be
+    held at full precision: the quantized bytes per token, plus what N tokens take more at
+    full precision (a bound for every length)."""
+    from worker.loop.batch import KVSize
+
+    kv = KVSize.measure(model, window, kv_format.from_the_first if kv_format.quantized
+                        else kv_format)
+    if not kv_format.start:
+        return kv
+    plain = KVSize.measure(model, window)
+    return KVSize(kv.per_token, int(kv.per_sequence + (plain.per_token - kv.per_token)
+                                    * kv_format.start), window)
 
 
 def _kvcache(engine, args, path, shard: str = "", kv_format=None):
