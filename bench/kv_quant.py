@@ -18,6 +18,11 @@ For full precision, 8 and 4 bits (groups of --group-size):
   and the mean first position where they differ;
 - aggregate decode tokens/s at 1 and 8 streams (prompts of --speed-prompt tokens), and
   the ratio to full precision.
+--formats chooses what is measured: full, 8 and 4 (groups of --group-size), 4g32 (4 bits in
+groups of 32), and mlx-vlm's TurboQuant (`tq4`: 4-bit keys and values, `tq5v4`: 5-bit keys,
+4-bit values; rotated vectors, a Lloyd-Max codebook and one norm per vector). TurboQuant is
+not a format mlxd's batch runs: its attention is mlx-vlm's, put in the model's module for
+this run, so it gets bytes and perplexity only.
 A random-weight shape (--shape) has no meaningful text: bytes, context and speed only.
 Goals (issue "a quantized KV cache"): 8 bits <= 0.55 x the bytes, perplexity within 1 %,
 >= 0.9 x the speed; 4 bits <= 0.3 x the bytes, perplexity within 5 %.
@@ -32,6 +37,7 @@ import time
 from pathlib import Path
 
 from bench.report import goal, print_table
+from supervisor.workers import blas
 
 TEXT = Path(__file__).resolve().parent / "texts" / "genesis-1-4-kjv.txt"
 GIB = 1 << 30
@@ -61,6 +67,65 @@ def load(args):
     model, tokenizer = mlx_load(str(path))
     ids = tokenizer.encode(args.text.read_text())
     return model, ids, f"{path.name if args.model else 'demo (SmolLM2-135M-Instruct)'}"
+
+
+class TurboQuant:
+    """mlx-vlm's TurboQuant KV cache for an mlx-lm model, as a format bench rows can measure
+    (`make` a sequence's cache; `tokens_within` from its bytes after 256 tokens, its
+    allocation step)."""
+    quantized = True
+
+    def __init__(self, key_bits: float, value_bits: float):
+        self.key_bits, self.value_bits = key_bits, value_bits
+
+    def make(self, model, max_kv_size=None) -> list:
+        import sys
+
+        import mlx_vlm.models.base as vlm_base
+        from mlx_lm.models.cache import KVCache, make_prompt_cache
+        from mlx_vlm.turboquant import TurboQuantKVCache
+
+        # (mlx-vlm's attention: TurboQuant's own kernels, else mlx-lm's two paths.)
+        sys.modules[type(model).__module__].scaled_dot_product_attention = \
+            vlm_base.scaled_dot_product_attention
+        bits = (self.key_bits + self.value_bits) / 2
+        return [TurboQuantKVCache(bits, key_bits=self.key_bits, value_bits=self.value_bits)
+                if type(c) is KVCache else c for c in make_prompt_cache(model, max_kv_size)]
+
+    def check(self, model) -> None:
+        pass
+
+    def size(self, model):
+        import mlx.core as mx
+
+        from worker.loop.batch import KVSize
+
+        cache = self.make(model)
+        model(mx.zeros((1, 256), dtype=mx.int32), cache=cache)
+        mx.eval([c.state for c in cache])
+        return KVSize(sum(c.nbytes for c in cache) / 256, 0, None)
+
+
+def formats_of(spec: str, group_size: int) -> dict:
+    """--formats: {row name: format}."""
+    import re
+
+    from worker.kvcache.quantized import KVFormat
+
+    out = {}
+    for word in spec.split(","):
+        word = word.strip()
+        if word == "full":
+            out["full"] = KVFormat()
+        elif m := re.fullmatch(r"(4|8)(?:g(\d+))?", word):
+            g = int(m[2] or group_size)
+            out[f"{m[1]}-bit" + (f" g{g}" if m[2] else "")] = KVFormat(int(m[1]), g)
+        elif m := re.fullmatch(r"tq(\d)(?:v(\d))?", word):
+            k, v = int(m[1]), int(m[2] or m[1])
+            out[f"TurboQuant k{k}v{v}"] = TurboQuant(k, v)
+        else:
+            raise SystemExit(f"--formats: not full, 8, 4, 4g32 or tq4/tq5v4: {word!r}")
+    return out
 
 
 def perplexity(model, fmt, ids: list[int], chunk: int) -> float:
@@ -119,6 +184,22 @@ def agreement(ref: list, other: list) -> tuple[float, float]:
     return same / total, sum(firsts) / len(firsts)
 
 
+def goal_of(name: str, eight: float, four: float):
+    """The issue's goal for a format's row: 8 bits', or 4 bits' (TurboQuant's too)."""
+    if name.startswith("8-bit"):
+        return eight
+    return four if name != "full" else None
+
+
+class Rows(list):
+    """The table's rows, each also said on stderr as it comes (a run cut short keeps
+    what it measured)."""
+
+    def append(self, row) -> None:
+        progress("  ".join(map(str, row)))
+        super().append(row)
+
+
 def progress(what: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
 
@@ -131,6 +212,9 @@ def main() -> None:
                    "instead: bytes and speed only")
     p.add_argument("--text", type=Path, default=TEXT)
     p.add_argument("--group-size", type=int, default=64)
+    p.add_argument("--formats", default="full,8,4,4g32,tq4,tq5v4",
+                   help="what to measure (the first is the reference): full, 8, 4, 4g32, "
+                   "tq4, tq5v4 (default: %(default)s)")
     p.add_argument("--chunk", type=int, default=512, help="perplexity's prefill chunk")
     p.add_argument("--text-tokens", type=int, default=None,
                    help="perplexity over the text's first this many tokens (default: all)")
@@ -138,6 +222,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=512, help="generated per agreement prompt")
     p.add_argument("--speed-prompt", type=int, default=512)
     p.add_argument("--speed-tokens", type=int, default=64)
+    p.add_argument("--streams", default="1,8", help="decode speed at these stream counts")
     args = p.parse_args()
 
     import mlx.core as mx
@@ -148,18 +233,19 @@ def main() -> None:
     model, ids, what = load(args)
     if ids is not None and args.text_tokens:
         ids = ids[: args.text_tokens]
-    formats = {"full": KVFormat(), "8-bit": KVFormat(8, args.group_size),
-               "4-bit": KVFormat(4, args.group_size)}
+    formats = formats_of(args.formats, args.group_size)
+    batched = {n: f for n, f in formats.items() if isinstance(f, KVFormat)}
     if not args.shape:
         for fmt in formats.values():
             fmt.check(model)
     # (256 tokens: MLX 0.32.4's CUDA quantized_matmul has no kernel for a few keys.)
-    rows, base = [], {}
+    rows, base = Rows(), {}
     for name, fmt in formats.items():
-        kv = KVSize.measure(model, None, fmt, tokens=256)
+        kv = KVSize.measure(model, None, fmt, tokens=256) if isinstance(fmt, KVFormat) \
+            else fmt.size(model)
         base.setdefault("bytes", kv.per_token)
         ratio = kv.per_token / base["bytes"]
-        target = {"8-bit": 0.55, "4-bit": 0.3}.get(name)
+        target = goal_of(name, 0.55, 0.3)
         rows.append((f"{name}: KV bytes per token", f"{kv.per_token:,.0f} ({ratio:.3f} x)",
                      goal(ratio, "<=", target) if target else ""))
         rows.append((f"{name}: longest context in a 1 GiB budget",
@@ -170,13 +256,13 @@ def main() -> None:
             ppl = perplexity(model, fmt, ids, args.chunk)
             base.setdefault("ppl", ppl)
             rel = ppl / base["ppl"] - 1
-            target = {"8-bit": 0.01, "4-bit": 0.05}.get(name)
+            target = goal_of(name, 0.01, 0.05)
             rows.append((f"{name}: perplexity ({len(ids):,} tokens)",
                          f"{ppl:.3f} ({rel:+.2%})", goal(rel, "<=", target) if target else ""))
         span = max(1, (len(ids) - 64) // args.prompts)
         prompts = [ids[i * span: i * span + 64] for i in range(args.prompts)]
         ref = None
-        for name, fmt in formats.items():
+        for name, fmt in batched.items():
             progress(f"agreement, {name}")
             out, _ = generate(model, fmt, prompts, args.tokens)
             if ref is None:
@@ -187,10 +273,10 @@ def main() -> None:
                          f"{share:.1%} of tokens, first difference at {first:.0f} (mean)",
                          ""))
     vocab = model.args.vocab_size
-    for streams in (1, 8):
+    for streams in map(int, args.streams.split(",")):
         prompts = [[(7 + 31 * (s * args.speed_prompt + i)) % vocab
                     for i in range(args.speed_prompt)] for s in range(streams)]
-        for name, fmt in formats.items():
+        for name, fmt in batched.items():
             progress(f"speed, {streams} stream(s), {name}")
             try:
                 generate(model, fmt, [q[:64] for q in prompts], 4)  # (compiles kernels)
@@ -203,10 +289,11 @@ def main() -> None:
             ratio = speed / base[streams]
             rows.append((f"{name}: decode tok/s, {streams} stream(s), {args.speed_prompt}-token "
                          "prompts", f"{speed:,.1f} ({ratio:.2f} x)",
-                         goal(ratio, ">=", 0.9) if name == "8-bit" else ""))
+                         goal(ratio, ">=", 0.9) if name.startswith("8-bit") else ""))
     device = mx.device_info().get("device_name", str(mx.default_device()))
     print_table(f"bench.kv_quant: {what} on {device}, groups of {args.group_size}", rows)
 
 
 if __name__ == "__main__":
+    blas.reexec()  # the raw engine here multiplies with the BLAS the workers use
     main()
