@@ -351,6 +351,12 @@ SETTINGS: tuple[Setting, ...] = (
       "own multi-token-prediction head (Qwen3.5/3.6-style `mtp.*` weights; a load error "
       "where it has none). Lossless. Predicted Outputs (a request's prediction) draft "
       "whatever this says", worker=True),
+    S("draft_model", STR, None, "a smaller model with the same tokenizer (a directory, a "
+      "GGUF, an HF repo id in the local cache, demo) loaded beside each text model to draft "
+      "for every sequence that may, in place of --speculative; its drafts verified in the "
+      "batch's step as any others (lossless). Not with --kv-bits or --max-kv-size (the "
+      "model refuses to load) nor for vision models or worker groups (off there)",
+      worker=True),
     S("max_draft_tokens", INT, 8, "longest draft a sequence proposes per step (each adapts "
       "its own below this; 0: no speculation, Predicted Outputs included)", worker=True),
     # Worker groups (worker/group/): one model over several MLX processes and hosts.

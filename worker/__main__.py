@@ -115,6 +115,9 @@ def main(argv=None) -> int:
         loaded = models.load(args.model, args.state_dir, args.max_context_tokens,
                              gguf_options=models.gguf_options(args), progress=progress)
         kind = KINDS[loaded.kind]
+        if args.draft_model and loaded.kind.value == "text":  # (found as MODEL is)
+            args.draft_model = str(models.resolve(args.draft_model, args.state_dir,
+                                                  models.gguf_options(args)))
         set_wired_limit()
         engine, batch = kind.start(loaded, args)  # warmed: the first request pays no compile
         bound_memory(loaded.path, args, getattr(batch, "kv_budget", 0))

@@ -49,7 +49,7 @@ def test_the_worker_takes_the_settings_it_always_took():
         # long the leader waits for the other ranks to join
         "sharding", "memory_factor", "group_join_timeout",
         # speculative decoding (worker/speculative/)
-        "speculative", "max_draft_tokens"}
+        "speculative", "max_draft_tokens", "draft_model"}
 
 
 def worker_values(argv: list[str], parser: argparse.ArgumentParser | None = None) -> dict:

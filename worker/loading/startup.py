@@ -43,6 +43,11 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
     kvcache = _kvcache(engine, args, path, shard, kv_format) \
         if args.prompt_cache_bytes > 0 else None
     step = max(1, args.prefill_step)
+    draft = None
+    if getattr(args, "draft_model", None):
+        from worker.loading.draft import load_draft
+        draft = load_draft(args.draft_model, args, engine,
+                           "text" if cls is None and not shard else "vision or group")
     Batch = cls or Batch
     batch = Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
@@ -52,6 +57,7 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
                  # a verification step is not one the followers know.)
                  speculative=args.speculative, max_draft=0 if shard else args.max_draft_tokens,
                  mtp_head=mtp_head,
+                 draft=draft,
                  # (Not a group's rank: each would measure its own shard, and every rank
                  # must run the chunk the leader chose: worker/group/follower.py.)
                  step_memory=None if shard else StepMemory.measure(

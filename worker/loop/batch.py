@@ -231,6 +231,7 @@ class Batch:
                  step_memory: Optional[StepMemory] = None,
                  kv_format: KVFormat = KVFormat(),
                  speculative: str = "none", max_draft: int = 8, mtp_head=None,
+                 draft=None,
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.max_size = max(1, max_size)
@@ -252,6 +253,7 @@ class Batch:
         # worker/speculative/recurrent.py; no rotating window, not quantized: its rows
         # are not yet trimmed that way). `mtp_head`: --speculative mtp's (mtp.py).
         self.prompt_lookup = speculative == "prompt-lookup"
+        self.draft = draft  # a draft model drafts instead (worker/speculative/draft_model.py)
         self.max_draft = max(0, max_draft)
         self.speculation = Speculation() if self.max_draft and max_kv_size is None \
             and not kv_format.quantized and recurrent.install(engine.model) else None
@@ -267,6 +269,8 @@ class Batch:
             stream=generation_stream)
         if self.speculation is not None:
             self.speculation.tracks.clear()
+            if self.draft is not None:
+                self.draft.reset()
             verify.attach(gen, self.speculation)
         return gen
 
@@ -376,6 +380,8 @@ class Batch:
         predicted = getattr(prep, "prediction", None)
         if predicted:
             drafter = Prediction(predicted)
+        elif self.draft is not None:
+            drafter = self.draft.row(uid, prep.ids)
         elif self.prompt_lookup:
             drafter = PromptLookup(prep.ids)
         elif isinstance(self.speculation, mtp.MTPSpeculation):

@@ -100,7 +100,10 @@ class Speculation:
         self.tracks[uid] = track
 
     def drop(self, uid: int) -> None:
-        self.tracks.pop(uid, None)
+        t = self.tracks.pop(uid, None)
+        close = getattr(t.drafter, "close", None) if t is not None else None
+        if close is not None:  # (a draft model's row leaves its batch)
+            close()
 
     def wants(self, uids) -> bool:
         """Whether this step verifies: some sequence is ready to draft and its drafter
@@ -125,6 +128,30 @@ class Speculation:
         if not draft:  # a step verified for nothing: as costly as a draft rejected
             t.pace.update(1, 0)
         return draft
+
+    def propose_all(self, uids, pending, rooms) -> list[list[int]]:
+        """`propose` for every sequence of the batch; drafters that share a draft model
+        (worker/speculative/draft_model.py) draft together, in one batched call, once
+        every sequence's pending token has joined its text."""
+        asks = {}  # draft model -> {uid: tokens wanted}
+        drafts = []
+        for uid, p, room in zip(uids, pending, rooms):
+            group = getattr(self.tracks.get(uid), "drafter", None)
+            group = getattr(group, "group", None)
+            if group is None:
+                drafts.append(self.propose(uid, p, room))
+                continue
+            t = self.tracks[uid]
+            t.drafter.extend([p])
+            if not t.pace.wants() or room <= 0:
+                t.pace.plain_step()
+            else:
+                asks.setdefault(group, {})[uid] = min(room, t.pace.length)
+            drafts.append(uid)  # (filled below)
+        got = {}
+        for group, ask in asks.items():
+            got.update(group.draft(ask))
+        return [got.get(d, []) if isinstance(d, int) else d for d in drafts]
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
                  following: int | None = None) -> None:

@@ -87,10 +87,9 @@ def verify(gb, spec) -> list | None:
     current = gb._next_tokens
     mx.eval(current, gb._next_logprobs)
     pending = current.tolist()
-    drafts = []
-    for i, uid in enumerate(gb.uids):
-        room = gb.max_tokens[i] - gb._num_tokens[i] - 1  # (the pending token takes one)
-        drafts.append(spec.propose(uid, pending[i], max(0, room)))
+    rooms = [max(0, gb.max_tokens[i] - gb._num_tokens[i] - 1)  # (the pending token
+             for i in range(n)]                                # takes one)
+    drafts = spec.propose_all(gb.uids, pending, rooms)
     width = 1 + max(len(d) for d in drafts)
     if width == 1 and not spec.always_verify:
         return None

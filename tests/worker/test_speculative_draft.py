@@ -1,0 +1,119 @@
+"""A draft model (worker/speculative/draft_model.py) inside the batch, on tiny float32
+random models: the target drafting for itself (every draft accepted: an honest check that
+the draft cache follows the target's text exactly) and another random model with the same
+tokenizer (most drafts rejected: its cache must drop them). Either way the text at
+temperature 0 is the one decoding gives without a draft, alone and in a batch of four
+beside sequences that do not draft; a seed reproduces; rows leave the draft's batch with
+their sequences."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from tests.generates import generate
+from tests.worker.batchrun import Seq, make_batch
+from tests.worker.test_speculative import FOUR, REPEATING, ids, run, text
+from worker.errors import LoadError
+from worker.loading.draft import load_draft
+from worker.speculative.draft_model import DraftModel
+
+
+@pytest.fixture(scope="module")
+def other_model(models_dir):
+    """A second random model of the tiny preset (another seed): the same tokenizer."""
+    from mlx_lm import load
+
+    from worker.demos.text import build_model
+
+    return load(str(build_model(models_dir / "tiny-seed1", "tiny", seed=1).path))[0]
+
+
+def test_the_target_drafting_for_itself_has_every_draft_accepted(engine):
+    req = {"p": dict(prompt="Hi there", max_tokens=40, temperature=0.0)}
+    without, _, plain_steps = run(engine, req)
+    with_, _, steps = run(engine, req, draft=DraftModel(engine.model, 64))
+    assert text(with_["p"]) == text(without["p"])
+    t = run.totals
+    assert t.drafted > 30 and t.accepted == t.drafted
+    assert steps < plain_steps / 3
+
+
+def test_greedy_text_is_identical_with_a_draft_model_alone_and_in_a_batch_of_four(
+        engine, other_model):
+    without, _, _ = run(engine, FOUR)
+    exact = ids(without["predicted"])
+    for draft in (engine.model, other_model):
+        group = DraftModel(draft, 64)
+        with_, seqs, _ = run(engine, FOUR, {"predicted": exact}, draft=group)
+        for name in FOUR:
+            assert ids(with_[name]) == ids(without[name]), name
+        t, pred = run.totals, seqs["predicted"]
+        by_model = t.drafted - pred.draft_accepted - pred.draft_rejected
+        if draft is engine.model:  # (the prediction's drafts: all accepted too)
+            assert by_model > 60 and t.accepted == t.drafted
+        else:                      # (another model: rejected, until its rows rest)
+            assert by_model > 8 and t.accepted - pred.draft_accepted < by_model
+        assert not group.rows and not group.order and not group.cache  # (all left)
+    alone, _, _ = run(engine, {"plain": FOUR["plain"]}, draft=DraftModel(other_model, 64))
+    assert ids(alone["plain"]) == ids(without["plain"])
+
+
+def test_a_seeded_sampled_request_with_a_draft_model_gives_the_same_text_twice(engine):
+    req = {"s": dict(prompt=REPEATING, max_tokens=40, temperature=0.9, seed=7)}
+    first, _, _ = run(engine, req, draft=DraftModel(engine.model, 64))
+    assert run.totals.accepted > 0
+    second, _, _ = run(engine, req, draft=DraftModel(engine.model, 64))
+    assert ids(first["s"]) == ids(second["s"])
+
+
+def test_the_draft_cache_holds_exactly_each_rows_text_after_drafts_were_rejected(
+        engine, other_model):
+    """After steps whose drafts were cut short, each row of the draft's batch cache is
+    the draft model's own cache of that sequence's text (prompt and output) so far,
+    nothing rejected left in it."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    group = DraftModel(other_model, 64)
+    b = make_batch(engine, draft=group)
+    seqs, out = {}, {}
+    for name in ("a", "b"):
+        prep = engine.prepare(generate(rid=name, prompt=REPEATING[: 20 + 30 * (name == "b")],
+                                       max_tokens=40, temperature=0.0))
+        seqs[name], out[name] = Seq(name), list(prep.ids)
+        b.add(seqs[name], prep)
+    for _ in range(8):
+        for seq, o in b.step():
+            if o[0] >= 0:
+                out[seq.rid].append(o[0])
+    assert b.speculation.totals.accepted < b.speculation.totals.drafted  # (rejections)
+    for name, seq in seqs.items():
+        row = group.rows[seq.uid]
+        row.settle()
+        i = group.order.index(seq.uid)
+        held = [c.extract(i) for c in group.cache]
+        want = make_prompt_cache(other_model)
+        read = out[name][: len(out[name]) - len(row.backlog)]  # (not yet: its backlog)
+        assert held[0].offset == len(read) > len(out[name]) - 10
+        other_model(mx.array([read]), cache=want)
+        for h, w in zip(held, want):
+            assert mx.allclose(h.keys, w.keys[..., : w.offset, :], atol=1e-4)
+
+
+def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_dir, tmp_path):
+    args = argparse.Namespace(max_draft_tokens=8, kv_bits=None, max_kv_size=None,
+                              state_dir=tmp_path, gguf_dtype="auto", quantize="none",
+                              prefill_step=64)
+    assert isinstance(load_draft(str(tiny_model), args, engine), DraftModel)
+    assert load_draft("", args, engine) is None
+    assert load_draft(str(tiny_model), args, engine, "vision") is None
+    with pytest.raises(LoadError, match="--kv-bits"):
+        load_draft(str(tiny_model), argparse.Namespace(**{**vars(args), "kv_bits": 8}),
+                         engine)
+    from worker.demos.text import build_model
+    other = build_model(models_dir / "tiny-other-vocab", "tiny",  # (more merges learnt)
+                        corpus=("a quokka and a zebra",) * 50).path
+    with pytest.raises(LoadError, match="another vocabulary"):
+        load_draft(str(other), args, engine)

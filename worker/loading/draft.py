@@ -1,0 +1,52 @@
+"""Loading `--draft-model` (worker/speculative/draft_model.py) beside a text model: where
+it cannot work, a LoadError that says why, or drafting off (said in the log), never a
+draft that would quietly do nothing or leave rejected tokens in a cache."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from worker.speculative.draft_model import DraftModel
+
+log = logging.getLogger("worker.loading.draft")
+
+
+def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[DraftModel]:
+    """`--draft-model` for this worker's model: None where it does not apply (no draft
+    asked, no speculation, a vision model or a worker group's rank: said in the log; a
+    group's ranks step together, and a draft is not a step the followers know); a
+    LoadError where it cannot work (another vocabulary, a KV cache that cannot give back
+    rejected positions)."""
+    import mlx_lm
+
+    from worker.errors import LoadError
+
+    if not spec:
+        return None
+    if batch_kind != "text" or not args.max_draft_tokens:
+        log.warning("--draft-model %s: off for this worker (%s)", spec,
+                    f"a {batch_kind}" if batch_kind != "text" else "--max-draft-tokens 0")
+        return None
+    if args.kv_bits is not None or args.max_kv_size is not None:
+        flag = "--kv-bits" if args.kv_bits is not None else "--max-kv-size"
+        raise LoadError(f"--draft-model does not work with {flag} yet (a quantized or "
+                        "rotating KV cache cannot give back a rejected draft)")
+    if not all(type(c) is KVCache for c in make_prompt_cache(engine.model)):
+        raise LoadError("--draft-model needs a model whose KV cache can give back a rejected "
+                        "draft (attention layers only: not a recurrent or sliding-window one)")
+    try:  # (`spec` is a directory: worker/__main__.py resolved it as it does MODEL)
+        model, tokenizer = mlx_lm.load(spec)
+    except Exception as e:
+        raise LoadError(f"could not load the draft model {spec}: {type(e).__name__}: "
+                        f"{e}"[:500]) from None
+    if tokenizer.get_vocab() != engine.tokenizer.get_vocab():
+        raise LoadError(f"the draft model {spec} has another vocabulary than the model it "
+                        "drafts for (both must share one tokenizer)")
+    if not all(type(c) is KVCache for c in make_prompt_cache(model)):
+        raise LoadError(f"the draft model {spec} has a KV cache that cannot give back a "
+                        "rejected draft (attention layers only)")
+    log.info("draft model %s loaded", spec)
+    return DraftModel(model, args.prefill_step)

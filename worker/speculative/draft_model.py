@@ -1,0 +1,168 @@
+"""A draft model (`--draft-model`): a second, smaller mlx-lm model in the same worker that
+guesses each speculating sequence's next tokens by decoding them itself, greedily.
+
+Why its own batch: drafting k tokens is k forward passes of the draft model, and a batch of
+sequences drafting one pass at a time would cost k x the batch's size; so every sequence
+drafting with it is a row of ONE batch KV cache (mlx-lm's BatchKVCache), and a draft is k
+batched passes for all of them (`DraftModel.draft`, asked once per verification step by
+worker/speculative/adaptive.py's `Speculation.propose_all`).
+
+Its rows follow the target's sequences by their uid, not by position: a sequence that
+joins the target's batch gets a row (`DraftRow`) whose prompt the draft model prefills,
+alone, when it first drafts (no prefix cache of its own yet), and it is merged into the
+batch cache; one that leaves (finished, cancelled, a failed step's reset) is filtered out.
+A row's text is what the target reported (the drafter protocol's `extend`, as for prompt
+lookup); what the draft model has not read yet waits in the row's backlog and is read in
+the next draft's first pass (rows right-padded to the longest backlog, as mlx-lm's
+prefill pads). The draft model's cache holds its own guesses after a draft (it read d1 ..
+dk-1 to guess d2 .. dk): before the next draft, each row keeps those the target accepted
+and drops the rest (verify.py's `_keep_only`, per row), so no rejected token stays in it
+when it next reads.
+
+Lossless whatever the draft: verify.py keeps a drafted token only where the target itself
+sampled it (its docstring says why that is the target's distribution at any temperature).
+That is greedy-match acceptance, not the rejection rule over both models' probabilities:
+at temperature > 0 fewer drafts are kept than that rule would keep, but no text changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+
+from worker.speculative.verify import _keep_only
+
+@dataclass
+class DraftRow:
+    """One sequence's drafter (worker/speculative/drafters.py's protocol), drafting with
+    the worker's draft model."""
+    group: "DraftModel"
+    uid: int
+    backlog: list = field(default_factory=list)  # its text the draft model has not read
+    fed: list = field(default_factory=list)      # guesses the draft model read last draft
+    since: list = field(default_factory=list)    # its text since that draft
+    joined: bool = False                         # a row of the group's batch cache
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        (self.since if self.fed else self.backlog).extend(tokens)
+
+    def ready(self) -> bool:
+        return True  # (a model always has a guess)
+
+    def propose(self, k: int) -> list[int]:
+        """Alone (a batched step asks `DraftModel.draft`)."""
+        return self.group.draft({self.uid: k}).get(self.uid, [])
+
+    def close(self) -> None:
+        self.group.leave(self.uid)
+
+    def settle(self) -> int:
+        """The text since the last draft against the guesses the draft model read then:
+        those the text kept stay in its cache; returns how many of its last positions to
+        drop."""
+        kept = 0
+        for a, b in zip(self.fed, self.since[:-1]):  # (its last token is read again:
+            if a != b:                                # the next guess follows from it)
+                break
+            kept += 1
+        drop = len(self.fed) - kept
+        self.backlog.extend(self.since[kept:])
+        self.fed, self.since = [], []
+        return drop
+
+
+class DraftModel:
+    """The draft model and the batch KV cache of the rows drafting with it."""
+
+    def __init__(self, model, prefill_step: int = 512):
+        self.model = model
+        self.prefill_step = max(1, prefill_step)
+        self.rows: dict[int, DraftRow] = {}
+        self.order: list[int] = []   # uids of the batch cache's rows, in order
+        self.cache: list = []        # one BatchKVCache per layer ([]: no rows)
+
+    def row(self, uid: int, prompt: Sequence[int]) -> DraftRow:
+        """A drafter for a sequence that joins with `prompt`."""
+        self.leave(uid)
+        r = self.rows[uid] = DraftRow(self, uid, backlog=list(prompt))
+        return r
+
+    def leave(self, uid: int) -> None:
+        r = self.rows.pop(uid, None)
+        if r is None or not r.joined:
+            return
+        keep = [i for i, u in enumerate(self.order) if u != uid]
+        self.order = [self.order[i] for i in keep]
+        if not keep:
+            self.cache = []
+            return
+        for c in self.cache:
+            c.filter(keep)
+
+    def reset(self) -> None:
+        self.rows.clear()
+        self.order, self.cache = [], []
+
+    def _join(self, r: DraftRow) -> None:
+        """The row's text but its last token read by the draft model alone, in chunks,
+        then merged into the batch cache."""
+        cache = make_prompt_cache(self.model)
+        text, r.backlog = r.backlog[:-1], r.backlog[-1:]
+        for at in range(0, len(text), self.prefill_step):
+            self.model(mx.array([text[at:at + self.prefill_step]]), cache=cache)
+            mx.eval([c.state for c in cache])
+        merged = [BatchKVCache.merge([c]) if c.keys is not None else BatchKVCache([0])
+                  for c in cache]
+        if self.cache:
+            for mine, new in zip(self.cache, merged):
+                mine.extend(new)
+        else:
+            self.cache = merged
+        self.order.append(r.uid)
+        r.joined = True
+
+    def draft(self, asks: dict[int, int]) -> dict[int, list[int]]:
+        """Up to `asks[uid]` tokens for each sequence asked, in k batched passes (k the
+        most asked) over every row of the batch cache; rows not asked draft too (their
+        backlog read, their guesses dropped or kept as the text goes on), so the cache
+        stays one batch."""
+        k = max(asks.values(), default=0)
+        if k <= 0:
+            return {}
+        for uid in asks:
+            r = self.rows.get(uid)
+            if r is not None and not r.joined:
+                self._join(r)
+        rows = [self.rows[u] for u in self.order]
+        drop = [r.settle() for r in rows]
+        if any(drop):
+            _keep_only(self.cache, drop)
+        backlogs = [r.backlog for r in rows]
+        width = max(len(b) for b in backlogs)
+        if width == 0:  # (nothing new since the last draft: not a step's order)
+            return {}
+        pad = [width - len(b) for b in backlogs]
+        inputs = mx.array([b + [0] * p for b, p in zip(backlogs, pad)])
+        if any(pad):
+            for c in self.cache:
+                c.prepare(right_padding=pad)
+        logits = self.model(inputs, cache=self.cache)
+        if any(pad):
+            for c in self.cache:
+                c.finalize()
+            last = mx.array([len(b) - 1 for b in backlogs])
+            logits = mx.take_along_axis(logits, last[:, None, None], axis=1)
+        token = mx.argmax(logits[:, -1, :], axis=-1)
+        guesses = [token]
+        for _ in range(k - 1):
+            logits = self.model(token[:, None], cache=self.cache)
+            token = mx.argmax(logits[:, -1, :], axis=-1)
+            guesses.append(token)
+        out = mx.stack(guesses, axis=1).tolist()
+        for r, g in zip(rows, out):
+            r.backlog, r.fed, r.since = [], g[:-1], []
+        return {u: g[:asks[u]] for u, g in zip(self.order, out) if u in asks}
+
