@@ -17,6 +17,7 @@ from tests.worker.batchrun import Seq, make_batch
 from tests.worker.test_speculative import FOUR, REPEATING, ids, run, text
 from worker.errors import LoadError
 from worker.loading.draft import load_draft
+from worker.speculative.adaptive import Pace
 from worker.speculative.draft_model import DraftModel
 
 
@@ -117,3 +118,13 @@ def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_d
                         corpus=("a quokka and a zebra",) * 50).path
     with pytest.raises(LoadError, match="another vocabulary"):
         load_draft(str(other), args, engine)
+
+
+def test_a_draft_that_costs_what_it_earns_rests():
+    """A draft model's passes are priced in target steps (`DraftModel.cost`, measured at
+    load): eight tokens drafted and all accepted pay where a pass is cheap, and not
+    where a pass costs a whole target step (a quantized copy on MLX's CPU backend)."""
+    cheap, dear = Pace(8, cost=0.1), Pace(8, cost=1.0)
+    for pace in (cheap, dear):
+        pace.update(8, 8)
+    assert cheap.wants() and not dear.wants()

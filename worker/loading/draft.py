@@ -9,7 +9,7 @@ from typing import Optional
 
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from worker.speculative.draft_model import DraftModel
+from worker.speculative.draft_model import DraftModel, step_cost
 
 log = logging.getLogger("worker.loading.draft")
 
@@ -48,5 +48,6 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[Dr
     if not all(type(c) is KVCache for c in make_prompt_cache(model)):
         raise LoadError(f"the draft model {spec} has a KV cache that cannot give back a "
                         "rejected draft (attention layers only)")
-    log.info("draft model %s loaded", spec)
-    return DraftModel(model, args.prefill_step)
+    cost = step_cost(model, engine.model)
+    log.info("draft model %s loaded: a pass costs %.2f of the model's step", spec, cost)
+    return DraftModel(model, args.prefill_step, cost)

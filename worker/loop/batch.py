@@ -388,7 +388,8 @@ class Batch:
             drafter = self.speculation.drafter()
         else:
             return
-        self.speculation.add(uid, Track(drafter, Pace(self.max_draft), seq,
+        pace = Pace(self.max_draft, cost=getattr(drafter, "cost", 0.0))
+        self.speculation.add(uid, Track(drafter, pace, seq,
                                         prediction=bool(predicted)))
 
     def _fit_chunk(self) -> None:

@@ -38,6 +38,7 @@ class Pace:
     gain: float = 1.0     # accepted tokens per verification, recent average
     rest: int = 0         # plain steps left before drafting again
     backoff: int = 4
+    cost: float = 0.0     # drafting one token, in target steps (a draft model's passes)
 
     def __post_init__(self):
         self.length = min(4, self.max_draft)
@@ -57,7 +58,7 @@ class Pace:
             self.length = min(self.max_draft, self.length * 2)
         else:
             self.length = max(1, accepted + 1)
-        if self.gain < MIN_GAIN:
+        if self.gain < MIN_GAIN + self.cost * drafted:  # (what the draft cost to make)
             self.rest, self.backoff = self.backoff, min(MAX_REST, self.backoff * 2)
             self.gain = MIN_GAIN  # (a fresh chance after the rest)
         elif accepted:

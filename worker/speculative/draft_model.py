@@ -52,6 +52,10 @@ class DraftRow:
     def ready(self) -> bool:
         return True  # (a model always has a guess)
 
+    @property
+    def cost(self) -> float:
+        return self.group.cost
+
     def propose(self, k: int) -> list[int]:
         """Alone (a batched step asks `DraftModel.draft`)."""
         return self.group.draft({self.uid: k}).get(self.uid, [])
@@ -77,8 +81,9 @@ class DraftRow:
 class DraftModel:
     """The draft model and the batch KV cache of the rows drafting with it."""
 
-    def __init__(self, model, prefill_step: int = 512):
+    def __init__(self, model, prefill_step: int = 512, cost: float = 0.0):
         self.model = model
+        self.cost = cost  # one pass, in target steps (`step_cost`): a draft's price
         self.prefill_step = max(1, prefill_step)
         self.rows: dict[int, DraftRow] = {}
         self.order: list[int] = []   # uids of the batch cache's rows, in order
@@ -166,3 +171,31 @@ class DraftModel:
             r.backlog, r.fed, r.since = [], g[:-1], []
         return {u: g[:asks[u]] for u, g in zip(self.order, out) if u in asks}
 
+
+
+def step_cost(draft, target, context: int = 64, reps: int = 5) -> float:
+    """A one-token pass of `draft` over one of `target`, after a `context`-token prompt:
+    the best of `reps` interleaved (the machine drifts). On a GPU a small model's step is
+    mostly kernel launches, so a quantized copy of the target costs nearly what the target
+    does (same layers, same launches), and on MLX's CPU backend quantized matrices are no
+    faster than float32 ones: there a draft does not pay, and adaptive.py's `Pace` rests."""
+    import time
+
+    def timer(model):
+        cache = make_prompt_cache(model)
+        mx.eval(model(mx.array([list(range(1, context + 1))]), cache=cache))
+
+        def once() -> float:
+            t = time.perf_counter()
+            mx.eval(model(mx.array([[7]]), cache=cache))
+            for c in cache:
+                c.trim(1)
+            return time.perf_counter() - t
+        return once
+
+    times = {"draft": [], "target": []}
+    clocks = {"draft": timer(draft), "target": timer(target)}
+    for _ in range(reps):
+        for name, once in clocks.items():
+            times[name].append(once())
+    return min(times["draft"]) / max(1e-9, min(times["target"]))
