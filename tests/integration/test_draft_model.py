@@ -1,7 +1,8 @@
 """`--draft-model` through real processes: the setting reaches each worker (its flag, from
-the server's), the worker loads the draft beside its model, and the text at temperature 0
-is the one a server without the draft gives. The tiny model drafts for itself, so every
-draft is accepted (worker/speculative/draft_model.py)."""
+the server's), the worker loads the draft beside its model (the `small` random model,
+drafted by `tiny`: another model with the same tokenizer, a fraction of its step), and a
+request that drafts gets the text of one that may not (a logit_bias of 0: a logits
+processor, which never drafts, changing nothing)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,22 @@ from tests.integration.test_faults import wait_for, worker
 from tests.serverproc import ServerProcess
 
 
-def test_a_server_with_a_draft_model_gives_the_same_text_with_every_draft_accepted(
-        tiny_model, server):
-    model = str(tiny_model)
-    body = {"model": model, "prompt": "Hi there", "temperature": 0, "max_tokens": 40}
-    want = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
-    with ServerProcess([model], "--draft-model", model, "--heartbeat-interval", "0.05") as srv:
+def test_a_server_with_a_draft_model_drafts_and_gives_the_text_it_gives_without(
+        tiny_model, models_dir):
+    from worker.demos.text import build_model
+
+    model = str(build_model(models_dir / "small", "small").path)
+    body = {"model": model, "prompt": "word one two three " * 10, "temperature": 0,
+            "max_tokens": 30}
+    with ServerProcess([model], "--draft-model", str(tiny_model),
+                       "--heartbeat-interval", "0.05") as srv:
         srv.wait_healthy()
-        got = httpx.post(srv.url + "/v1/completions", json=body, timeout=60).json()
+        drafted = httpx.post(srv.url + "/v1/completions", json=body, timeout=120).json()
         # (Its next heartbeats; the two warm-up requests of 2 tokens drafted 2 at most.)
         spec = wait_for(lambda: (s := worker(srv).get("speculation") or {}).get(
             "drafted", 0) > 2 and s, 10)
-    assert got["choices"][0]["text"] == want["choices"][0]["text"]
-    # (A draft that is the model costs a whole step per token: its sequence drafts, every
-    # draft accepted, then rests: adaptive.py's Pace.)
-    assert spec["accepted"] == spec["drafted"]
+        plain = httpx.post(srv.url + "/v1/completions", json={**body, "logit_bias": {"5": 0}},
+                           timeout=120).json()
+    assert drafted["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert drafted["usage"]["completion_tokens"] == 30
+    assert spec["verifications"] > 0

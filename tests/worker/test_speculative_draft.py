@@ -103,11 +103,17 @@ def test_the_draft_cache_holds_exactly_each_rows_text_after_drafts_were_rejected
             assert mx.allclose(h.keys, w.keys[..., : w.offset, :], atol=1e-4)
 
 
-def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_dir, tmp_path):
+def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_dir,
+                                                    monkeypatch):
+    from worker.loading import draft
+
     args = argparse.Namespace(max_draft_tokens=8, kv_bits=None, max_kv_size=None,
-                              state_dir=tmp_path, gguf_dtype="auto", quantize="none",
                               prefill_step=64)
-    assert isinstance(load_draft(str(tiny_model), args, engine), DraftModel)
+    monkeypatch.setattr(draft, "step_cost", lambda d, t: 0.3)  # (a pass: 0.3 of a step)
+    loaded = load_draft(str(tiny_model), args, engine)
+    assert isinstance(loaded, DraftModel) and loaded.cost == 0.3
+    monkeypatch.setattr(draft, "step_cost", lambda d, t: 1.1)  # (cannot pay: off)
+    assert load_draft(str(tiny_model), args, engine) is None
     assert load_draft("", args, engine) is None
     assert load_draft(str(tiny_model), args, engine, "vision") is None
     with pytest.raises(LoadError, match="--kv-bits"):

@@ -16,8 +16,9 @@ log = logging.getLogger("worker.loading.draft")
 
 def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[DraftModel]:
     """`--draft-model` for this worker's model: None where it does not apply (no draft
-    asked, no speculation, a vision model or a worker group's rank: said in the log; a
-    group's ranks step together, and a draft is not a step the followers know); a
+    asked, no speculation, a vision model or a worker group's rank, a draft whose pass
+    costs as much as the model's own step: said in the log; a group's ranks step
+    together, and a draft is not a step the followers know); a
     LoadError where it cannot work (another vocabulary, a KV cache that cannot give back
     rejected positions)."""
     import mlx_lm
@@ -49,5 +50,9 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[Dr
         raise LoadError(f"the draft model {spec} has a KV cache that cannot give back a "
                         "rejected draft (attention layers only)")
     cost = step_cost(model, engine.model)
+    if cost >= 1.0:  # (k tokens accepted never earn MIN_GAIN + cost * k: adaptive.py)
+        log.warning("--draft-model %s: off, a pass of it costs %.2f of the model's own step "
+                    "(it cannot pay)", spec, cost)
+        return None
     log.info("draft model %s loaded: a pass costs %.2f of the model's step", spec, cost)
     return DraftModel(model, args.prefill_step, cost)
