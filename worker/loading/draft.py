@@ -35,9 +35,6 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[Dr
         flag = "--kv-bits" if args.kv_bits is not None else "--max-kv-size"
         raise LoadError(f"--draft-model does not work with {flag} yet (a quantized or "
                         "rotating KV cache cannot give back a rejected draft)")
-    if not all(type(c) is KVCache for c in make_prompt_cache(engine.model)):
-        raise LoadError("--draft-model needs a model whose KV cache can give back a rejected "
-                        "draft (attention layers only: not a recurrent or sliding-window one)")
     try:  # (`spec` is a directory: worker/__main__.py resolved it as it does MODEL)
         model, tokenizer = mlx_lm.load(spec)
     except Exception as e:

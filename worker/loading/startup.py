@@ -62,6 +62,9 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
                  # must run the chunk the leader chose: worker/group/follower.py.)
                  step_memory=None if shard else StepMemory.measure(
                      engine.model, engine.vocab_size or 0, kv_format=kv_format))
+    if draft is not None and (mtp_head is not None or batch.speculation is None):
+        raise LoadError("--draft-model cannot draft with --speculative mtp, --max-kv-size, "
+                        "--kv-bits or --max-draft-tokens 0")
     if mtp_head is not None and batch.speculation is None:
         raise LoadError("--speculative mtp cannot draft with --max-kv-size, --kv-bits or "
                         "--max-draft-tokens 0 (their caches are not rolled back yet)")
