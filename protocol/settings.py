@@ -151,7 +151,8 @@ PATHS = Kind("a list of paths (strings)", tuple[Path, ...], lambda t: _expanded(
 # `[model_settings."MODEL"]` in the file): its workers get them instead of the server's.
 # The KV format is a model's own choice: a model whose quality suffers at 4 bits keeps 8
 # while another runs at 4 under the same --kv-budget.
-PER_MODEL = ("kv_bits", "kv_group_size", "quantized_kv_start")
+# So is a draft model (--draft-model): it must share its model's tokenizer.
+PER_MODEL = ("kv_bits", "kv_group_size", "quantized_kv_start", "draft_model")
 
 
 def _model_setting(text: str) -> str:

@@ -325,7 +325,7 @@ def test_a_model_has_its_own_kv_settings_from_file_env_or_flag(tmp_path):
     (None, ["--model-setting", "demo:kv_bits=eight"], "argument --model-setting: not a "
      "list of MODEL:SETTING=VALUE"),
     (None, ["--model-setting", "demo:max_batch_size=2"], "(settings: kv_bits, "
-     "kv_group_size, quantized_kv_start): 'demo:max_batch_size=2'"),
+     "kv_group_size, quantized_kv_start, draft_model): 'demo:max_batch_size=2'"),
 ])
 def test_a_bad_model_setting_is_a_clear_error(tmp_path, capsys, toml, argv, message):
     if toml is not None:
@@ -337,3 +337,20 @@ def test_a_bad_model_setting_is_a_clear_error(tmp_path, capsys, toml, argv, mess
     with pytest.raises(SystemExit) as e:
         build_parser().parse_args(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+
+def test_a_model_has_its_own_draft_model(tmp_path):
+    """[model_settings."MODEL"] draft_model: that model's workers draft with it, the
+    others with the server's (none here)."""
+    from protocol.settings import worker_argv, worker_parser
+
+    def draft(config, model):
+        return worker_parser().parse_args(["--model", model, "--commands", "c", "--events",
+                                           "e", "--epoch", "1",
+                                           *worker_argv(config, model)]).draft_model
+
+    path = write(tmp_path / "c.toml", 'models = ["demo", "other"]\n'
+                 '[model_settings."demo"]\ndraft_model = "/models/demo-q4"\n')
+    c = cfg(["--config", str(path)])
+    assert draft(c, "demo") == "/models/demo-q4" and draft(c, "other") is None
