@@ -100,7 +100,11 @@ def verify(gb, spec) -> list | None:
     if positions is not None:  # (a VLM's rows' rotary deltas: worker/vision/language.py)
         positions.rows(gb.uids)
     recurrent.start()
-    logits = spec.forward(gb, inputs)  # (n, width, vocab)
+    try:
+        logits = spec.forward(gb, inputs)  # (n, width, vocab)
+    finally:
+        if positions is not None:
+            positions.done()
     history = None  # (a processed row's token history before this step)
     if any(gb.logits_processors):
         logits, history = _processed(gb, inputs, drafts, logits)

@@ -52,9 +52,13 @@ def _tell_rows() -> None:
 
         def method(self, *args, _original=original, **kwargs):
             positions = getattr(self.model, "mlxd_positions", None)
-            if positions is not None:
-                positions.rows(self.uids)
-            return _original(self, *args, **kwargs)
+            if positions is None:
+                return _original(self, *args, **kwargs)
+            positions.rows(self.uids)
+            try:
+                return _original(self, *args, **kwargs)
+            finally:  # (the pass has its offsets; a forward outside a batch has none)
+                positions.done()
 
         functools.update_wrapper(method, original)
         method.mlxd_rows = True

@@ -109,6 +109,11 @@ class Positions:
         shifts = [self.deltas.get(u, 0) for u in uids]
         self.delta = mx.array(shifts, dtype=mx.int32) if any(shifts) else None
 
+    def done(self) -> None:
+        """The pass told by `rows` has its offsets in its graph: no later forward (one
+        outside any batch, such as KVSize.measure's, with another row count) reads them."""
+        self.delta = None
+
     def clear(self) -> None:
         self.deltas.clear()
         self.delta = None
