@@ -88,8 +88,11 @@ class KVFormat:
             return
         batches = [b.prompt_cache for b in (gen._prompt_batch, gen._generation_batch)
                    if b.prompt_cache]
-        plain = [c for cache in batches for c in cache
-                 if type(c) is BatchKVCache and c.keys is not None]
+        # One attention layer per batch tells its rows' lengths (every layer of a batch
+        # holds the same ones): a read per batch, not one per layer, on every step.
+        firsts = (next((c for c in cache if type(c) is BatchKVCache and c.keys is not None),
+                       None) for cache in batches)
+        plain = [c for c in firsts if c is not None]
         if not plain or max(int(mx.max(c.offset).item()) for c in plain) <= self.start:
             return
         for cache in batches:
