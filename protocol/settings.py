@@ -155,12 +155,18 @@ PATHS = Kind("a list of paths (strings)", tuple[Path, ...], lambda t: _expanded(
 PER_MODEL = ("kv_bits", "kv_group_size", "quantized_kv_start", "draft_model")
 
 
-def _model_setting(text: str) -> str:
-    """"MODEL:KEY=VALUE", checked (KEY one of PER_MODEL, VALUE what that setting takes)
-    and normalized. MODEL is as --model names it (it may hold colons: ollama:NAME:TAG)."""
+def _parts(text: str) -> tuple[str, str, str, str]:
+    """(MODEL, KEY, "=" or "", VALUE) of "MODEL:KEY=VALUE". MODEL is as --model names it
+    (it may hold colons: ollama:NAME:TAG); KEY with underscores."""
     model, _, rest = text.strip().rpartition(":")
     key, eq, value = rest.partition("=")
-    key = key.strip().replace("-", "_")
+    return model, key.strip().replace("-", "_"), eq, value
+
+
+def _model_setting(text: str) -> str:
+    """"MODEL:KEY=VALUE", checked (KEY one of PER_MODEL, VALUE what that setting takes)
+    and normalized."""
+    model, key, eq, value = _parts(text)
     if not model or not eq or key not in PER_MODEL:
         raise ValueError(f"not MODEL:SETTING=VALUE with a SETTING of "
                          f"{', '.join(PER_MODEL)}: {text!r}")
@@ -460,8 +466,7 @@ def model_overrides(values: Any, model: str) -> dict[str, Any]:
     """{setting: value} that --model-setting gives `model` (the last one given wins)."""
     own = {}
     for item in getattr(values, "model_settings", ()) or ():
-        name, _, rest = item.rpartition(":")
-        key, _, value = rest.partition("=")
+        name, key, _, value = _parts(item)
         if name == model:
             own[key] = BY_NAME[key].kind.parse(value)
     return own
