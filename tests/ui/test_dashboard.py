@@ -65,8 +65,12 @@ def test_the_dashboard_lists_every_model_and_its_tokens_per_second_moves(
         "parseFloat(document.querySelector('#chart text').textContent.slice(4)) > 1",
         timeout=15_000)
     # Its KV memory: bytes per token of context and the tokens the prompt cache now holds
-    # (the request's), as /health says.
+    # (the request's), as /health says once the worker's next heartbeat has told it.
+    deadline = time.monotonic() + 15
     kv = worker(ui_server, str(tiny_model))["kv"]
+    while kv["tokens"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        kv = worker(ui_server, str(tiny_model))["kv"]
     assert kv["tokens"] > 0 and kv["bytes_per_token"] > 0
     until(p, f"document.querySelector('tr[data-model=\"{tiny_model}\"] td.kv').innerText"
              f".endsWith(' · {kv['tokens']}')", timeout=15_000)
