@@ -6,7 +6,7 @@ clock was not reset when an idle worker got work (it needs an idle gap longer th
 --hang-timeout, then a burst), a 500 instead of the 503 when a Responses request waited
 past --queue-timeout (it needs a queue), and background responses left `queued` forever
 by that same failure. So the server runs with a short queue timeout and a small hang
-timeout, and three bursts of mixed traffic, each after an idle gap longer than the hang
+timeout, and two bursts of mixed traffic, each after an idle gap longer than the hang
 timeout, drive chat completions, completions, Responses (whole, streamed, background and
 polled, cancelled), Anthropic Messages, embeddings and tokenize; some streams are
 abandoned mid-way (the client disconnects).
@@ -35,7 +35,7 @@ from tests.serverproc import ServerProcess
 pytestmark = pytest.mark.integration
 
 CLIENTS = 64
-BURSTS = 3
+BURSTS = 2
 PER_CLIENT = 2          # requests each client sends in a burst, one after the other
 QUEUE_TIMEOUT = 2.0
 HANG_TIMEOUT = 3.0

@@ -36,7 +36,8 @@ def test_greedy_text_is_identical_with_prompt_lookup_alone_and_in_a_batch(demo_e
     with_, _, steps = run(demo_engine, edit, speculative="prompt-lookup")
     assert text(with_["edit"]) == text(without["edit"])
     assert run.totals.accepted > 30 and steps < plain_steps * 0.7
-    four = {**edit,
+    # The batch: the edit's first 30 tokens (copied from its first) beside the others.
+    four = {"edit": dict(messages=COPY, max_tokens=30, temperature=0.0),
             "prose": dict(messages=PROSE, max_tokens=30, temperature=0.0),
             "plain": dict(prompt="The capital of France is", max_tokens=10, temperature=0.0),
             "biased": dict(messages=COPY, max_tokens=30, temperature=0.0,
