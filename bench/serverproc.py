@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -56,6 +57,24 @@ def still_running(procs: list[psutil.Process], wait: float = 0.0) -> list[psutil
         time.sleep(0.1)
 
 
+def _ends_with_its_starter():
+    """On Linux, what makes mlxd get SIGTERM when the process that started it dies: a
+    killed pytest or benchmark otherwise leaves its servers running (their workers die
+    with them by --parent-pid; mlxd itself has no parent to watch). Only from the main
+    thread: the signal follows the starting thread, and a pool thread ends early. None
+    elsewhere (macOS has no such call; there a killed run's servers stay up)."""
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+
+    def arm():
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    return arm
+
+
 class ServerProcess:
     def __init__(self, models: list[str], *args: str, state_dir: Path | None = None,
                  env: dict | None = None):
@@ -78,7 +97,7 @@ class ServerProcess:
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1",
                     "HF_HUB_CACHE": str(state_dir / "hf-cache"), **(env or {})}
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=full_env)
+                                     env=full_env, preexec_fn=_ends_with_its_starter())
 
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, dict]:
         try:
