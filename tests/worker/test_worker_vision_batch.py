@@ -215,6 +215,21 @@ def processor_runs(loaded, monkeypatch):
     return runs
 
 
+@pytest.fixture
+def rope_index_runs(loaded, monkeypatch):
+    """How many times the model's `get_rope_index` walked a prompt (Qwen's families)."""
+    language = type(loaded[0].language_model)
+    runs = []
+    original = getattr(language, "get_rope_index", None)
+    if original is not None:
+        def counted(self, *a, **kw):
+            runs.append(1)
+            return original(self, *a, **kw)
+
+        monkeypatch.setattr(language, "get_rope_index", counted)
+    return runs
+
+
 def one(batch, engine, gen):
     """(tokens, cached prompt tokens) of `gen` run alone on `batch`."""
     seq, out = Seq(gen.rid), []
@@ -243,7 +258,7 @@ def test_the_prefix_cache_knows_an_image_by_its_content(vlm_engine, tower_runs):
 
 
 def test_the_next_turn_about_an_image_resumes_without_encoding_it_again(
-        vlm_engine, tower_runs, processor_runs):
+        vlm_engine, tower_runs, processor_runs, rope_index_runs):
     batch = vbatch(vlm_engine, PrefixCache(1 << 28))
     image = png(seed=5)
     turn = [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
@@ -257,9 +272,14 @@ def test_the_next_turn_about_an_image_resumes_without_encoding_it_again(
     gen2 = generate(rid="2", messages=turn2, images=(image,), max_tokens=6, temperature=0.0)
     prep2 = vlm_engine.prepare(gen2)
     # Neither the image processor nor the vision tower: the image's processed arrays by
-    # its bytes, its state from the KV cache.
+    # its bytes, its state from the KV cache; nor a walk of the prompt for its positions'
+    # delta: the first turn's, kept by the image's grid (and the same as the walk's).
+    rope_index_runs.clear()  # (the first turn's vision step walked its prompt)
     warm, cached = one(batch, vlm_engine, gen2)
-    assert len(processor_runs) == 1 and len(tower_runs) == 1
+    assert len(processor_runs) == 1 and len(tower_runs) == 1 and not rope_index_runs
+    delta = batch._rope_delta(prep2.ids, prep2.media)
+    assert delta == vbatch(vlm_engine)._rope_delta(prep2.ids, prep2.media)
+    assert len(rope_index_runs) == (delta != 0)  # (Gemma 3: no delta, nothing to walk)
     assert cached >= 1 + max(i for i, t in enumerate(prep2.ids) if t in batch.media_tokens)
     # The same prompt and arrays as the processor makes afresh, and the same answer as a
     # cold prefill of it (the kept pixels through the tower).
