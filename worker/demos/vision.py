@@ -14,7 +14,8 @@ model from the hub.
 
 `small` (the benchmark's, bench/multimodal.py) is larger where the engine should
 dominate: hidden 512, 8 language layers, a 4-layer vision tower of width 256, images of
-up to 448×448 pixels (256 image tokens).
+up to 448×448 pixels (256 image tokens). `2b` is Qwen2-VL-2B's language model for a GPU
+(bench/vision_throughput.py, in bf16 there).
 
 `family="qwen3.5"` builds Qwen3.5's architecture instead (mlx-vlm `qwen3_5`: a hybrid
 language model, Gated DeltaNet linear-attention layers between full-attention ones,
@@ -59,6 +60,15 @@ SIZES = {
                  mrope_half=[2, 1, 1], depth=2, embed=32, vision_heads=2, max_pixels=112 * 112),
     "small": dict(hidden=512, layers=8, heads=8, kv_heads=2, mlp=1536, mrope=[8, 12, 12],
                   mrope_half=[8, 4, 4], depth=4, embed=256, vision_heads=4, max_pixels=448 * 448),
+    # Qwen2-VL-2B's language model (hidden 1536, 28 layers, MLP 8960: 1.3B parameters
+    # besides the embeddings; the hybrid and Gemma 3 families get 56 layers of it, ~2.5B),
+    # an 8-layer vision tower of Qwen2-VL's width, Gemma 3's 256 image tokens of a 448²
+    # image; for a GPU in bf16 (bench/vision_throughput.py), where a 2,000-token prefill
+    # costs enough that warm ÷ cold measures the cache rather than a request's fixed cost.
+    "2b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, mlp=8960, mrope=[16, 24, 24],
+               mrope_half=[11, 11, 10], depth=8, embed=1280, vision_heads=16,
+               max_pixels=448 * 448, head_dim=128,
+               gemma3=dict(image=448, patch=14, image_tokens=256, window=1024)),
 }
 
 
@@ -166,7 +176,8 @@ def _gemma3(s: dict, token, vocab_size: int, context_length: int):
     import mlx.core as mx
     from mlx_vlm.models import gemma3
 
-    g, hidden, head = GEMMA3_SIZES["small" if s["hidden"] > 64 else "tiny"], s["hidden"], 16
+    g = s.get("gemma3") or GEMMA3_SIZES["small" if s["hidden"] > 64 else "tiny"]
+    hidden, head = s["hidden"], s.get("head_dim", 16)
     config = {
         "model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"],
         "vocab_size": vocab_size, "hidden_size": hidden, "torch_dtype": "float32",
@@ -229,9 +240,11 @@ FAMILIES = {"qwen2-vl": (_qwen2_vl, QWEN2_VL, {}), "qwen3.5": (_qwen3_5, QWEN2_V
 
 
 def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "qwen2-vl",
-                       seed: int = 0, context_length: int = 4096) -> BuiltModel:
+                       seed: int = 0, context_length: int = 4096, dtype: str = "float32",
+                       layers: int | None = None) -> BuiltModel:
     """Build the vision model of `size` and `family` at `path` (atomically; reused if
-    already there)."""
+    already there), its weights in `dtype`; `layers`: the size's language layers but
+    this many (a quick check of a large size's code path)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -245,9 +258,10 @@ def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "q
         tokenizer._set_model_specific_special_tokens(special_tokens=named)
     vocab_size = len(tokenizer)  # every id the model can sample decodes
     token = tokenizer.convert_tokens_to_ids
-    s = SIZES[size]
+    s = {**SIZES[size], **({"layers": layers} if layers else {})}
     mx.random.seed(seed)
     config, model, processor_files = builder(s, token, vocab_size, context_length)
+    config["torch_dtype"] = dtype
     # As the text demo (worker/demos/text.py): a head scaled up, so greedy output has no
     # near-ties, and the EOS row zeroed, so generations run to max_tokens.
     lm = model.language_model
@@ -257,13 +271,13 @@ def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "q
     lm.update({"model": {"embed_tokens": {"weight": head if tied
                                           else lm.model.embed_tokens.weight * 4}},
                "lm_head": {"weight": head}})
-    weights = {k: v for k, v in tree_flatten(model.parameters())
+    weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(model.parameters())
                if not (tied and k == "language_model.lm_head.weight")}
     mx.eval(weights)
 
     save_model_dir(path, weights, config, tokenizer,
                    {"preset": f"{size}-vision", "family": template.name, "seed": seed,
                     "architecture": family, "context_length": context_length,
-                    "vocab_size": vocab_size},
+                    "vocab_size": vocab_size, "dtype": dtype},
                    extra=processor_files)
     return BuiltModel(path, context_length, vocab_size)
