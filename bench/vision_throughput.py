@@ -211,8 +211,11 @@ def reuse(name: str, path: Path, prefix_words: int, side: int, rounds: int = 2) 
         srv.wait_healthy(timeout=300)
 
         def ask(msgs, key):
-            return stream_chat(srv.port, {"model": model, "messages": msgs, "max_tokens": 8,
-                                          "temperature": 0, "prompt_cache_key": key})
+            # (TTFT: until the first token's chunk, whatever its text: a random model's
+            # first tokens are often pieces of a character, held back until it is whole.)
+            r = stream_chat(srv.port, {"model": model, "messages": msgs, "max_tokens": 1,
+                                       "temperature": 0, "prompt_cache_key": key})
+            return {**r, "ttft": r["finish"]}
 
         ask(messages(0, image_png(side, 999)), "compile")
         first_turn = system + messages(1, image_png(side, 7))
