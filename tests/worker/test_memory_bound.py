@@ -36,3 +36,20 @@ def test_bound_memory_sets_mlxs_cache_limit(tmp_path):
         assert mx.set_cache_limit(old) == limit
     finally:
         mx.set_cache_limit(old)
+
+
+def test_a_prefill_chunk_may_borrow_the_devices_free_memory_less_a_margin(monkeypatch):
+    """worker/loading/startup.py `device_spare`: a GPU whose free memory MLX reads (CUDA)
+    lends a prefill chunk that memory and this process's buffer cache, less a tenth of the
+    device; a device that says nothing of it (the CPU, Metal) lends nothing."""
+    from worker.loading.startup import SPARE_MARGIN, device_spare
+
+    assert "free_memory" in mx.device_info() or device_spare() is None
+    free = [50 << 30]
+    monkeypatch.setattr(mx, "device_info", lambda: {"free_memory": free[0],
+                                                    "total_memory": 80 << 30})
+    monkeypatch.setattr(mx, "get_cache_memory", lambda: 1 << 30)
+    spare = device_spare()
+    assert spare() == (51 << 30) - int((80 << 30) * SPARE_MARGIN)
+    free[0] = 1 << 30  # read again at each call: another process took the rest
+    assert spare() == 0

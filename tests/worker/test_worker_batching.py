@@ -191,35 +191,82 @@ def test_a_batch_holds_every_row_as_long_as_its_longest_and_a_steps_logits(engin
     assert batch.holds([10, 300, 20]) > sum(kv.of(n) for n in (10, 300, 20))
 
 
+def long_prompt(rid: str, n: int):
+    return generate(rid=rid, prompt_ids=pack_ids([10 + i % 1000 for i in range(n)]),
+                    max_tokens=2, temperature=0.0)
+
+
 def test_a_prefill_chunk_fits_what_the_running_sequences_leave_of_the_budget(engine):
-    """A chunk's attention scores grow with its size times what it attends to: the chunk
-    is halved until `prefill_batch` prompts' working memory fits beside the batch's KV,
-    down to MIN_CHUNK, and the prompt cache gives way to it."""
+    """A chunk's working memory: its activations, and attention scores of its size times
+    what it attends to (at most its prompt). The chunk is halved until the prompts this
+    step prefills (one here, whatever --prefill-batch-size allows) fit beside the batch's
+    KV, down to MIN_CHUNK, and the prompt cache gives way to it."""
     from tests.worker.batchrun import Seq
     from worker.loop.batch import MIN_CHUNK
 
-    memory = StepMemory(0.0, 1.0, 0)   # one byte a (query, key) pair: c x (c + offset)
-    p1 = engine.prepare(gen("c", max_tokens=100))
+    memory = StepMemory(100.0, 1.0, 0)
+    p1 = engine.prepare(long_prompt("1", 1500))
     probe = make_batch(engine, step_memory=memory)
-    held, offset = probe.holds([probe.tokens(p1)]), len(p1.ids)
+    held, prompt = probe.holds([probe.tokens(p1)]), len(p1.ids)
 
-    def chunk_within(budget):
+    def chunk_within(budget, spare=None):
         batch = make_batch(engine, prefill_batch=2, kv_budget=budget, step_memory=memory,
-                           chunks=ChunkSizer(1024, 1024), prefix=PrefixCache(1 << 20))
+                           chunks=ChunkSizer(1024, 1024), prefix=PrefixCache(1 << 30),
+                           spare=spare)
         batch.add(Seq("1"), p1)
         batch._fit_chunk()
         return batch
 
-    roomy = chunk_within(held + memory.prefill(2, 1024, offset))
+    assert memory.prefill(1, 1024, prompt - 1024) == 1024 * (100 + prompt)
+    roomy = chunk_within(held + memory.prefill(1, 1024, prompt - 1024))
     assert roomy.gen.prefill_step_size == 1024
-    tight = chunk_within(held + memory.prefill(2, 256, offset))
+    tight = chunk_within(held + memory.prefill(1, 256, prompt - 256))
     assert tight.gen.prefill_step_size == tight.gen._prompt_batch.prefill_step_size == 256
     assert chunk_within(held + 1).gen.prefill_step_size == MIN_CHUNK
+    # Device memory to spare (a GPU's free memory, read before the chunk): the chunk
+    # borrows it, and the prompt cache keeps the budget's room.
+    lent = chunk_within(held + 1, spare=lambda: memory.prefill(1, 1024, prompt - 1024))
+    assert lent.gen.prefill_step_size == 1024
     # A group's rank measures nothing: it runs the chunk the leader chose, whatever.
     rank = make_batch(engine, kv_budget=1, chunks=ChunkSizer(1024, 1024))
     rank.add(Seq("1"), p1)
     rank._fit_chunk()
     assert rank.gen.prefill_step_size == 1024
+
+
+def test_a_cold_2000_token_prompt_under_the_default_budget_takes_one_chunk_where_memory_allows(
+        engine):
+    """Issue 36: on an H100 the default server (--kv-budget 1G, --prefill-batch-size 2)
+    took 110 ms for a cold 2,000-token prompt on the 0.5B shape, the same server with
+    --kv-budget 24G 21 ms: a GPU's prefill activations (about a megabyte a token there,
+    injected here) do not fit 1 GiB in big chunks, and every chunk is a forward pass the
+    CPU launches. Where the device has memory to spare the chunk borrows it: one chunk of
+    the sizer's 2048, as with the big budget; without any, chunks of what 1 GiB holds for
+    the one prompt being prefilled (not for two: the prefill batch's other row is empty)."""
+    from protocol.settings import BY_NAME
+    from tests.worker.batchrun import Seq
+
+    default = {name: s.default for name, s in BY_NAME.items()}
+    memory = StepMemory(1 << 20, 0.0, engine.vocab_size)  # a GPU's order of magnitude
+
+    def chunks(spare):
+        batch = make_batch(engine, kv_budget=default["kv_budget"],
+                           prefill_batch=default["prefill_batch_size"], step_memory=memory,
+                           chunks=ChunkSizer(default["prefill_step"], 2048), spare=spare,
+                           prefix=PrefixCache(default["prompt_cache_bytes"]),
+                           clock=lambda: 0.0)  # fast steps: the sizer grows at once
+        batch.chunks.observe(0.0)
+        batch.add(Seq("p"), engine.prepare(long_prompt("p", 2000)))
+        sizes = []
+        while batch.members:
+            if len(batch.gen._prompt_batch) or batch.gen._unprocessed_sequences:
+                batch._fit_chunk()
+                sizes.append(batch.gen.prefill_step_size)
+            batch.step()
+        return sizes
+
+    assert chunks(spare=lambda: 16 << 30)[0] == 2048    # the whole prompt at once
+    assert chunks(spare=None)[:2] == [512, 512]          # 1 GiB: 512 tokens (not 256)
 
 
 def test_the_prompt_cache_holds_no_more_than_it_counts(engine):

@@ -58,6 +58,7 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
                  speculative=args.speculative, max_draft=0 if shard else args.max_draft_tokens,
                  mtp_head=mtp_head,
                  draft=draft,
+                 spare=device_spare(),
                  # (Not a group's rank: each would measure its own shard, and every rank
                  # must run the chunk the leader chose: worker/group/follower.py.)
                  step_memory=None if shard else StepMemory.measure(
@@ -69,6 +70,34 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
         raise LoadError("--speculative mtp cannot draft with --max-kv-size, --kv-bits or "
                         "--max-draft-tokens 0 (their caches are not rolled back yet)")
     return batch
+
+
+# Of the device's free memory, what a prefill chunk leaves free however much it borrows:
+# this share of the device, for other processes and the memory gate's next load.
+SPARE_MARGIN = 0.1
+
+
+def device_spare():
+    """What a prefill chunk's working memory may borrow beyond the KV budget, read before
+    each chunk that needs it (worker/loop/batch.py `_fit_chunk`): the device's free memory
+    and this process's buffer cache, less SPARE_MARGIN of the device. Only where MLX reads
+    the device's free memory (CUDA); None elsewhere (the budget alone bounds a chunk).
+    Why: a chunk's activations last one step, and within the default --kv-budget (1 GiB)
+    alone a cold 2,000-token prompt on the 0.5B shape went through in small chunks, each
+    a forward pass to launch: 110 ms to its first token on an H100 against 21 with
+    --kv-budget 24G (issue 36)."""
+    import mlx.core as mx
+
+    info = mx.device_info()
+    total = info.get("total_memory") or info.get("memory_size") or 0
+    if "free_memory" not in info or not total:
+        return None
+    margin = int(total * SPARE_MARGIN)
+
+    def spare() -> int:
+        return max(0, int(mx.device_info()["free_memory"]) + mx.get_cache_memory() - margin)
+
+    return spare
 
 
 def kv_format_of(engine, args):

@@ -13,8 +13,9 @@ What this module adds around it:
   (left padding) and grows 256 tokens at a time, so N sequences hold N times the KV of
   the longest prompt plus token budget (`KVSize`), not the sum of their own; a step also
   needs working memory (`StepMemory`: a prefill chunk's activations, the logits at the
-  batch's width). One that would overflow what is running waits (FIFO: the scheduler
-  admits in order and stops at the first that does not fit). The worker caps its
+  batch's width; a chunk may also borrow device memory to spare, `spare`: its
+  activations last one step). One that would overflow what is running waits (FIFO: the
+  scheduler admits in order and stops at the first that does not fit). The worker caps its
   context so that one sequence alone always fits (worker/loading/startup.py), so nothing waits
   forever;
 - the KV cache (worker/kvcache/manager.py): a sequence starts from the state the cache
@@ -232,6 +233,7 @@ class Batch:
                  kv_format: KVFormat = KVFormat(),
                  speculative: str = "none", max_draft: int = 8, mtp_head=None,
                  draft=None,
+                 spare: Optional[Callable[[], int]] = None,
                  clock: Callable[[], float] = time.perf_counter):
         self.engine = engine
         self.max_size = max(1, max_size)
@@ -244,6 +246,7 @@ class Batch:
         self.max_kv_size = max_kv_size
         self.kv_format = kv_format  # (quantized: worker/kvcache/quantized.py)
         self.chunks = chunks or ChunkSizer(prefill_step, prefill_step)  # default: fixed
+        self.spare = spare  # device memory a prefill chunk may borrow now (_fit_chunk)
         self._clock = clock
         self.members: dict[int, Member] = {}
         self.reserved = 0
@@ -393,27 +396,38 @@ class Batch:
                                         prediction=bool(predicted)))
 
     def _fit_chunk(self) -> None:
-        """The next prefill chunk within the budget the running sequences leave: halved
-        from the size its speed allows (ChunkSizer) until `prefill_batch` prompts' chunk
-        fits, however long the prompts it follows (MIN_CHUNK at least, so a prompt always
-        advances); the prompt cache gives way to it. Not measured (a worker group's rank:
-        every rank must step the chunk the leader's timing chose), nothing to fit."""
+        """The next prefill chunk within the memory the running sequences leave: halved
+        from the size its speed allows (ChunkSizer) until the chunk of the prompts the
+        step prefills fits, however long they are (MIN_CHUNK at least, so a prompt always
+        advances). Its working memory is gone once the step ends (mlx-lm returns the
+        buffers after each chunk), so besides what the KV budget leaves it may use what
+        the device has spare (`spare`: none where the device says nothing of it); the
+        prompt cache gives way only for what the budget must supply. Not measured (a
+        worker group's rank: every rank must step the chunk the leader's timing chose),
+        nothing to fit."""
         if not self.members or not (self.step_memory.per_token or self.step_memory.per_pair):
             return
         gen = self.gen
-        if not (len(gen._prompt_batch) or gen._unprocessed_sequences):
+        waiting = len(gen._prompt_batch) + len(gen._unprocessed_sequences)
+        if not waiting:
             return  # only decoding: no chunk, and the prompt cache keeps its room
+        rows = min(self.prefill_batch, waiting)  # (the prompts this step prefills)
         room = self.kv_budget - self.reserved
-        offset = max(m.prompt for m in self.members.values())
+        # A chunk attends to at most its prompt's tokens: the longest prompt's last chunk.
+        longest = max(m.prompt for m in self.members.values())
+
+        def need(chunk: int) -> int:
+            tokens = min(chunk, longest)
+            return self.step_memory.prefill(rows, tokens, longest - tokens)
+
         chunk = self.chunks.size
-        while chunk > MIN_CHUNK and self.step_memory.prefill(
-                self.prefill_batch, chunk, offset) > room:
+        spare = self.spare() if self.spare is not None and need(chunk) > room else 0
+        while chunk > MIN_CHUNK and need(chunk) > room + spare:
             chunk = max(MIN_CHUNK, chunk // 2)
         if chunk != gen.prefill_step_size:
             self._set_chunk(chunk)
         if self.kvcache is not None:
-            self.kvcache.trim_to(room - self.step_memory.prefill(self.prefill_batch, chunk,
-                                                                 offset))
+            self.kvcache.trim_to(room - max(0, need(chunk) - spare))
 
     def _bound_prefix(self) -> None:
         """The prefix cache gives way to what the running sequences hold: together they
