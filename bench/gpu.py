@@ -16,7 +16,8 @@ round (stderr):
 - a warm prefix: TTFT of the same 2000 tokens plus 16 new ones, raw: from a copy of the
   prompt cache of the 2000 (what mlx-lm gives a caller that keeps its cache);
 - a cold 2000-token chat message through /v1/chat/completions (template, tokenizer, the
-  worker's preparation) against raw prefill of the same templated ids;
+  worker's preparation) against raw mlx-lm's `apply_chat_template` (it tokenizes too) and
+  prefill of those ids;
 - with --mlx-lm-server, both servers on the chat path: a cold 2000-token message, the same
   conversation a turn later (warm), one stream's decode, 8 and 32 streams.
 Token-id prompts go through `/v1/completions`, so both sides run exactly the same tokens.
@@ -153,6 +154,14 @@ class Raw:
             first = first or now
             last, n = now, r.generation_tokens
         return first - t0, (n - 1) / (last - first) if n > 1 else float("nan")
+
+    def chat(self, messages: list[dict], tokens: int) -> float:
+        """TTFT s of a chat request as mlx-lm serves one: its `apply_chat_template`
+        (rendering and tokenizing, as mlxd's worker does for every chat request), then
+        greedy stream_generate."""
+        t0 = time.perf_counter()
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return time.perf_counter() - t0 + self.stream(ids, tokens)[0]
 
     def batch(self, prompts: list[list[int]], tokens: int) -> float:
         from mlx_lm.generate import batch_generate
@@ -373,9 +382,9 @@ def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[in
             rec("warm", i, lambda: raw.warm_prefix(long, suffix),
                 lambda: server_stream(srv.port, model, salt + long[1:] + suffix, 2)[0])
             text, ids = chat_text(raw.tokenizer, rng, vocab, 2000)
-            rec("chat prefill", i, lambda: len(ids) / raw.stream(ids, 2)[0],
-                lambda: len(ids) / chat_rate(srv.port, model,
-                                             [{"role": "user", "content": text}], 2)[0])
+            msgs = [{"role": "user", "content": text}]
+            rec("chat prefill", i, lambda: len(ids) / raw.chat(msgs, 2),
+                lambda: len(ids) / chat_rate(srv.port, model, msgs, 2)[0])
             if lm is not None:
                 server_rounds(i, rec, srv.port, lm.port, model, raw.tokenizer, rng, vocab,
                               tokens, streams)

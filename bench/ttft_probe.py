@@ -1,6 +1,6 @@
 """Where a request's time to first token goes (a short prompt, a cold 2000-token prompt,
-and a warm prefix): raw mlx-lm, mlxd's batch in-process (no HTTP, no worker process), and
-the server, on one model in one run.
+a warm prefix, and a cold 2000-token chat message): raw mlx-lm, mlxd's batch in-process
+(no HTTP, no worker process), and the server, on one model in one run.
 
     python -m bench.ttft_probe [--shape tiny|0.5b|7b] [--rounds 5]
 
@@ -8,7 +8,12 @@ Each figure is a median of rounds (the first dropped: compiles). The in-process 
 worker/loop/batch.py driven as the scheduler drives it, with the per-step times of the 2000-token
 requests printed: admission (prefix lookup and insert), then each step until its first
 token. What the server adds over the in-process batch is the HTTP, IPC and scheduling
-path; what the batch adds over raw is mlx-lm's BatchGenerator and mlxd's batch.
+path; what the batch adds over raw is mlx-lm's BatchGenerator and mlxd's batch. The chat
+row is the same kind of cold prompt as a user message: raw renders mlx-lm's
+`apply_chat_template` and runs `stream_generate`, the server takes /v1/chat/completions
+(template, tokenizer, the worker's preparation, the SSE chunks). Last, the chunks a worker
+with the default settings picks for a cold 2000-token prompt on this device, from the
+working memory it measures here (worker/loop/batch.py `_fit_chunk`).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ import random
 import statistics
 import time
 
-from bench.gpu import (Raw, Seq, build, default_dtype, greedy, in_process, server_stream,
-                       time_methods)
+from bench.gpu import (SHAPES, Raw, Seq, build, chat_rate, chat_text, default_dtype, greedy,
+                       in_process, server_stream, time_methods)
 from bench.serverproc import ServerProcess
 
 
@@ -60,8 +65,12 @@ def main() -> None:
 
     from mlx_lm.models.cache import make_prompt_cache
     raw = Raw(path)
-    r_cold, r_pre, r_warm = [], [], []
-    for _ in range(a.rounds + 1):
+    chats = [chat_text(raw.tokenizer, rng, SHAPES[a.shape]["vocab_size"], 2000)[0]
+             for _ in range(a.rounds + 1)]  # (each server a fresh process: cold for each)
+    message = lambda text: [{"role": "user", "content": text}]  # noqa: E731
+
+    r_cold, r_pre, r_warm, r_chat = [], [], [], []
+    for i in range(a.rounds + 1):
         long, suffix = prompt(2000), prompt(16)
         r_cold.append(raw.stream(prompt(32), 2)[0])
         r_pre.append(raw.stream(prompt(2000), 2)[0])
@@ -69,6 +78,7 @@ def main() -> None:
         raw.model(mx.array(long)[None], cache=cache)
         mx.eval([c.state for c in cache])
         r_warm.append(raw.stream(suffix, 2, cache=copy.deepcopy(cache))[0])
+        r_chat.append(raw.chat(message(chats[i]), 2))
 
     eng, batch = in_process(path, max_size=8)
 
@@ -99,30 +109,66 @@ def main() -> None:
 
     servers = {}
     for flags in a.server_args.split(";"):
-        s_cold, s_pre, s_warm = [], [], []
+        s_cold, s_pre, s_warm, s_chat = [], [], [], []
         with ServerProcess([str(path)], *flags.split()) as srv:
             srv.wait_healthy(timeout=900)
-            for _ in range(a.rounds + 1):
+            for i in range(a.rounds + 1):
                 long, suffix = prompt(2000), prompt(16)
                 s_cold.append(server_stream(srv.port, str(path), prompt(32), 2)[0])
                 s_pre.append(server_stream(srv.port, str(path), long, 2)[0])
                 s_warm.append(server_stream(srv.port, str(path), long + suffix, 2)[0])
-        servers[flags] = (s_cold, s_pre, s_warm)
+                s_chat.append(chat_rate(srv.port, str(path), message(chats[i]), 2)[0])
+        servers[flags] = (s_cold, s_pre, s_warm, s_chat)
 
     med = lambda xs: statistics.median(xs[1:]) * 1000  # noqa: E731
     print(f"{a.shape} {dtype} on {mx.default_device()}: TTFT ms (median of {a.rounds})")
     print(f"  32-token prompt: raw {med(r_cold):.1f}  batch {med(b_cold):.1f}")
     print(f"  cold 2000:       raw {med(r_pre):.1f}  batch {med(b_pre):.1f}")
     print(f"  warm 2000+16:    raw {med(r_warm):.1f}  batch {med(b_warm):.1f}")
-    for flags, (s_cold, s_pre, s_warm) in servers.items():
+    print(f"  chat 2000 cold:  raw {med(r_chat):.1f}")
+    for flags, (s_cold, s_pre, s_warm, s_chat) in servers.items():
         print(f"  server [{flags}]: 32-token {med(s_cold):.1f}, cold 2000 {med(s_pre):.1f}, "
-              f"warm {med(s_warm):.1f}")
+              f"warm {med(s_warm):.1f}, chat cold 2000 {med(s_chat):.1f}")
     for name, kept in (("cold", pre_traces), ("warm", traces)):
         for marks in kept[1:3]:
             print(f"  batch {name} trace (ms since add):",
                   ", ".join(f"{k} {v * 1000:.1f}" for k, v in marks))
     for line in TIMED[-40:]:
         print("   ", line)
+    default_chunks(eng, prompt(2000))
+
+
+def default_chunks(eng, ids: list[int]) -> None:
+    """The chunk sizes a worker with the default settings picks for a cold prompt of
+    `ids` on this device, from the working memory it measures here, without and with
+    the device's spare memory (worker/loading/startup.py `device_spare`)."""
+    from protocol.settings import BY_NAME
+    from worker.loading.startup import PREFILL_LARGEST, device_spare
+    from worker.loop.batch import Batch, ChunkSizer, KVSize, StepMemory
+
+    d = {name: s.default for name, s in BY_NAME.items()}
+    memory = StepMemory.measure(eng.model, eng.vocab_size or 0)
+    print(f"  measured step memory: {memory.per_token / 1024:.0f} KiB a token, "
+          f"{memory.per_pair:.1f} B a (query, key) pair")
+    for label, spare in (("the default --kv-budget alone", None),
+                         ("with the device's spare memory", device_spare())):
+        if label.startswith("with") and spare is None:
+            print(f"  {label}: none (this device does not report its free memory)")
+            continue
+        batch = Batch(eng, max_size=d["max_batch_size"], prefill_step=d["prefill_step"],
+                      prefill_batch=d["prefill_batch_size"], kv_budget=d["kv_budget"],
+                      kvcache=None, kv=KVSize.measure(eng.model, None), step_memory=memory,
+                      chunks=ChunkSizer(d["prefill_step"], PREFILL_LARGEST), spare=spare)
+        batch.chunks.observe(0.0)  # (a worker's sizer has grown on its earlier prompts)
+        batch.add(Seq("chunks"), greedy(eng, "chunks", ids, 2))
+        sizes = []  # the prompt tokens each step prefilled
+        while batch.members:
+            before = batch.gen._counters.prompt_tokens
+            batch.step()
+            if batch.gen._counters.prompt_tokens > before:
+                sizes.append(batch.gen._counters.prompt_tokens - before)
+        batch.close()
+        print(f"  chunks of a cold {len(ids)}-token prompt, {label}: {sizes}")
 
 
 if __name__ == "__main__":

@@ -257,16 +257,16 @@ def test_a_cold_2000_token_prompt_under_the_default_budget_takes_one_chunk_where
                            clock=lambda: 0.0)  # fast steps: the sizer grows at once
         batch.chunks.observe(0.0)
         batch.add(Seq("p"), engine.prepare(long_prompt("p", 2000)))
-        sizes = []
+        sizes = []  # the prompt tokens each step prefilled (the last one is generation's)
         while batch.members:
-            if len(batch.gen._prompt_batch) or batch.gen._unprocessed_sequences:
-                batch._fit_chunk()
-                sizes.append(batch.gen.prefill_step_size)
+            before = batch.gen._counters.prompt_tokens
             batch.step()
+            if batch.gen._counters.prompt_tokens > before:
+                sizes.append(batch.gen._counters.prompt_tokens - before)
         return sizes
 
-    assert chunks(spare=lambda: 16 << 30)[0] == 2048    # the whole prompt at once
-    assert chunks(spare=None)[:2] == [512, 512]          # 1 GiB: 512 tokens (not 256)
+    assert chunks(spare=lambda: 16 << 30) == [1999]                # the whole prompt at once
+    assert chunks(spare=None) == [512, 512, 512, 463]   # 1 GiB: 512 tokens a step (not 256)
 
 
 def test_the_prompt_cache_holds_no_more_than_it_counts(engine):
