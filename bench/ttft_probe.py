@@ -149,7 +149,9 @@ def default_chunks(eng, ids: list[int]) -> None:
     d = {name: s.default for name, s in BY_NAME.items()}
     memory = StepMemory.measure(eng.model, eng.vocab_size or 0)
     print(f"  measured step memory: {memory.per_token / 1024:.0f} KiB a token, "
-          f"{memory.per_pair:.1f} B a (query, key) pair")
+          f"{memory.per_pair:.1f} B a (query, key) pair; a prefill's own peak at "
+          + ", ".join(f"{n} tokens {StepMemory.working(eng.model, n) / 2**20:.1f} MiB"
+                      for n in (32, 128, 512, 2000)))
     for label, spare in (("the default --kv-budget alone", None),
                          ("with the device's spare memory", device_spare())):
         if label.startswith("with") and spare is None:

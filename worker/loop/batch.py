@@ -121,19 +121,26 @@ class StepMemory:
                 kv_format: KVFormat = KVFormat()) -> "StepMemory":
         """From MLX's peak over prefills of two lengths, less the KV they leave: the
         linear and the quadratic part of a chunk's working memory."""
-        def working(n: int) -> float:
-            cache = kv_format.make(model)
-            mx.reset_peak_memory()
-            model(mx.zeros((1, n), dtype=mx.int32), cache=cache)
-            mx.eval([c.state for c in cache])
-            held = mx.get_peak_memory() - mx.get_active_memory()  # (the KV stays)
-            del cache
-            mx.clear_cache()
-            return max(0, held) / n
-
-        w_short, w_long = working(short), working(long)
+        w_short = cls.working(model, short, kv_format) / short
+        w_long = cls.working(model, long, kv_format) / long
         per_pair = max(0.0, (w_long - w_short) / (long - short))
         return cls(max(0.0, w_short - per_pair * short), per_pair, vocab)
+
+    @staticmethod
+    def working(model, n: int, kv_format: KVFormat = KVFormat()) -> int:
+        """MLX's peak over a prefill of `n` tokens from scratch, less the KV it leaves.
+        From an empty buffer cache: a cached buffer bigger than an allocation asks for
+        counts whole, so a reading after other work depended on what the cache held
+        (after a 2,000-token prefill, the per-token part came out 0 in two runs of three)."""
+        mx.clear_cache()
+        cache = kv_format.make(model)
+        mx.reset_peak_memory()
+        model(mx.zeros((1, n), dtype=mx.int32), cache=cache)
+        mx.eval([c.state for c in cache])
+        held = mx.get_peak_memory() - mx.get_active_memory()  # (the KV stays)
+        del cache
+        mx.clear_cache()
+        return max(0, held)
 
 
 class _Warm:
