@@ -24,6 +24,9 @@ groups of 32), and mlx-vlm's TurboQuant (`tq4`: 4-bit keys and values, `tq5v4`: 
 not a format mlxd's batch runs: its attention is mlx-vlm's, put in the model's module for
 this run, so it gets bytes and perplexity only.
 A random-weight shape (--shape) has no meaningful text: bytes, context and speed only.
+Each quantized format's attention is chosen as a worker's load chooses it (worker/kvcache/
+attention.py): mlx-lm's quantized_matmul, or where the device has no kernel for it (MLX's
+CUDA backend), the dequantizing fallback; an "attention" row says which.
 Goals (issue "a quantized KV cache"): 8 bits <= 0.55 x the bytes, perplexity within 1 %,
 >= 0.9 x the speed; 4 bits <= 0.3 x the bytes, perplexity within 5 %.
 """
@@ -227,6 +230,7 @@ def main() -> None:
 
     import mlx.core as mx
 
+    from worker.kvcache import attention
     from worker.kvcache.quantized import KVFormat
     from worker.loop.batch import KVSize
 
@@ -235,11 +239,14 @@ def main() -> None:
         ids = ids[: args.text_tokens]
     formats = formats_of(args.formats, args.group_size)
     batched = {n: f for n, f in formats.items() if isinstance(f, KVFormat)}
-    if not args.shape:
-        for fmt in formats.values():
-            fmt.check(model)
-    # (256 tokens: MLX 0.32.4's CUDA quantized_matmul has no kernel for a few keys.)
     rows, base = Rows(), {}
+    for name, fmt in formats.items():
+        fmt.check(model)  # (a quantized KVFormat: which attention reads it, as a worker's load)
+        if isinstance(fmt, KVFormat) and fmt.quantized:
+            rows.append((f"{name}: attention", "dequantized (no quantized_matmul kernel)"
+                         if attention.dequantizes(fmt.bits, fmt.group_size)
+                         else "quantized_matmul", ""))
+    # (256 tokens: MLX 0.32.4's CUDA quantized_matmul has no kernel for a few keys.)
     for name, fmt in formats.items():
         kv = KVSize.measure(model, None, fmt, tokens=256) if isinstance(fmt, KVFormat) \
             else fmt.size(model)
@@ -281,7 +288,7 @@ def main() -> None:
             try:
                 generate(model, fmt, [q[:64] for q in prompts], 4)  # (compiles kernels)
                 _, speed = generate(model, fmt, prompts, args.speed_tokens)
-            except RuntimeError as e:  # (MLX's CUDA backend: quantized_matmul gaps)
+            except RuntimeError as e:  # (a kernel MLX lacks for a shape the check missed)
                 rows.append((f"{name}: decode tok/s, {streams} stream(s)", "failed",
                              str(e).splitlines()[0][:110]))
                 continue

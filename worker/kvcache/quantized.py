@@ -39,6 +39,8 @@ from mlx_lm.models.cache import (BatchKVCache, CacheList, ChunkedKVCache, KVCach
                                  QuantizedKVCache, RotatingKVCache, create_attention_mask,
                                  make_prompt_cache)
 
+from worker.kvcache import attention
+
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)   # what mx.quantize accepts
 
@@ -134,7 +136,9 @@ class KVFormat:
     def check(self, model, max_kv_size: Optional[int] = None, model_type: str = "") -> None:
         """Raise FormatError unless `model` can run on this format: valid bits and group
         size, a cache whose attention layers can be quantized, an attention that reads
-        them (one token's forward pass), a head dimension the group size divides."""
+        them (a forward pass: mlx-lm's quantized attention, or where this device has no
+        kernel for it, worker/kvcache/attention.py's dequantizing one), a head dimension
+        the group size divides."""
         if not self.quantized:
             return
         if self.bits not in BITS:
@@ -151,17 +155,22 @@ class KVFormat:
             raise FormatError(f"--kv-bits: --kv-group-size {self.group_size} does not divide "
                               f"this model's head dimension ({', '.join(map(str, sorted(dims)))}"
                               "); choose a group size that does, or leave --kv-bits unset")
-        cache = self.from_the_first.make(model, max_kv_size)
-        if not any(isinstance(c, QuantizedKVCache) for c in _flat(cache)):
+        if not any(isinstance(c, QuantizedKVCache)
+                   for c in _flat(self.from_the_first.make(model, max_kv_size))):
             raise FormatError(f"--kv-bits: this model ({model_type or 'its family'}) has no "
                               "attention KV cache to quantize; leave --kv-bits unset")
-        try:  # (8 tokens: MLX's CUDA quantized_matmul has no kernel for one key)
-            model(mx.zeros((1, 8), dtype=mx.int32), cache=cache)
-            mx.eval([c.state for c in cache])
+
+        def probe():  # (a prefill of 8 tokens, then a decode step, as the batch runs)
+            cache = self.from_the_first.make(model, max_kv_size)
+            for n in (8, 1):
+                mx.eval(model(mx.zeros((1, n), dtype=mx.int32), cache=cache),
+                        [c.state for c in cache])
+        try:
+            attention.choose(self.bits, self.group_size, probe)
         except Exception as e:
             raise FormatError(f"--kv-bits: {model_type or 'this model family'}'s attention "
                               f"cannot read a quantized KV cache on this device "
-                              f"({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+                              f"({attention.first_line(e)})"
                               "; leave --kv-bits unset") from None
 
 

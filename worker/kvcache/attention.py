@@ -1,0 +1,92 @@
+"""The attention that reads a quantized KV cache (--kv-bits: worker/kvcache/quantized.py),
+by one of two paths, chosen at load by what the device can run rather than by its name.
+
+mlx-lm's (`models/base.py`: `quantized_scaled_dot_product_attention`) multiplies the
+queries by the packed keys, and the scores by the packed values, with
+`mx.quantized_matmul`: on Metal and the CPU that is the fast path, and nothing is ever
+held at full precision. MLX 0.32.4's CUDA backend has no `quantized_matmul` kernel for
+attention's shapes ("No implementation for problem shape": a few queries against a key
+buffer sliced from its allocation), so where that path fails the cached keys and values
+are dequantized (`mx.dequantize`) for each layer's attention and
+`mx.fast.scaled_dot_product_attention` reads them. The cache at rest stays quantized (the
+KV budget, bytes per token, the prefix cache and snapshots are the same), and one layer's
+keys and values exist at full precision during its attention only (a step's transient
+memory, which the batch's StepMemory measures at load, after this choice).
+
+MLX reports a missing kernel when the graph is evaluated, not when it is built, so the
+choice cannot be made per call: `choose` runs a probe (a forward pass through a quantized
+cache) on the quantized path and, if MLX fails it, on the dequantizing one (logged). The
+choice is per (bits, group size), the arguments the attention is called with, so formats
+do not share it by accident (a benchmark measures several in one process).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import mlx.core as mx
+
+log = logging.getLogger("worker.kvcache.attention")
+
+# (bits, group size) whose attention dequantizes: the device failed quantized_matmul.
+_DEQUANTIZED: set = set()
+_QUANTIZED = None   # mlx-lm's own quantized attention, once install() replaced it
+
+
+def install() -> None:
+    """mlx-lm's quantized attention replaced by `attention` (every mlx-lm model reads it
+    through `base.scaled_dot_product_attention`, which looks it up at each call).
+    Idempotent."""
+    global _QUANTIZED
+    from mlx_lm.models import base
+
+    if _QUANTIZED is None:
+        _QUANTIZED = base.quantized_scaled_dot_product_attention
+        base.quantized_scaled_dot_product_attention = attention
+
+
+def attention(queries, q_keys, q_values, scale: float, mask, group_size: int = 64,
+              bits: int = 8):
+    """mlx-lm's quantized attention, or where this device cannot run it for this format,
+    the dequantized keys and values through MLX's fused attention."""
+    if (bits, group_size) not in _DEQUANTIZED:
+        return _QUANTIZED(queries, q_keys, q_values, scale, mask, group_size, bits)
+    keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
+    values = mx.dequantize(*q_values, group_size=group_size, bits=bits)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale,
+                                                mask=mask)
+
+
+def dequantizes(bits: int, group_size: int) -> bool:
+    """Whether this format's attention takes the dequantizing path."""
+    return (bits, group_size) in _DEQUANTIZED
+
+
+def choose(bits: int, group_size: int, probe: Callable[[], None]) -> str:
+    """The path this format's attention takes on this device: "quantized" if `probe` (a
+    forward pass through a cache of this format, evaluated) runs on mlx-lm's path, else
+    "dequantized" if it runs on the fallback; if neither runs, the quantized path's
+    error is raised."""
+    install()
+    key = (bits, group_size)
+    _DEQUANTIZED.discard(key)
+    try:
+        probe()
+        return "quantized"
+    except Exception as e:
+        first = e
+    _DEQUANTIZED.add(key)
+    try:
+        probe()
+    except Exception:
+        _DEQUANTIZED.discard(key)
+        raise first from None
+    log.warning("--kv-bits %d: this device cannot run the quantized attention (%s); its "
+                "keys and values are dequantized for each step's attention (the cache "
+                "stays quantized)", bits, first_line(first))
+    return "dequantized"
+
+
+def first_line(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
