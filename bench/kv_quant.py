@@ -19,10 +19,12 @@ For full precision, 8 and 4 bits (groups of --group-size):
 - aggregate decode tokens/s at 1 and 8 streams (prompts of --speed-prompt tokens), and
   the ratio to full precision.
 --formats chooses what is measured: full, 8 and 4 (groups of --group-size), 4g32 (4 bits in
-groups of 32), and mlx-vlm's TurboQuant (`tq4`: 4-bit keys and values, `tq5v4`: 5-bit keys,
-4-bit values; rotated vectors, a Lloyd-Max codebook and one norm per vector). TurboQuant is
-not a format mlxd's batch runs: its attention is mlx-vlm's, put in the model's module for
-this run, so it gets bytes and perplexity only.
+groups of 32), an `r` after any of these for keys and values stored rotated (4r, 4g32r:
+what `--kv-bits 4` stores, worker/kvcache/quantized.py KVFormat.rotate), and mlx-vlm's
+TurboQuant (`tq4`: 4-bit keys and values, `tq5v4`: 5-bit keys, 4-bit values; rotated
+vectors, a Lloyd-Max codebook and one norm per vector). TurboQuant is not a format mlxd's
+batch runs: its attention is mlx-vlm's, put in the model's module for this run, so it gets
+bytes and perplexity only.
 A random-weight shape (--shape) has no meaningful text: bytes, context and speed only.
 Each quantized format's attention is chosen as a worker's load chooses it (worker/kvcache/
 attention.py): mlx-lm's quantized_matmul, or where the device has no kernel for it (MLX's
@@ -120,14 +122,16 @@ def formats_of(spec: str, group_size: int) -> dict:
         word = word.strip()
         if word == "full":
             out["full"] = KVFormat()
-        elif m := re.fullmatch(r"(4|8)(?:g(\d+))?", word):
+        elif m := re.fullmatch(r"(4|8)(?:g(\d+))?(r?)", word):
             g = int(m[2] or group_size)
-            out[f"{m[1]}-bit" + (f" g{g}" if m[2] else "")] = KVFormat(int(m[1]), g)
+            out[f"{m[1]}-bit" + (f" g{g}" if m[2] else "") + (" rotated" if m[3] else "")] = \
+                KVFormat(int(m[1]), g, rotate=bool(m[3]))
         elif m := re.fullmatch(r"tq(\d)(?:v(\d))?", word):
             k, v = int(m[1]), int(m[2] or m[1])
             out[f"TurboQuant k{k}v{v}"] = TurboQuant(k, v)
         else:
-            raise SystemExit(f"--formats: not full, 8, 4, 4g32 or tq4/tq5v4: {word!r}")
+            raise SystemExit(f"--formats: not full, 8, 4, 4g32, 4r, 4g32r or tq4/tq5v4: "
+                             f"{word!r}")
     return out
 
 
@@ -215,9 +219,9 @@ def main() -> None:
                    "instead: bytes and speed only")
     p.add_argument("--text", type=Path, default=TEXT)
     p.add_argument("--group-size", type=int, default=64)
-    p.add_argument("--formats", default="full,8,4,4g32,tq4,tq5v4",
+    p.add_argument("--formats", default="full,8,4r,4,4g32r",
                    help="what to measure (the first is the reference): full, 8, 4, 4g32, "
-                   "tq4, tq5v4 (default: %(default)s)")
+                   "4r, 4g32r, tq4, tq5v4 (default: %(default)s)")
     p.add_argument("--chunk", type=int, default=512, help="perplexity's prefill chunk")
     p.add_argument("--text-tokens", type=int, default=None,
                    help="perplexity over the text's first this many tokens (default: all)")

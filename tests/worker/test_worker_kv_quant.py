@@ -27,7 +27,7 @@ PROMPTS = {
     "d": "word " * 40,
 }
 SYSTEM = [10 + (i * 7) % 900 for i in range(200)]
-Q8, Q4 = KVFormat(8, 32), KVFormat(4, 32)
+Q8, Q4 = KVFormat.of(8, 32), KVFormat.of(4, 32)   # (4 bits rotated, as --kv-bits 4)
 
 
 def _engine(models_dir, preset):

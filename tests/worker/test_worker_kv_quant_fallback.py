@@ -28,7 +28,7 @@ def _texts(engine, fmt):
 def test_without_the_kernel_the_fallback_loads_and_gives_the_quantized_tokens(
         kvq, tmp_path, monkeypatch, bits):
     engine, path = kvq
-    fmt = KVFormat(bits, 32)
+    fmt = KVFormat.of(bits, 32)
     fmt.check(engine.model)
     assert not attention.dequantizes(bits, 32)
     quantized = _texts(engine, fmt)

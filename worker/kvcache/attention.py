@@ -22,6 +22,8 @@ do not share it by accident (a benchmark measures several in one process).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 from typing import Callable
 
@@ -32,6 +34,8 @@ log = logging.getLogger("worker.kvcache.attention")
 # (bits, group size) whose attention dequantizes: the device failed quantized_matmul.
 _DEQUANTIZED: set = set()
 _QUANTIZED = None   # mlx-lm's own quantized attention, once install() replaced it
+# (bits, group size) whose keys and values are stored rotated (KVFormat.rotate).
+_ROTATED: set = set()
 
 
 def install() -> None:
@@ -49,13 +53,54 @@ def install() -> None:
 def attention(queries, q_keys, q_values, scale: float, mask, group_size: int = 64,
               bits: int = 8):
     """mlx-lm's quantized attention, or where this device cannot run it for this format,
-    the dequantized keys and values through MLX's fused attention."""
+    the dequantized keys and values through MLX's fused attention. Of rotated keys and
+    values, with the queries rotated alike and the output rotated back."""
+    rotated = (bits, group_size) in _ROTATED
+    if rotated:
+        queries = rotate(queries)
     if (bits, group_size) not in _DEQUANTIZED:
-        return _QUANTIZED(queries, q_keys, q_values, scale, mask, group_size, bits)
-    keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
-    values = mx.dequantize(*q_values, group_size=group_size, bits=bits)
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale,
-                                                mask=mask)
+        out = _QUANTIZED(queries, q_keys, q_values, scale, mask, group_size, bits)
+    else:
+        keys = mx.dequantize(*q_keys, group_size=group_size, bits=bits)
+        values = mx.dequantize(*q_values, group_size=group_size, bits=bits)
+        out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale,
+                                                   mask=mask)
+    return unrotate(out) if rotated else out
+
+
+def set_rotation(bits: int, group_size: int, on: bool) -> None:
+    """Whether this format's keys and values are stored rotated: one answer per (bits,
+    group size) in a process (a worker has one KV format; KVFormat.make sets it)."""
+    install()
+    (_ROTATED.add if on else _ROTATED.discard)((bits, group_size))
+
+
+def rotates(bits: int, group_size: int) -> bool:
+    return (bits, group_size) in _ROTATED
+
+
+def quantize(x, group_size: int, bits: int) -> tuple:
+    """Keys or values as the cache of this format stores them (rotated, if it rotates)."""
+    x = rotate(x) if (bits, group_size) in _ROTATED else x
+    return mx.quantize(x, group_size=group_size, bits=bits)
+
+
+def rotate(x):
+    """x (..., d) times an orthonormal matrix: random signs, then the normalized
+    Hadamard transform (d = m x 2^k, m in 1, 12, 20, 28: what MLX transforms)."""
+    return mx.hadamard_transform(x * _signs(x.shape[-1], x.dtype))
+
+
+def unrotate(x):
+    return mx.hadamard_transform(x) * _signs(x.shape[-1], x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _signs(d: int, dtype):
+    """d fixed random signs, the same on every machine and MLX version (a snapshot
+    written rotated is read by another worker): bits of a hash, not MLX's generator."""
+    bits = hashlib.shake_256(b"mlxd kv rotation").digest((d + 7) // 8)
+    return mx.array([1 - 2 * (bits[i // 8] >> (i % 8) & 1) for i in range(d)], dtype=dtype)
 
 
 def dequantizes(bits: int, group_size: int) -> bool:

@@ -18,6 +18,14 @@ model's cache are quantized (its attention layers; a recurrent layer's state sta
 full precision), checked once at load so that a model whose cache or attention cannot
 hold quantized keys is a load error, never silently full precision.
 
+4 bits are stored rotated (`KVFormat.rotate`, QuaRot-style): keys after RoPE and values are
+multiplied by a fixed orthonormal matrix (random signs and a Hadamard transform) before
+they are quantized, and the attention (worker/kvcache/attention.py) rotates the queries
+alike, so q.k is unchanged, and its output back. The rotation spreads the few outlier
+channels whose range ruins 4-bit groups over every channel: on SmolLM2-135M it takes 4-bit
+perplexity from +41 % to about +7 % of full precision (docs/benchmarks.md). A snapshot
+names the rotation in its format tag ("q4g64r"), so it is never read unrotated.
+
 `--quantized-kv-start N` (as mlx-lm's generate has it) keeps short sequences at full
 precision: a sequence starts with mlx-lm's plain cache and its batch converts once one of
 its rows holds more than N tokens (`pass_start`, after each step). A batch is one array per
@@ -55,6 +63,14 @@ class KVFormat:
     bits: Optional[int] = None
     group_size: int = 64
     start: int = 0   # --quantized-kv-start: tokens a sequence holds at full precision
+    rotate: bool = False   # keys and values stored rotated (worker/kvcache/attention.py)
+
+    @classmethod
+    def of(cls, bits: Optional[int], group_size: int = 64, start: int = 0) -> "KVFormat":
+        """The format of --kv-bits (None or 0: full precision): 4 bits rotated, since
+        4-bit keys lose to their outlier channels what a rotation spreads out
+        (docs/benchmarks.md); 8 bits as they are (within 1 % already)."""
+        return cls(bits or None, group_size, start if bits else 0, rotate=bits == 4)
 
     @property
     def quantized(self) -> bool:
@@ -63,16 +79,17 @@ class KVFormat:
     @property
     def tag(self) -> str:
         """The format in a snapshot's identity: "" for full precision (identities of
-        full-precision snapshots are what they always were), else "q8g64" (with a
-        start: "q8g64s1024")."""
+        full-precision snapshots are what they always were), else "q8g64" (rotated:
+        "q4g64r"; with a start: "q8g64s1024")."""
         if not self.quantized:
             return ""
-        return f"q{self.bits}g{self.group_size}" + (f"s{self.start}" if self.start else "")
+        return (f"q{self.bits}g{self.group_size}" + ("r" if self.rotate else "")
+                + (f"s{self.start}" if self.start else ""))
 
     @property
     def from_the_first(self) -> "KVFormat":
         """This format quantized from the first token (what a long sequence comes to)."""
-        return KVFormat(self.bits, self.group_size)
+        return KVFormat(self.bits, self.group_size, rotate=self.rotate)
 
     def make(self, model, max_kv_size: Optional[int] = None) -> list:
         """A fresh cache for one sequence: the model's own, its attention layers
@@ -81,6 +98,7 @@ class KVFormat:
         if not self.quantized:
             return cache
         install()
+        attention.set_rotation(self.bits, self.group_size, self.rotate)
         return self.convert(cache) if not self.start else cache
 
     def pass_start(self, gen) -> None:
@@ -110,10 +128,9 @@ class KVFormat:
         q.left_padding, q.offset = c.left_padding, c.offset
         q._right_padding = getattr(c, "_right_padding", None)
         if c.keys is not None and c._idx > 0:
-            q.keys = mx.quantize(c.keys[..., : c._idx, :], group_size=self.group_size,
-                                 bits=self.bits)
-            q.values = mx.quantize(c.values[..., : c._idx, :], group_size=self.group_size,
-                                   bits=self.bits)
+            q.keys = attention.quantize(c.keys[..., : c._idx, :], self.group_size, self.bits)
+            q.values = attention.quantize(c.values[..., : c._idx, :], self.group_size,
+                                          self.bits)
             q._idx = c._idx
         return q
 
@@ -128,9 +145,7 @@ class KVFormat:
                               "sliding window, or --max-kv-size) cannot hold a quantized KV "
                               "cache yet; leave --kv-bits unset")
         if type(c) is KVCache:
-            if c.keys is not None:
-                return c.to_quantized(group_size=self.group_size, bits=self.bits)
-            return QuantizedKVCache(group_size=self.group_size, bits=self.bits)
+            return to_quantized(c, self.group_size, self.bits)
         return c  # a recurrent layer's state (ArraysCache): full precision
 
     def check(self, model, max_kv_size: Optional[int] = None, model_type: str = "") -> None:
@@ -155,6 +170,14 @@ class KVFormat:
             raise FormatError(f"--kv-bits: --kv-group-size {self.group_size} does not divide "
                               f"this model's head dimension ({', '.join(map(str, sorted(dims)))}"
                               "); choose a group size that does, or leave --kv-bits unset")
+        if self.rotate:
+            try:
+                mx.eval([attention.rotate(mx.zeros((1, d))) for d in dims])
+            except Exception:
+                raise FormatError(f"--kv-bits {self.bits}: its keys and values are rotated "
+                                  "by a Hadamard transform, which MLX has for no head dimension "
+                                  f"of {', '.join(map(str, sorted(dims)))}; use --kv-bits 8 or "
+                                  "leave --kv-bits unset") from None
         if not any(isinstance(c, QuantizedKVCache)
                    for c in _flat(self.from_the_first.make(model, max_kv_size))):
             raise FormatError(f"--kv-bits: this model ({model_type or 'its family'}) has no "
@@ -172,6 +195,17 @@ class KVFormat:
                               f"cannot read a quantized KV cache on this device "
                               f"({attention.first_line(e)})"
                               "; leave --kv-bits unset") from None
+
+
+def to_quantized(c: KVCache, group_size: int, bits: int) -> QuantizedKVCache:
+    """mlx-lm's plain cache as its quantized one (KVCache.to_quantized, rotated where the
+    format rotates)."""
+    q = QuantizedKVCache(group_size=group_size, bits=bits)
+    if c.keys is not None:
+        q.offset = c.offset
+        q.keys = attention.quantize(c.keys[..., : c.offset, :], group_size, bits)
+        q.values = attention.quantize(c.values[..., : c.offset, :], group_size, bits)
+    return q
 
 
 def _flat(cache):
@@ -215,7 +249,11 @@ def _batch_class():
     if _BATCH is not None:
         return _BATCH
 
-    class BatchQuantizedKV(_vlm_cache().BatchQuantizedKVCache):
+    base = _vlm_cache().BatchQuantizedKVCache
+
+    class BatchQuantizedKV(base):
+        update_and_fetch = _rotating(base.update_and_fetch)
+
         def extract(self, idx: int) -> QuantizedKVCache:
             """One row as mlx-lm's QuantizedKVCache, exactly its tokens long."""
             cache = QuantizedKVCache(group_size=self.group_size, bits=self.bits)
@@ -271,6 +309,16 @@ def _batch_class():
     return _BATCH
 
 
+def _rotating(update_and_fetch):
+    """A quantized cache's update_and_fetch that stores new keys and values rotated where
+    its format rotates (the attention rotates the queries alike)."""
+    def rotating(self, keys, values):
+        if attention.rotates(self.bits, self.group_size):
+            keys, values = attention.rotate(keys), attention.rotate(values)
+        return update_and_fetch(self, keys, values)
+    return rotating
+
+
 def install() -> None:
     """mlx-lm's QuantizedKVCache made batchable: BatchGenerator merges a prompt batch's
     caches by the first one's `merge`; and plain caches that meet quantized ones in its
@@ -282,6 +330,7 @@ def install() -> None:
     generate = importlib.import_module("mlx_lm.generate")  # (mlx_lm.generate: a function)
     QuantizedKVCache.merge = classmethod(lambda cls, caches: _batch_class().merge(caches))
     QuantizedKVCache.size = lambda self: self.offset
+    QuantizedKVCache.update_and_fetch = _rotating(QuantizedKVCache.update_and_fetch)
     QuantizedKVCache.mlxd_batch = True
 
     merge, extend = generate._merge_caches, generate._extend_cache
@@ -292,9 +341,7 @@ def install() -> None:
             if q is not None:
                 for c in caches:
                     if type(c[i]) is KVCache:
-                        c[i] = (c[i].to_quantized(group_size=q.group_size, bits=q.bits)
-                                if c[i].keys is not None
-                                else QuantizedKVCache(group_size=q.group_size, bits=q.bits))
+                        c[i] = to_quantized(c[i], q.group_size, q.bits)
         return merge(caches)
 
     def _extend_cache(cache_a, cache_b):

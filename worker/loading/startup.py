@@ -107,8 +107,7 @@ def kv_format_of(engine, args):
     from worker.errors import LoadError
     from worker.kvcache.quantized import FormatError, KVFormat
 
-    kv_format = KVFormat(args.kv_bits or None, args.kv_group_size,  # (0: full precision)
-                         args.quantized_kv_start if args.kv_bits else 0)
+    kv_format = KVFormat.of(args.kv_bits, args.kv_group_size, args.quantized_kv_start)
     try:
         model_type = getattr(getattr(engine.model, "args", None), "model_type", "")
         kv_format.check(engine.model, args.max_kv_size, model_type)
