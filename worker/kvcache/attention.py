@@ -18,6 +18,12 @@ choice cannot be made per call: `choose` runs a probe (a forward pass through a 
 cache) on the quantized path and, if MLX fails it, on the dequantizing one (logged). The
 choice is per (bits, group size), the arguments the attention is called with, so formats
 do not share it by accident (a benchmark measures several in one process).
+
+Either path reads rotated keys and values (4 bits: worker/kvcache/quantized.py
+KVFormat.rotate): the queries are rotated alike (q.k is unchanged by an orthonormal
+rotation) and the output rotated back. Whether a (bits, group size) is rotated is set by
+`KVFormat.make`, once per process in a worker (it has one format); the caches read it
+when keys arrive (`quantize`, `rotate`).
 """
 
 from __future__ import annotations
