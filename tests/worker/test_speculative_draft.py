@@ -112,8 +112,9 @@ def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_d
     monkeypatch.setattr(draft, "step_cost", lambda d, t: 0.3)  # (a pass: 0.3 of a step)
     loaded = load_draft(str(tiny_model), args, engine)
     assert isinstance(loaded, DraftModel) and loaded.cost == 0.3
-    monkeypatch.setattr(draft, "step_cost", lambda d, t: 1.1)  # (cannot pay: off)
-    assert load_draft(str(tiny_model), args, engine) is None
+    for cost in (1.1, 0.87, 0.81):  # (cannot pay: off; 0.87 the 4-bit demo on an H200)
+        monkeypatch.setattr(draft, "step_cost", lambda d, t: cost)
+        assert load_draft(str(tiny_model), args, engine) is None
     assert load_draft("", args, engine) is None
     assert load_draft(str(tiny_model), args, engine, "vision") is None
     with pytest.raises(LoadError, match="--kv-bits"):
@@ -124,6 +125,21 @@ def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_d
                         corpus=("a quokka and a zebra",) * 50).path
     with pytest.raises(LoadError, match="another vocabulary"):
         load_draft(str(other), args, engine)
+
+
+def test_a_draft_model_loads_where_some_draft_length_beats_a_plain_step():
+    """The break-even rule: k passes of cost c and a verify step of v bring
+    (1 - a^(k+1)) / (1 - a) tokens at acceptance a; a draft loads where some k beats one
+    token per step, at a generous a (0.8)."""
+    from worker.speculative.cost import best_draft
+
+    assert best_draft(0.87) == (0, 1.0)               # the 4-bit demo on an H200: off
+    assert best_draft(0.79)[0] == 1                   # 1.8 tokens for 1.79 steps
+    assert best_draft(0.75, verify=1.2)[0] == 0       # (a dearer verify step: off)
+    k, rate = best_draft(0.1)                         # a much smaller model
+    assert k == 6 and rate == pytest.approx(2.47, abs=0.01)
+    assert best_draft(0.0, longest=3) == (3, pytest.approx(1 + 0.8 + 0.64 + 0.512))
+    assert best_draft(0.5, acceptance=0.3) == (0, 1.0)
 
 
 def test_a_draft_that_costs_what_it_earns_rests():

@@ -9,6 +9,7 @@ from typing import Optional
 
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from worker.speculative.cost import ACCEPTANCE, best_draft
 from worker.speculative.draft_model import DraftModel, step_cost
 
 log = logging.getLogger("worker.loading.draft")
@@ -16,11 +17,11 @@ log = logging.getLogger("worker.loading.draft")
 
 def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[DraftModel]:
     """`--draft-model` for this worker's model: None where it does not apply (no draft
-    asked, no speculation, a vision model or a worker group's rank, a draft whose pass
-    costs as much as the model's own step: said in the log; a group's ranks step
-    together, and a draft is not a step the followers know); a
-    LoadError where it cannot work (another vocabulary, a KV cache that cannot give back
-    rejected positions)."""
+    asked, no speculation, a vision model or a worker group's rank, a draft whose passes
+    cannot pay even at a generous acceptance (`best_draft`): said in the log; a group's
+    ranks step together, and a draft is not a step the followers know); a LoadError where
+    it cannot work (another vocabulary, a KV cache that cannot give back rejected
+    positions)."""
     import mlx_lm
 
     from worker.errors import LoadError
@@ -47,9 +48,13 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[Dr
         raise LoadError(f"the draft model {spec} has a KV cache that cannot give back a "
                         "rejected draft (attention layers only)")
     cost = step_cost(model, engine.model)
-    if cost >= 1.0:  # (k tokens accepted never earn MIN_GAIN + cost * k: adaptive.py)
-        log.warning("--draft-model %s: off, a pass of it costs %.2f of the model's own step "
-                    "(it cannot pay)", spec, cost)
+    k, rate = best_draft(cost, longest=args.max_draft_tokens)
+    if not k:  # (k passes and a verify step cost more than the tokens they bring)
+        log.warning("--draft-model %s: off, a pass of it costs %.2f of the model's own step: "
+                    "even at %.0f%% acceptance no draft length brings more than the one "
+                    "token a step does (it cannot pay)", spec, cost, ACCEPTANCE * 100)
         return None
-    log.info("draft model %s loaded: a pass costs %.2f of the model's step", spec, cost)
+    log.info("draft model %s loaded: a pass costs %.2f of the model's step; at %.0f%% "
+             "acceptance a draft of %d brings %.2f tokens per step", spec, cost,
+             ACCEPTANCE * 100, k, rate)
     return DraftModel(model, args.prefill_step, cost)
