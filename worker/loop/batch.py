@@ -398,7 +398,7 @@ class Batch:
             drafter = self.speculation.drafter()
         else:
             return
-        pace = Pace(self.max_draft, cost=getattr(drafter, "cost", 0.0))
+        pace = Pace.of(drafter, self.max_draft, prediction=bool(predicted))
         self.speculation.add(uid, Track(drafter, pace, seq,
                                         prediction=bool(predicted)))
 

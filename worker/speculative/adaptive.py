@@ -34,6 +34,12 @@ from worker.speculative.cost import StepCost
 MIN_GAIN = 0.4
 MAX_REST = 64
 _EMA = 0.5
+# A client's prediction (Predicted Outputs) drafts up to this many times
+# --max-draft-tokens, and a draft of it cut short does not shorten the next: a file being
+# edited agrees with the output for long runs between short departures (a renamed word, a
+# comment the model leaves out), after which the drafter finds its place again; on a GPU
+# verifying 16-32 positions costs about what verifying one does.
+PREDICTION_REACH = 4
 
 
 @dataclass
@@ -44,6 +50,15 @@ class Pace:
     rest: int = 0         # plain steps left before drafting again
     backoff: int = 4
     cost: float = 0.0     # drafting one token, in target steps (a draft model's passes)
+    steady: bool = False  # a draft cut short keeps its length (a prediction's)
+
+    @classmethod
+    def of(cls, drafter, max_draft: int, prediction: bool = False) -> "Pace":
+        """The pace of a sequence drafting with `drafter` (a client's prediction: longer
+        and steady drafts, `PREDICTION_REACH`)."""
+        if prediction:
+            return cls(max_draft * PREDICTION_REACH, steady=True)
+        return cls(max_draft, cost=getattr(drafter, "cost", 0.0))
 
     def __post_init__(self):
         self.length = min(4, self.max_draft)
@@ -63,7 +78,7 @@ class Pace:
         self.gain = (1 - _EMA) * self.gain + _EMA * accepted
         if accepted == drafted:
             self.length = min(self.max_draft, self.length * 2)
-        else:
+        elif not self.steady:
             self.length = max(1, accepted + 1)
         if self.gain < earn + self.cost * drafted:  # (what the draft cost to make)
             self.rest, self.backoff = self.backoff, min(MAX_REST, self.backoff * 2)

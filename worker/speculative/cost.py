@@ -103,15 +103,20 @@ class StepCost:
         b = bucket(rows)
         return len(self.verify.get(b, ())) >= ENOUGH and len(self.plain.get(b, ())) < ENOUGH
 
-    def extra(self, rows: int) -> float:
+    def measured(self, rows: int) -> Optional[float]:
         """V / T - 1 at this batch size: what one verification costs over a plain step,
-        in plain steps (the prior until measured)."""
-        return self._extra.get(bucket(rows), self.prior)
+        in plain steps (None: not yet timed)."""
+        return self._extra.get(bucket(rows))
+
+    def extra(self, rows: int) -> float:
+        """`measured`, else the prior."""
+        extra = self.measured(rows)
+        return self.prior if extra is None else extra
 
     def must_earn(self, rows: int, drafting: int) -> float:
         """Accepted tokens each of `drafting` rows must bring a verify step of `rows` rows
         for it to pay (the prior, per row, until measured)."""
-        extra = self._extra.get(bucket(rows))
+        extra = self.measured(rows)
         return self.prior if extra is None else extra * rows / max(1, drafting)
 
     def _add(self, samples: dict, rows: int, sample) -> None:
