@@ -68,6 +68,21 @@ def test_a_prefill_chunk_or_another_batch_size_is_no_sample():
     assert not cost.verify and all(max(s) == pytest.approx(0.010) for s in cost.plain.values())
 
 
+def test_a_draft_models_passes_are_not_the_verify_steps_cost():
+    """A draft model's passes in a verify step have their own price (`Pace.cost`): the
+    verify step is timed without them."""
+    clock = Clock()
+    cost = StepCost(MIN_GAIN, clock)
+    for _ in range(ENOUGH + 1):
+        clock.now += 0.010
+        with cost.drafting():
+            clock.now += 0.050
+        clock.now += 0.020
+        cost.stepped(1, True)
+    steps(cost, clock, "p" * (ENOUGH + 2), 0.010, 0.0)
+    assert cost.extra(1) == pytest.approx(2.0)
+
+
 def pace_after(verify: float, steps: int = 300, accepted: int = 1):
     """A speculating sequence's Pace, and how many times it drafted, alone in a batch,
     driven as verify.py's step drives a Speculation: a drafter with a guess at every step,

@@ -179,7 +179,8 @@ class Speculation:
             drafts.append(uid)  # (filled below)
         got = {}
         for group, ask in asks.items():
-            got.update(group.draft(ask))
+            with self.cost.drafting():  # (priced apart: `Pace.cost`)
+                got.update(group.draft(ask))
         return [got.get(d, []) if isinstance(d, int) else d for d in drafts]
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,

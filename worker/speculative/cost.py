@@ -11,7 +11,8 @@ times into what a verification must earn, in accepted tokens.
 How it is timed, without adding a sync: the wall clock from the end of one step to the
 end of the next (the scheduler's work between steps included: a pipelined step overlaps
 it, a verify step does not), for steps with no prefill chunk and the same decoding rows
-as the step before, per batch size bucket (1, 2, 3-4, 5-8, ...):
+as the step before, per batch size bucket (1, 2, 3-4, 5-8, ...), less the time a draft
+model spent drafting in it (its passes have their own price: adaptive.py's `Pace.cost`):
 
 - a plain step after a plain step is one sample of the plain step `T`;
 - a verify step leaves nothing in flight, so the plain step after it returns at once and
@@ -22,15 +23,16 @@ as the step before, per batch size bucket (1, 2, 3-4, 5-8, ...):
 A verify step yields each of its n rows one token, plus what the drafting rows accepted,
 for `V` where a plain step yields n tokens for `T`: it pays where the rows drafting
 accept n x (V / T - 1) tokens between them (`must_earn`). Until a bucket has `ENOUGH`
-samples of each, each drafting row must earn the prior (adaptive.py's MIN_GAIN); once a bucket has
-timed its verify steps, it takes plain steps until T is timed too (`wants_plain`:
-sequences that draft at every step would leave no plain step to time). Medians of the last
-`WINDOW` samples: a step that waited on something else (a command, the garbage
-collector) moves nothing.
+samples of each, each drafting row must earn the prior (adaptive.py's MIN_GAIN); once a
+bucket has timed its verify steps, it takes plain steps until T is timed too
+(`wants_plain`: sequences that draft at every step would leave no plain step to time).
+Medians of the last `WINDOW` samples: a step that waited on something else (a command,
+the garbage collector) moves nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections import deque
@@ -74,6 +76,17 @@ class StepCost:
         self._last: Optional[tuple] = None   # (rows, verified) of the last clean step
         self._pending: Optional[float] = None  # the period of a verify step
         self._extra: dict[int, float] = {}   # bucket -> V / T - 1, once measured
+        self._drafted = 0.0                  # seconds of draft passes in this step
+
+    @contextlib.contextmanager
+    def drafting(self):
+        """A draft model's passes: not the verify step's cost (adaptive.py's `Pace`
+        prices them by the draft's own measured cost)."""
+        t = self._clock()
+        try:
+            yield
+        finally:
+            self._drafted += self._clock() - t
 
     def stepped(self, rows: int, verified: Optional[bool]) -> None:
         """A step ended: `rows` sequences decoded in it, by a verify step (True), a plain
@@ -81,8 +94,8 @@ class StepCost:
         that fell back to a plain step): no sample, and the next step's period starts
         here."""
         now = self._clock()
-        period = None if self._then is None else now - self._then
-        self._then = now
+        period = None if self._then is None else now - self._then - self._drafted
+        self._then, self._drafted = now, 0.0
         last, self._last = self._last, (rows, verified) if verified is not None and rows \
             else None
         pending, self._pending = self._pending, None
