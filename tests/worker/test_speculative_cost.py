@@ -66,6 +66,13 @@ def test_a_prefill_chunk_or_another_batch_size_is_no_sample():
         clock.now += 0.030
         cost.stepped(2, True)      # (another row joined)
     assert not cost.verify and all(max(s) == pytest.approx(0.010) for s in cost.plain.values())
+    # (a vision batch's image prefill before its step: Speculation.untimed)
+    spec = Speculation(cost=StepCost(MIN_GAIN, clock))
+    for untimed in (True, False, True, False):
+        clock.now += 1.0 if untimed else 0.010
+        spec.step, spec.untimed = (1, False), untimed
+        spec.timed(False)
+    assert not spec.cost.plain
 
 
 def test_a_draft_models_passes_are_not_the_verify_steps_cost():

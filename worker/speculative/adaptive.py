@@ -114,6 +114,7 @@ class Speculation:
     cost: StepCost = field(default_factory=lambda: StepCost(MIN_GAIN))
     earn: float = MIN_GAIN       # what each drafting row must accept, this verify step
     step: Optional[tuple] = None  # (rows, verified or None) of the step under way
+    untimed: bool = False         # the step under way did other work (a vision prefill)
     # Whether a step none of whose sequences drafted still runs the verify forward (a
     # drafter that needs its hidden states: worker/speculative/mtp.py).
     always_verify = False
@@ -213,8 +214,8 @@ class Speculation:
         """The batch's step ended (`prefill`: a prefill chunk was in it): its time is a
         sample of the kind of step it was (cost.py)."""
         rows, verified = self.step or (0, None)
-        self.step = None
-        self.cost.stepped(rows, None if prefill else verified)
+        untimed, self.step, self.untimed = prefill or self.untimed, None, False
+        self.cost.stepped(rows, None if untimed else verified)
 
     def reported(self, responses, fed: bool = False) -> None:
         """A plain step's tokens (mlx-lm's own step): the drafters follow the text
