@@ -77,6 +77,7 @@ class StepCost:
         self._pending: Optional[float] = None  # the period of a verify step
         self._extra: dict[int, float] = {}   # bucket -> V / T - 1, once measured
         self._drafted = 0.0                  # seconds of draft passes in this step
+        self._added: dict[int, int] = {}     # bucket -> samples added
 
     @contextlib.contextmanager
     def drafting(self):
@@ -135,6 +136,9 @@ class StepCost:
     def _add(self, samples: dict, rows: int, sample) -> None:
         b = bucket(rows)
         samples.setdefault(b, deque(maxlen=WINDOW)).append(sample)
+        self._added[b] = added = self._added.get(b, 0) + 1
+        if b in self._extra and added % ENOUGH:
+            return  # (the medians again every ENOUGH samples: a step's time stays ~1 us)
         plain, verify = self.plain.get(b, ()), self.verify.get(b, ())
         if len(plain) >= ENOUGH and len(verify) >= ENOUGH:
             t = statistics.median(plain)
