@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.worker.test_speculative import REPEATING, ids, run
-from worker.speculative.adaptive import MIN_GAIN, Pace, Speculation, Track
+from worker.speculative.adaptive import MAX_REST, MIN_GAIN, Pace, Speculation, Track
 from worker.speculative.cost import ENOUGH, WINDOW, StepCost
 
 
@@ -138,6 +138,16 @@ def test_one_token_per_verification_rests_where_verify_costs_three_steps():
     # (4, 8, ... 64 steps), and probing again after each: about 7 probes in 270 steps.
     assert ENOUGH + 5 <= dear_drafts <= ENOUGH + 12
     assert dear.backoff > 4 and cheap.backoff == 4
+
+
+def test_in_a_batch_of_n_a_sequence_rests_up_to_n_times_longer():
+    """Each sequence that wakes to probe makes the whole batch verify: in a batch of 8,
+    one that keeps failing rests up to 8 x MAX_REST steps."""
+    alone, in_eight = Pace(8), Pace(8)
+    for _ in range(12):
+        alone.update(4, 0, 1.0, rows=1)
+        in_eight.update(4, 0, 1.0, rows=8)
+    assert (alone.rest, in_eight.rest) == (MAX_REST, 8 * MAX_REST)
 
 
 def test_in_a_batch_the_rows_drafting_pay_for_every_row():

@@ -11,10 +11,10 @@ A verification step costs more than a plain one (the forward pass reads more pos
 and it cannot be overlapped with the next step: worker/speculative/verify.py), by how
 much the batch measures as it runs (worker/speculative/cost.py), so a sequence whose
 drafts do not earn that stops drafting for a while (doubling each time, up to
-`MAX_REST` steps) and tries again; and a step verifies only when some sequence's drafter
-has a guess for the text so far (`Drafter.ready`), so a step where none does is mlx-lm's
-own pipelined step: prose that does not repeat its prompt decodes as if nothing
-speculated.
+`MAX_REST` steps per sequence of the batch) and tries again; and a step verifies only
+when some sequence's drafter has a guess for the text so far (`Drafter.ready`), so a
+step where none does is mlx-lm's own pipelined step: prose that does not repeat its
+prompt decodes as if nothing speculated.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from worker.speculative.cost import StepCost
 # on the demo model (CPU, OpenBLAS) measured the forward pass verifying a draft of 1, 2,
 # 4, 8 tokens at 0.99, 1.25, 1.17, 1.36 x a one-token step (docs/benchmarks.md).
 MIN_GAIN = 0.4
+# The longest rest, in steps, per sequence of the batch: each sequence that wakes to try
+# again makes the whole batch's step a verify step, so in a batch of n they rest up to
+# n x MAX_REST steps (one probe per MAX_REST steps in all, whatever n).
 MAX_REST = 64
 _EMA = 0.5
 # A client's prediction (Predicted Outputs) drafts up to this many times
@@ -70,9 +73,10 @@ class Pace:
         if self.rest:
             self.rest -= 1
 
-    def update(self, drafted: int, accepted: int, earn: float = MIN_GAIN) -> None:
+    def update(self, drafted: int, accepted: int, earn: float = MIN_GAIN,
+               rows: int = 1) -> None:
         """A verification of `drafted` tokens kept `accepted`; it had to `earn` that many
-        to pay for the verify step (`StepCost.must_earn`)."""
+        to pay for the verify step of `rows` rows (`StepCost.must_earn`)."""
         if not drafted:
             return
         self.gain = (1 - _EMA) * self.gain + _EMA * accepted
@@ -81,7 +85,8 @@ class Pace:
         elif not self.steady:
             self.length = max(1, accepted + 1)
         if self.gain < earn + self.cost * drafted:  # (what the draft cost to make)
-            self.rest, self.backoff = self.backoff, min(MAX_REST, self.backoff * 2)
+            self.rest = self.backoff
+            self.backoff = min(MAX_REST * max(1, rows), self.backoff * 2)
             self.gain = earn  # (a fresh chance after the rest)
         elif accepted:
             self.backoff = 4
@@ -113,6 +118,7 @@ class Speculation:
     totals: Totals = field(default_factory=Totals)
     cost: StepCost = field(default_factory=lambda: StepCost(MIN_GAIN))
     earn: float = MIN_GAIN       # what each drafting row must accept, this verify step
+    batch_rows: int = 1          # the rows of this verify step
     step: Optional[tuple] = None  # (rows, verified or None) of the step under way
     untimed: bool = False         # the step under way did other work (a vision prefill)
     # Whether a step none of whose sequences drafted still runs the verify forward (a
@@ -156,7 +162,7 @@ class Speculation:
             return []
         draft = t.drafter.propose(min(room, t.pace.length))
         if not draft:  # a step verified for nothing: as costly as a draft rejected
-            t.pace.update(1, 0, self.earn)
+            t.pace.update(1, 0, self.earn, self.batch_rows)
         return draft
 
     def propose_all(self, uids, pending, rooms) -> list[list[int]]:
@@ -195,7 +201,7 @@ class Speculation:
             t.drafter.extend(tokens)
         if not draft:
             return
-        t.pace.update(len(draft), accepted, self.earn)
+        t.pace.update(len(draft), accepted, self.earn, self.batch_rows)
         self.totals.verifications += 1
         self.totals.drafted += len(draft)
         self.totals.accepted += accepted
@@ -209,6 +215,7 @@ class Speculation:
         """A verify step of `rows` rows, `drafting` of them with a draft: what each must
         accept for it to pay."""
         self.earn = self.cost.must_earn(rows, drafting)
+        self.batch_rows = rows
 
     def timed(self, prefill: bool) -> None:
         """The batch's step ended (`prefill`: a prefill chunk was in it): its time is a
