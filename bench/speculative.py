@@ -24,10 +24,7 @@ then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` 
 
 `--step-cost` first times the forward pass that verifies a draft of d tokens (1 + d
 positions, one sequence, a 200-token context) against the one-token step: the tokens
-a draft must earn to pay (worker/speculative/adaptive.py's MIN_GAIN, the prior). The
-table's `verify/step` is what the batch itself measured a verify step to cost, in plain
-pipelined steps, at that many streams (worker/speculative/cost.py; `-`: not yet timed,
-the prior held).
+a draft must earn to pay (worker/speculative/adaptive.py's MIN_GAIN).
 """
 
 from __future__ import annotations
@@ -213,8 +210,7 @@ def main() -> None:
     streams = [int(s) for s in a.streams.split(",")]
     if cases:
         print(f"{'workload':8} {'drafter':18} {'streams':>7} {'none tok/s':>10} "
-              f"{'spec tok/s':>10} {'ratio':>6} {'accept':>7} {'tok/verify':>10} same"
-              "  verify/step")
+              f"{'spec tok/s':>10} {'ratio':>6} {'accept':>7} {'tok/verify':>10} same")
     for n in streams if cases else ():
         for work, messages, spec, prediction in cases:
             best = {"none": 0.0, "spec": 0.0}
@@ -228,7 +224,6 @@ def main() -> None:
                 rate, texts["spec"] = run(eng, b, messages, n, a.tokens, prediction)
                 best["spec"] = max(best["spec"], rate)
                 stats = b.speculation.totals if b.speculation else None
-                measured = b.speculation.cost.measured(n) if b.speculation else None
             drafter = "prediction" if prediction else \
                 f"draft q{a.draft_bits}" if spec == "draft" else spec
             accept = stats.accepted / stats.drafted if stats and stats.drafted else 0.0
@@ -236,8 +231,7 @@ def main() -> None:
                 if stats and stats.verifications else 1.0
             print(f"{work:8} {drafter:18} {n:7d} {best['none']:10.1f} "
                   f"{best['spec']:10.1f} {best['spec'] / best['none']:6.2f} {accept:7.2f} "
-                  f"{per:10.2f} {str(texts['none'] == texts['spec']):5}"
-                  f"  {'-' if measured is None else f'{1 + measured:.2f}'}", flush=True)
+                  f"{per:10.2f} {texts['none'] == texts['spec']}", flush=True)
     if a.servers:
         servers(path, draft_path, streams, a.tokens, a.rounds)
 

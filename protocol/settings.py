@@ -365,8 +365,7 @@ SETTINGS: tuple[Setting, ...] = (
       "model refuses to load) nor for vision models or worker groups (off there)",
       worker=True),
     S("max_draft_tokens", INT, 8, "longest draft a sequence proposes per step (each adapts "
-      "its own below this; a client's prediction drafts up to 4 times this; 0: no "
-      "speculation, Predicted Outputs included)", worker=True),
+      "its own below this; 0: no speculation, Predicted Outputs included)", worker=True),
     # Worker groups (worker/group/): one model over several MLX processes and hosts.
     S("hosts", PATH, None, "serve the --model models each by a worker group: one MLX process "
       "per host of this hostfile (mlx.launch's JSON format; its first host is this "

@@ -10,7 +10,6 @@ from mlx_lm.models.cache import BatchKVCache
 
 from tests.generates import generate
 from tests.worker.batchrun import Seq, make_batch
-from worker.speculative.adaptive import PREDICTION_REACH, Pace
 from worker.speculative.drafters import Prediction, PromptLookup
 from worker.speculative.verify import _keep_only
 
@@ -33,21 +32,6 @@ def test_prediction_follows_the_client_text_and_finds_its_place_again():
     assert d.propose(2) == []
     d.extend([13, 14])                 # back on the text
     assert d.propose(3) == [15, 16]
-
-
-def test_a_predictions_drafts_grow_past_prompt_lookups_and_a_departure_keeps_them_long():
-    """A client's prediction agrees for long runs between short departures: its drafts
-    grow to PREDICTION_REACH x --max-draft-tokens, and one cut short leaves the next as
-    long (prompt lookup's next draft is one more than was accepted)."""
-    lookup = Pace.of(PromptLookup([1, 2]), 8)
-    predicted = Pace.of(Prediction([1, 2]), 8, prediction=True)
-    for pace in (lookup, predicted):
-        for _ in range(5):
-            pace.update(pace.length, pace.length)
-    assert (lookup.length, predicted.length) == (8, 8 * PREDICTION_REACH)
-    for pace in (lookup, predicted):
-        pace.update(pace.length, 3)
-    assert (lookup.length, predicted.length) == (4, 8 * PREDICTION_REACH)
 
 
 def test_a_rejected_suffix_leaves_no_trace_in_a_batch_cache():
@@ -116,10 +100,9 @@ def test_greedy_text_is_identical_with_drafts_alone_and_in_a_batch_of_four(engin
     alone, _, plain_steps = run(engine, {"predicted": FOUR["predicted"]})
     fast, seqs, steps = run(engine, {"predicted": FOUR["predicted"]}, {"predicted": exact})
     assert ids(fast["predicted"]) == ids(alone["predicted"])
-    # Each step reports its pending token and the drafts after it: 35 tokens in 4 steps
-    # (drafts of 4, 8, 16, then the 3 the budget leaves: a prediction drafts up to
-    # PREDICTION_REACH x --max-draft-tokens), every draft accepted.
-    assert (seqs["predicted"].draft_accepted, seqs["predicted"].draft_rejected) == (31, 0)
+    # Each step reports its pending token and the drafts after it: 35 tokens in 5 steps
+    # (drafts of 4, 8, 8, 8, then the 2 the budget leaves), every draft accepted.
+    assert (seqs["predicted"].draft_accepted, seqs["predicted"].draft_rejected) == (30, 0)
     assert steps < plain_steps / 3
 
 

@@ -398,7 +398,7 @@ class Batch:
             drafter = self.speculation.drafter()
         else:
             return
-        pace = Pace.of(drafter, self.max_draft, prediction=bool(predicted))
+        pace = Pace(self.max_draft, cost=getattr(drafter, "cost", 0.0))
         self.speculation.add(uid, Track(drafter, pace, seq,
                                         prediction=bool(predicted)))
 
@@ -452,8 +452,6 @@ class Batch:
         t0 = self._clock()
         prompt_responses, token_responses = self.gen.next()
         self.kv_format.pass_start(self.gen)  # (--quantized-kv-start: worker/kvcache/quantized.py)
-        if self.speculation is not None:  # (what a verify step costs here: cost.py)
-            self.speculation.timed(bool(prompt_responses))
         if any(not r.end_of_prompt for r in prompt_responses):  # it prefilled a chunk:
             size = self.chunks.size                            # size the next by its time
             if self.chunks.observe(self._clock() - t0) != size:

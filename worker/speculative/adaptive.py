@@ -8,41 +8,27 @@ request reports (Predicted Outputs' accepted and rejected prediction tokens).
 `Pace` adapts a sequence's draft length to its acceptance: a draft accepted whole
 doubles the next (up to `max_draft`); one cut short proposes one more than was accepted.
 A verification step costs more than a plain one (the forward pass reads more positions,
-and it cannot be overlapped with the next step: worker/speculative/verify.py), by how
-much the batch measures as it runs (worker/speculative/cost.py), so a sequence whose
-drafts do not earn that stops drafting for a while (doubling each time, up to
-`MAX_REST` steps per sequence of the batch) and tries again; and a step verifies only
-when some sequence's drafter has a guess for the text so far (`Drafter.ready`), so a
-step where none does is mlx-lm's own pipelined step: prose that does not repeat its
-prompt decodes as if nothing speculated.
+and it cannot be overlapped with the next step: worker/speculative/verify.py), so a
+sequence whose drafts keep failing stops drafting for a while (doubling each time, up to
+`MAX_REST` steps) and tries again; and a step verifies only when some sequence's drafter
+has a guess for the text so far (`Drafter.ready`), so a step where none does is mlx-lm's
+own pipelined step: prose that does not repeat its prompt decodes as if nothing
+speculated.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
-from worker.speculative.cost import StepCost
-
-# A sequence rests when its average accepted tokens per verification falls below what a
-# verification step costs over a plain one, in tokens: measured where it runs, per batch
-# size (cost.py: on a lent H200 a verify step of the 135M demo model cost far more than
-# a pipelined step, where on the CPU it costs about one). This is the prior, until the
-# batch has timed enough steps of both kinds: `python -m bench.speculative --step-cost`
-# on the demo model (CPU, OpenBLAS) measured the forward pass verifying a draft of 1, 2,
-# 4, 8 tokens at 0.99, 1.25, 1.17, 1.36 x a one-token step (docs/benchmarks.md).
+# A sequence rests when its average accepted tokens per verification falls below this:
+# what a verification step costs over a plain one, in tokens. `python -m
+# bench.speculative --step-cost` on the demo model (CPU, OpenBLAS) measured the forward
+# pass verifying a draft of 1, 2, 4, 8 tokens at 0.99, 1.25, 1.17, 1.36 x a one-token step
+# (docs/benchmarks.md): a draft must earn up to 0.36 tokens, and the step it cannot
+# overlap with the next (verify.py) a little more.
 MIN_GAIN = 0.4
-# The longest rest, in steps, per sequence of the batch: each sequence that wakes to try
-# again makes the whole batch's step a verify step, so in a batch of n they rest up to
-# n x MAX_REST steps (one probe per MAX_REST steps in all, whatever n).
 MAX_REST = 64
 _EMA = 0.5
-# A client's prediction (Predicted Outputs) drafts up to this many times
-# --max-draft-tokens, and a draft of it cut short does not shorten the next: a file being
-# edited agrees with the output for long runs between short departures (a renamed word, a
-# comment the model leaves out), after which the drafter finds its place again; on a GPU
-# verifying 16-32 positions costs about what verifying one does.
-PREDICTION_REACH = 4
 
 
 @dataclass
@@ -53,15 +39,6 @@ class Pace:
     rest: int = 0         # plain steps left before drafting again
     backoff: int = 4
     cost: float = 0.0     # drafting one token, in target steps (a draft model's passes)
-    steady: bool = False  # a draft cut short keeps its length (a prediction's)
-
-    @classmethod
-    def of(cls, drafter, max_draft: int, prediction: bool = False) -> "Pace":
-        """The pace of a sequence drafting with `drafter` (a client's prediction: longer
-        and steady drafts, `PREDICTION_REACH`)."""
-        if prediction:
-            return cls(max_draft * PREDICTION_REACH, steady=True)
-        return cls(max_draft, cost=getattr(drafter, "cost", 0.0))
 
     def __post_init__(self):
         self.length = min(4, self.max_draft)
@@ -73,21 +50,17 @@ class Pace:
         if self.rest:
             self.rest -= 1
 
-    def update(self, drafted: int, accepted: int, earn: float = MIN_GAIN,
-               rows: int = 1) -> None:
-        """A verification of `drafted` tokens kept `accepted`; it had to `earn` that many
-        to pay for the verify step of `rows` rows (`StepCost.must_earn`)."""
+    def update(self, drafted: int, accepted: int) -> None:
         if not drafted:
             return
         self.gain = (1 - _EMA) * self.gain + _EMA * accepted
         if accepted == drafted:
             self.length = min(self.max_draft, self.length * 2)
-        elif not self.steady:
+        else:
             self.length = max(1, accepted + 1)
-        if self.gain < earn + self.cost * drafted:  # (what the draft cost to make)
-            self.rest = self.backoff
-            self.backoff = min(MAX_REST * max(1, rows), self.backoff * 2)
-            self.gain = earn  # (a fresh chance after the rest)
+        if self.gain < MIN_GAIN + self.cost * drafted:  # (what the draft cost to make)
+            self.rest, self.backoff = self.backoff, min(MAX_REST, self.backoff * 2)
+            self.gain = MIN_GAIN  # (a fresh chance after the rest)
         elif accepted:
             self.backoff = 4
 
@@ -116,11 +89,6 @@ class Totals:
 class Speculation:
     tracks: dict = field(default_factory=dict)   # uid -> Track
     totals: Totals = field(default_factory=Totals)
-    cost: StepCost = field(default_factory=lambda: StepCost(MIN_GAIN))
-    earn: float = MIN_GAIN       # what each drafting row must accept, this verify step
-    batch_rows: int = 1          # the rows of this verify step
-    step: Optional[tuple] = None  # (rows, verified or None) of the step under way
-    untimed: bool = False         # the step under way did other work (a vision prefill)
     # Whether a step none of whose sequences drafted still runs the verify forward (a
     # drafter that needs its hidden states: worker/speculative/mtp.py).
     always_verify = False
@@ -143,10 +111,7 @@ class Speculation:
         has a guess for the text so far (`Drafter.ready`, asked without the pending
         token, which is still being computed: a step where no sequence has one stays
         mlx-lm's pipelined step, at no extra cost). (Only a sequence that may draft has
-        a track: worker/loop/batch.py gives none to one with a grammar.) Not while
-        the batch still times its plain steps at this size (cost.py)."""
-        if not self.always_verify and self.cost.wants_plain(len(uids)):
-            return False
+        a track: worker/loop/batch.py gives none to one with a grammar.)"""
         return any((t := self.tracks.get(uid)) is not None
                    and t.pace.wants() and t.drafter.ready() for uid in uids)
 
@@ -162,7 +127,7 @@ class Speculation:
             return []
         draft = t.drafter.propose(min(room, t.pace.length))
         if not draft:  # a step verified for nothing: as costly as a draft rejected
-            t.pace.update(1, 0, self.earn, self.batch_rows)
+            t.pace.update(1, 0)
         return draft
 
     def propose_all(self, uids, pending, rooms) -> list[list[int]]:
@@ -186,8 +151,7 @@ class Speculation:
             drafts.append(uid)  # (filled below)
         got = {}
         for group, ask in asks.items():
-            with self.cost.drafting():  # (priced apart: `Pace.cost`)
-                got.update(group.draft(ask))
+            got.update(group.draft(ask))
         return [got.get(d, []) if isinstance(d, int) else d for d in drafts]
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
@@ -201,7 +165,7 @@ class Speculation:
             t.drafter.extend(tokens)
         if not draft:
             return
-        t.pace.update(len(draft), accepted, self.earn, self.batch_rows)
+        t.pace.update(len(draft), accepted)
         self.totals.verifications += 1
         self.totals.drafted += len(draft)
         self.totals.accepted += accepted
@@ -210,19 +174,6 @@ class Speculation:
         seq = t.seq
         seq.draft_accepted = getattr(seq, "draft_accepted", 0) + accepted
         seq.draft_rejected = getattr(seq, "draft_rejected", 0) + len(draft) - accepted
-
-    def verifying(self, rows: int, drafting: int) -> None:
-        """A verify step of `rows` rows, `drafting` of them with a draft: what each must
-        accept for it to pay."""
-        self.earn = self.cost.must_earn(rows, drafting)
-        self.batch_rows = rows
-
-    def timed(self, prefill: bool) -> None:
-        """The batch's step ended (`prefill`: a prefill chunk was in it): its time is a
-        sample of the kind of step it was (cost.py)."""
-        rows, verified = self.step or (0, None)
-        untimed, self.step, self.untimed = prefill or self.untimed, None, False
-        self.cost.stepped(rows, None if untimed else verified)
 
     def reported(self, responses, fed: bool = False) -> None:
         """A plain step's tokens (mlx-lm's own step): the drafters follow the text

@@ -55,19 +55,16 @@ def install() -> None:
         spec = self.__dict__.get("mlxd_speculation")
         if spec is None or not self.uids:
             return original(self)
-        rows = len(self.uids)
         if spec.wants(self.uids):
             try:
                 responses = verify(self, spec)
             finally:
                 recurrent.done()
             if responses is not None:
-                spec.step = (rows, True)
                 return responses
-            fed = True  # (no sequence drafted after all: mlx-lm's step, but synced)
+            fed = True  # (no sequence drafted after all: mlx-lm's step)
         else:
             fed = False
-        spec.step = (rows, None if fed else False)  # (timed by the batch: cost.py)
         responses = original(self)
         spec.reported(responses, fed)
         return responses
@@ -96,7 +93,6 @@ def verify(gb, spec) -> list | None:
     width = 1 + max(len(d) for d in drafts)
     if width == 1 and not spec.always_verify:
         return None
-    spec.verifying(n, sum(1 for d in drafts if d))
     rows = [[p] + d + [0] * (width - 1 - len(d)) for p, d in zip(pending, drafts)]
     inputs = mx.array(rows, dtype=current.dtype)
 

@@ -171,8 +171,6 @@ class VisionBatch(Batch):
         chunk), then the text batch's step."""
         if self.prefilling:
             self._prefill_chunk(self.prefilling[0])
-            if self.speculation is not None:  # (no sample of a step's cost: cost.py)
-                self.speculation.untimed = True
         return super().step()
 
     def _prefill_chunk(self, job: _Prefill) -> None:
