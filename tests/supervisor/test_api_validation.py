@@ -10,7 +10,15 @@ from supervisor.api.completions.request import CompletionRequest, parse_completi
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 
-DROP = object()  # in a patch: remove the key from the base body
+class _Drop:
+    """In a patch: remove the key from the base body (named in test ids, which must be
+    the same in every process that collects them: pytest-xdist's workers)."""
+
+    def __repr__(self) -> str:
+        return "DROP"
+
+
+DROP = _Drop()
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 TEXT = {"model": "m", "prompt": "Once upon a time"}
 
