@@ -71,7 +71,8 @@ def main() -> None:
     from protocol.messages import Generate, OutputSpec, SamplingParams
     from worker.loading import models
     from worker.demos.text import QWEN, build_model
-    from worker.loop.batch import Batch, KVSize
+    from worker.loop.batch import Batch
+    from worker.loop.sizing import KVSize
     from worker.text.engine import TextEngine
 
     path = Path(args.model) if args.model else build_model(

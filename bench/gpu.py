@@ -197,7 +197,8 @@ def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
     """mlxd's text engine and a batch on the model at `path`, as a worker builds them
     (the prefix cache included, `prompt_cache` bytes; 0: none)."""
     from worker.loading import models
-    from worker.loop.batch import Batch, KVSize
+    from worker.loop.batch import Batch
+    from worker.loop.sizing import KVSize
     from worker.text.engine import TextEngine
     from worker.kvcache.manager import KVCache, trimmable
     from worker.kvcache.prefix import PrefixCache

@@ -103,7 +103,7 @@ class TurboQuant:
     def size(self, model):
         import mlx.core as mx
 
-        from worker.loop.batch import KVSize
+        from worker.loop.sizing import KVSize
 
         cache = self.make(model)
         model(mx.zeros((1, 256), dtype=mx.int32), cache=cache)
@@ -236,7 +236,7 @@ def main() -> None:
 
     from worker.kvcache import attention
     from worker.kvcache.quantized import KVFormat
-    from worker.loop.batch import KVSize
+    from worker.loop.sizing import KVSize
 
     model, ids, what = load(args)
     if ids is not None and args.text_tokens:

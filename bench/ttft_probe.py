@@ -144,7 +144,8 @@ def default_chunks(eng, ids: list[int]) -> None:
     the device's spare memory (worker/loading/startup.py `device_spare`)."""
     from protocol.settings import BY_NAME
     from worker.loading.startup import PREFILL_LARGEST, device_spare
-    from worker.loop.batch import Batch, ChunkSizer, KVSize, StepMemory
+    from worker.loop.batch import Batch
+    from worker.loop.sizing import ChunkSizer, KVSize, StepMemory
 
     d = {name: s.default for name, s in BY_NAME.items()}
     memory = StepMemory.measure(eng.model, eng.vocab_size or 0)

@@ -11,7 +11,8 @@ from worker.kvcache.disk import DiskTier
 from worker.kvcache.manager import SNAPSHOT_EVERY, KVCache, trimmable
 from worker.kvcache.prefix import PrefixCache
 from worker.kvcache.quantized import KVFormat
-from worker.loop.batch import Batch, KVSize
+from worker.loop.batch import Batch
+from worker.loop.sizing import KVSize
 
 
 class Seq:

@@ -49,7 +49,7 @@ def test_the_head_loads_by_the_checkpoints_names_and_what_cannot_draft_refuses(
     import mlx.core as mx
 
     from worker.loading import models
-    from worker.loop.batch import KVSize
+    from worker.loop.sizing import KVSize
     from worker.speculative.mtp import MTPSpeculation, load_head
     engine, head, path = mtp
     stored = mx.load(str(path / "model.safetensors"))
@@ -254,7 +254,7 @@ def test_a_qwen3_5_vision_checkpoint_drafts_with_its_head_in_the_vision_batch(mo
     from mlx_vlm import load
 
     from worker.demos.vision import build_vision_model
-    from worker.loop.batch import KVSize
+    from worker.loop.sizing import KVSize
     from worker.speculative.mtp import MTPHead, load_head
     from worker.vision.batch import VisionBatch
     from worker.vision.engine import VisionEngine

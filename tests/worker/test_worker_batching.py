@@ -8,7 +8,7 @@ import pytest
 from protocol.messages import pack_ids
 from tests.generates import generate
 from tests.worker.batchrun import make_batch, run_all, steps
-from worker.loop.batch import ChunkSizer, StepMemory
+from worker.loop.sizing import ChunkSizer, StepMemory
 from worker.kvcache.prefix import PrefixCache
 
 PROMPTS = {
@@ -202,7 +202,7 @@ def test_a_prefill_chunk_fits_what_the_running_sequences_leave_of_the_budget(eng
     step prefills (one here, whatever --prefill-batch-size allows) fit beside the batch's
     KV, down to MIN_CHUNK, and the prompt cache gives way to it."""
     from tests.worker.batchrun import Seq
-    from worker.loop.batch import MIN_CHUNK
+    from worker.loop.sizing import MIN_CHUNK
 
     memory = StepMemory(100.0, 1.0, 0)
     p1 = engine.prepare(long_prompt("1", 1500))
@@ -301,7 +301,7 @@ def test_step_memory_is_measured_from_two_prefills(engine):
 
 
 def test_prefill_chunks_grow_while_steps_are_fast_and_shrink_when_slow():
-    from worker.loop.batch import ChunkSizer
+    from worker.loop.sizing import ChunkSizer
 
     sizer = ChunkSizer(512, 2048, target=0.1)
     assert [sizer.observe(0.04) for _ in range(3)] == [1024, 2048, 2048]  # fast: up to the top
@@ -318,7 +318,7 @@ def test_prefill_chunks_grow_while_steps_are_fast_and_shrink_when_slow():
 def test_the_batch_prefills_in_chunks_of_the_sizers_size(engine):
     """Injected step times: fast steps grow the chunk, so a 1000-token prompt needs fewer
     steps than at the fixed size, and the tokens are the same."""
-    from worker.loop.batch import ChunkSizer
+    from worker.loop.sizing import ChunkSizer
 
     g = generate(rid="p", prompt_ids=pack_ids([10 + i % 1000 for i in range(1000)]),
                  max_tokens=4, temperature=0.0)
@@ -446,7 +446,7 @@ def test_prompts_that_end_together_move_to_decoding_without_a_copy(engine, monke
     mlx-lm's deep copy of the whole batch, and each request gives what it gives alone."""
     from mlx_lm.generate import PromptProcessingBatch
 
-    from worker.loop.batch import ChunkSizer
+    from worker.loop.sizing import ChunkSizer
 
     copies = []
     own_copy = PromptProcessingBatch._copy

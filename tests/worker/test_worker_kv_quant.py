@@ -17,7 +17,7 @@ from worker.errors import LoadError
 from worker.kvcache.prefix import PrefixCache
 from worker.kvcache.quantized import KVFormat
 from worker.loading.startup import make_batch as startup_batch
-from worker.loop.batch import KVSize
+from worker.loop.sizing import KVSize
 from worker.loop.preparer import prepare
 
 PROMPTS = {

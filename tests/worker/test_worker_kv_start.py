@@ -14,7 +14,7 @@ from tests.worker.test_worker_kv_quant import (SYSTEM, ids_gen, kvq,  # noqa: F4
 from worker.kvcache.prefix import PrefixCache
 from worker.kvcache.quantized import KVFormat
 from worker.loading.startup import kv_size
-from worker.loop.batch import KVSize
+from worker.loop.sizing import KVSize
 
 S8 = KVFormat(8, 32, start=64)
 SHORT, LONG = SYSTEM[:20], SYSTEM + [1, 2]

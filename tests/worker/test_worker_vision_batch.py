@@ -53,7 +53,7 @@ def serial_engine(loaded):
 def vbatch(engine, prefix: PrefixCache | None = None, max_size: int = 8,
            prefill_step: int | None = None, max_kv_size: int | None = None):
     from worker.kvcache.manager import KVCache, trimmable
-    from worker.loop.batch import KVSize
+    from worker.loop.sizing import KVSize
     from worker.vision.batch import VisionBatch
 
     kvcache = None if prefix is None else KVCache(

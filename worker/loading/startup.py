@@ -20,7 +20,8 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
     cache, named KV snapshots too (on disk under STATE_DIR/kv/MODEL-IDENTITY; a group's
     ranks, each with its own shard of every state, under MODEL-IDENTITY-`shard`). `cls`:
     the batch's class (a vision-language model's: worker/vision/batch.py)."""
-    from worker.loop.batch import Batch, ChunkSizer, StepMemory
+    from worker.loop.batch import Batch
+    from worker.loop.sizing import ChunkSizer, StepMemory
     from worker.errors import LoadError
 
     kv_format = kv_format_of(engine, args)
@@ -120,7 +121,7 @@ def kv_size(model, window, kv_format):
     """What a sequence's KV takes. With --quantized-kv-start N its first N tokens may be
     held at full precision: the quantized bytes per token, plus what N tokens take more at
     full precision (a bound for every length)."""
-    from worker.loop.batch import KVSize
+    from worker.loop.sizing import KVSize
 
     kv = KVSize.measure(model, window, kv_format.from_the_first if kv_format.quantized
                         else kv_format)

@@ -1,0 +1,145 @@
+"""What a batch's sequences and steps take: the sizes worker/loop/batch.py admits by.
+
+`KVSize` is one sequence's KV memory (a fixed part for recurrent state and a part per
+token, up to a rotating cache's window); `StepMemory` a step's working memory (a prefill
+chunk's activations, measured on the device at load, and the logits at the batch's
+width); `ChunkSizer` the prefill chunk by time. Apart from the batch, which only reads
+them, so that a benchmark or a test sizes a sequence without a generator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+
+from worker.kvcache.quantized import KVFormat
+
+# The smallest prefill chunk a tight KV budget may bring a chunk down to.
+MIN_CHUNK = 32
+
+
+@dataclass
+class KVSize:
+    """KV memory of one sequence: a fixed part (recurrent state) plus a part per token
+    (attention keys and values), up to `window` tokens for a rotating cache."""
+    per_token: float
+    per_sequence: int = 0
+    window: Optional[int] = None
+
+    def of(self, tokens: int) -> int:
+        if self.window is not None:
+            tokens = min(tokens, self.window)
+        return int(self.per_sequence + self.per_token * tokens)
+
+    def tokens_within(self, nbytes: int) -> int:
+        """The longest sequence whose KV fits in `nbytes` (any, for a rotating cache)."""
+        if self.per_token <= 0 or (self.window is not None and self.of(self.window) <= nbytes):
+            return 1 << 62 if nbytes >= self.per_sequence else 0
+        return max(0, int((nbytes - self.per_sequence) // self.per_token))
+
+    @classmethod
+    def measure(cls, model, window: Optional[int] = None,
+                kv_format: KVFormat = KVFormat(), tokens: int = 1) -> "KVSize":
+        """From the shapes of a cache after a forward pass of `tokens`: attention layers
+        hold (batch, heads, allocated tokens, dim) keys and values (quantized: packed
+        integers, scales and biases); anything else (recurrent state) is per sequence."""
+        cache = kv_format.make(model)
+        model(mx.zeros((1, tokens), dtype=mx.int32), cache=cache)
+        mx.eval([c.state for c in cache])
+        per_token, fixed = 0.0, 0
+        for layer in _flat(cache):
+            keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+            if keys is not None and values is not None:
+                arrays = [*keys, *values] if isinstance(keys, (tuple, list)) else [keys, values]
+                per_token += sum(a.nbytes for a in arrays) / arrays[0].shape[2]
+            else:
+                fixed += layer.nbytes
+        return cls(per_token, fixed, window)
+
+
+@dataclass
+class StepMemory:
+    """Working memory of one batched step beyond the KV it keeps. A prefill chunk of c
+    tokens after o cached ones takes `per_token` x c (the layers' activations) plus
+    `per_pair` x c x (c + o) (attention scores, where the backend materializes them: a
+    long chunk's scores outweigh its KV); a decode step, three float32 rows of the
+    vocabulary per sequence (logits, log-probabilities, processed logits)."""
+    per_token: float
+    per_pair: float
+    vocab: int
+
+    def prefill(self, rows: int, chunk: int, offset: int = 0) -> int:
+        return int(rows * chunk * (self.per_token + self.per_pair * (chunk + offset)))
+
+    def logits(self, rows: int) -> int:
+        return rows * self.vocab * 4 * 3
+
+    @classmethod
+    def measure(cls, model, vocab: int, short: int = 32, long: int = 128,
+                kv_format: KVFormat = KVFormat()) -> "StepMemory":
+        """From MLX's peak over prefills of two lengths, less the KV they leave: the
+        linear and the quadratic part of a chunk's working memory."""
+        w_short = cls.working(model, short, kv_format) / short
+        w_long = cls.working(model, long, kv_format) / long
+        per_pair = max(0.0, (w_long - w_short) / (long - short))
+        return cls(max(0.0, w_short - per_pair * short), per_pair, vocab)
+
+    @staticmethod
+    def working(model, n: int, kv_format: KVFormat = KVFormat()) -> int:
+        """MLX's peak over a prefill of `n` tokens from scratch, less the KV it leaves.
+        From an empty buffer cache: a cached buffer bigger than an allocation asks for
+        counts whole, so a reading after other work depended on what the cache held
+        (after a 2,000-token prefill, the per-token part came out 0 in two runs of three)."""
+        mx.clear_cache()
+        cache = kv_format.make(model)
+        mx.reset_peak_memory()
+        model(mx.zeros((1, n), dtype=mx.int32), cache=cache)
+        mx.eval([c.state for c in cache])
+        held = mx.get_peak_memory() - mx.get_active_memory()  # (the KV stays)
+        del cache
+        mx.clear_cache()
+        return max(0, held)
+
+
+def _flat(cache):
+    for c in cache:
+        inner = getattr(c, "caches", None)
+        if inner is not None:
+            yield from _flat(inner)
+        else:
+            yield c
+
+
+class ChunkSizer:
+    """Prefill chunk size by time, not a fixed token count.
+
+    A fixed chunk is wrong on every machine but one: small on a GPU (a 512-token chunk of
+    a small model takes milliseconds, and its per-chunk overhead halves prefill speed),
+    and cancel and the running streams wait for a whole chunk however long it takes.
+    So the size grows while a step with prefill stays under the target time and halves
+    when one takes over twice that, between `--prefill-step` and `largest` (mlx-lm's
+    default 2048, or --prefill-step if larger): running streams wait at most about two
+    targets per token, and prefill runs at the engine's speed where steps are fast. It
+    grows by the largest power of two that the step's time allows under the target (at
+    least 2), not by doubling: a worker's first long prompt on a GPU, whose 512-token
+    chunk takes a few ms, then goes 512 + 1488 in two steps rather than 512 + 1024 + 464
+    in three (each step a forward pass's launch and a wait)."""
+
+    def __init__(self, smallest: int, largest: int, target: float = 0.1):
+        self.smallest = max(1, smallest)
+        self.largest = max(self.smallest, largest)
+        self.target = target
+        self.size = self.smallest
+
+    def observe(self, seconds: float) -> int:
+        """The size for the next step, after a step with prefill took `seconds`."""
+        if seconds < self.target and self.size < self.largest:
+            grow = 2
+            while seconds * grow * 2 <= self.target and self.size * grow < self.largest:
+                grow *= 2
+            self.size = min(self.largest, self.size * grow)
+        elif seconds > 2 * self.target and self.size > self.smallest:
+            self.size = max(self.smallest, self.size // 2)
+        return self.size
