@@ -35,6 +35,7 @@ import zmq
 log = logging.getLogger("worker.group.control")
 
 BEAT_EVERY = 0.5     # s between a follower's heartbeats
+HELLO_WAIT = 120.0   # s a follower's hello may wait for a connection to the leader
 _POLL_MS = 200
 _BEAT = struct.Struct("<IQQ")   # rank, MLX active bytes, MLX peak bytes
 
@@ -136,14 +137,24 @@ class LeaderControl:
 
 
 class FollowerControl:
-    def __init__(self, ctx: zmq.Context, control: str, rank: int, keys):
+    def __init__(self, ctx: zmq.Context, control: str, rank: int, keys,
+                 hello_wait: float = HELLO_WAIT):
         ops, beats = endpoints(control)
         self.dealer = _client(ctx.socket(zmq.DEALER), keys)
         self.dealer.setsockopt(zmq.IDENTITY, f"r{rank}".encode())
         self.dealer.setsockopt(zmq.RCVHWM, 0)
         self.dealer.setsockopt(zmq.LINGER, 0)
         self.dealer.connect(ops)
-        self.dealer.send(b"hello")
+        # A DEALER's send waits for a connection; one the leader refused (a wrong key)
+        # is not retried, so without a bound the rank would hang here, not fail.
+        self.dealer.setsockopt(zmq.SNDTIMEO, int(hello_wait * 1000))
+        try:
+            self.dealer.send(b"hello")
+        except zmq.Again:
+            self.dealer.close()
+            raise RuntimeError(f"rank {rank} could not reach the leader's control channel "
+                               f"in {hello_wait:g} s (a wrong group key, or no leader)") from None
+        self.dealer.setsockopt(zmq.SNDTIMEO, -1)
         self._push = _client(ctx.socket(zmq.PUSH), keys)
         self._push.setsockopt(zmq.LINGER, 0)
         self._push.setsockopt(zmq.SNDHWM, 4)   # beats are worth nothing once stale

@@ -9,6 +9,7 @@ them, so that a benchmark or a test sizes a sequence without a generator.
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import Optional
 
@@ -78,11 +79,15 @@ class StepMemory:
 
     @classmethod
     def measure(cls, model, vocab: int, short: int = 32, long: int = 128,
-                kv_format: KVFormat = KVFormat()) -> "StepMemory":
+                kv_format: KVFormat = KVFormat(), readings: int = 3) -> "StepMemory":
         """From MLX's peak over prefills of two lengths, less the KV they leave: the
-        linear and the quadratic part of a chunk's working memory."""
-        w_short = cls.working(model, short, kv_format) / short
-        w_long = cls.working(model, long, kv_format) / long
+        linear and the quadratic part of a chunk's working memory. The largest of a few
+        readings: where the backend frees buffers on its own thread (MLX's CPU stream),
+        a busy machine frees some early and the peak reads low (a 32-token prefill's
+        working memory read 8 KB to 98 KB on two busy cores), which the difference
+        of the two lengths turned into a per-token cost of 0."""
+        w_short = max(cls.working(model, short, kv_format) for _ in range(readings)) / short
+        w_long = max(cls.working(model, long, kv_format) for _ in range(readings)) / long
         per_pair = max(0.0, (w_long - w_short) / (long - short))
         return cls(max(0.0, w_short - per_pair * short), per_pair, vocab)
 
@@ -91,14 +96,24 @@ class StepMemory:
         """MLX's peak over a prefill of `n` tokens from scratch, less the KV it leaves.
         From an empty buffer cache: a cached buffer bigger than an allocation asks for
         counts whole, so a reading after other work depended on what the cache held
-        (after a 2,000-token prefill, the per-token part came out 0 in two runs of three)."""
+        (after a 2,000-token prefill, the per-token part came out 0 in two runs of three).
+        With Python's cycle collector held off: arrays it freed mid-reading lowered the
+        active memory the peak is taken against (per-token 0, or 200 x, after other work
+        left cyclic garbage holding arrays)."""
+        gc.collect()
         mx.clear_cache()
-        cache = kv_format.make(model)
-        mx.reset_peak_memory()
-        model(mx.zeros((1, n), dtype=mx.int32), cache=cache)
-        mx.eval([c.state for c in cache])
-        held = mx.get_peak_memory() - mx.get_active_memory()  # (the KV stays)
-        del cache
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            cache = kv_format.make(model)
+            mx.reset_peak_memory()
+            model(mx.zeros((1, n), dtype=mx.int32), cache=cache)
+            mx.eval([c.state for c in cache])
+            held = mx.get_peak_memory() - mx.get_active_memory()  # (the KV stays)
+            del cache
+        finally:
+            if collecting:
+                gc.enable()
         mx.clear_cache()
         return max(0, held)
 
