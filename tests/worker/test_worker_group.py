@@ -5,6 +5,7 @@ framing, the sharding choice, the launcher's hostfile, and the seed every rank s
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -367,10 +368,6 @@ def test_sharding_choice():
     assert setup._sharding(Model(), cfg, 2, "auto") == "tensor"
     assert setup._sharding(Model(), cfg, 3, "pipeline") == "pipeline"
     assert setup._sharding(Model(tensor=False), cfg, 2, "auto") == "pipeline"
-    # MLX's CUDA backend has no send/recv: pipeline is refused there, tensor still chosen
-    assert setup._sharding(Model(), cfg, 2, "auto", p2p=False) == "tensor"
-    with pytest.raises(LoadError, match="send/recv.*--sharding tensor"):
-        setup._sharding(Model(), cfg, 2, "pipeline", p2p=False)
     odd = {**cfg, "num_key_value_heads": 3}
     assert setup._sharding(Model(), odd, 2, "auto") == "pipeline"
     with pytest.raises(LoadError, match="3 key/value heads"):
@@ -383,6 +380,64 @@ def test_sharding_choice():
     # it is refused for that, not for its heads (which only tensor sharding splits).
     with pytest.raises(LoadError, match="no pipeline parallel sharding$"):
         setup._sharding(Model(pipeline=False), odd, 2, "pipeline")
+
+
+PIPELINE_RANK = """
+import sys
+import mlx.core as mx
+from mlx_lm.models import qwen2
+from mlx_lm.models.cache import make_prompt_cache
+from worker.group import setup
+group = mx.distributed.init()
+mx.random.seed(0)
+model = qwen2.Model(qwen2.ModelArgs(
+    model_type="qwen2", hidden_size=48, num_hidden_layers=6, intermediate_size=96,
+    num_attention_heads=6, num_key_value_heads=6, rms_norm_eps=1e-5, vocab_size=128))
+mx.eval(model.parameters())
+
+def run():  # a prefill, then a decode step on its cache, each evaluated as the batch does
+    cache = make_prompt_cache(model)
+    a = model(mx.array([[3, 14, 15, 92, 65, 35, 89, 79]]), cache=cache)
+    mx.eval(a)
+    b = model(mx.array([[7]]), cache=cache)
+    mx.eval(b)
+    return mx.concatenate([a, b], axis=1)
+
+whole = run()
+native = setup.native_p2p()
+if not native:
+    from worker.group import p2p
+    p2p.install()
+model.model.pipeline(group)
+print("rank", group.rank(), native, float(mx.abs(run() - whole).max()), flush=True)
+"""
+
+
+def test_pipeline_transfers_ride_on_all_reduces_where_there_is_no_send_recv(tmp_path):
+    """MLX's CUDA backend has no send/recv (issue 36): mlx-lm's pipeline runs with its
+    transfers carried by all-reduces (worker/group/p2p.py), here forced on three CPU ranks
+    of a real mlx.launch ring job: every rank's output of a prefill and a decode step is
+    the whole model's."""
+    import subprocess
+    import sys
+
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps({"backend": "ring", "hosts": [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 3}))
+    root = launch.__file__.rsplit("/worker/", 1)[0]
+    env = {**os.environ, setup.P2P_ENV: "collectives",
+           "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; from mlx._distributed_utils.launch import main; "
+                               "sys.exit(main())", "--hostfile", str(hosts), "--backend",
+         "ring", "--starting-port", str(launch.free_ports(3)), "--",
+         sys.executable, "-c", PIPELINE_RANK],
+        capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL, cwd=root,
+        env=env)
+    lines = sorted(line.split() for line in out.stdout.splitlines() if line.startswith("rank"))
+    assert [line[:3] for line in lines] == [["rank", str(r), "False"] for r in range(3)], \
+        out.stdout + out.stderr
+    assert all(float(line[3]) < 1e-5 for line in lines), lines
 
 
 def test_hostfile_is_checked_and_local_groups_get_free_ports(tmp_path):

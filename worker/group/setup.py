@@ -23,6 +23,7 @@ from protocol import models as shared
 from protocol.messages import GroupInfo, GroupRank, ModelKind
 from worker.loading import models
 from worker.text import sampling
+from worker.group import p2p
 from worker.group.broadcast import Broadcast
 from worker.loading.models import LoadedModel
 from worker.errors import LoadError
@@ -125,13 +126,12 @@ def load_shard(path: Path, config: dict, chan: Broadcast, sharding: str):
 
     group = chan.group
     model, _ = load_model(path, lazy=True, strict=False)
-    # MLX's CUDA backend has no send/recv (0.32: "Recv has no CUDA implementation"), which
-    # pipeline sharding passes activations with: refused at load, not at the first step.
-    p2p = not (mx.default_device() == mx.gpu and mx.cuda.is_available())
-    chosen = _sharding(model, config, group.size(), sharding, p2p)
+    chosen = _sharding(model, config, group.size(), sharding)
     if chosen == "tensor":
         model.shard(group)
     else:
+        if not native_p2p():
+            p2p.install()
         model.model.pipeline(group)
     mx.eval(model.parameters())
     tokenizer = load_tokenizer(path, {"trust_remote_code": True},
@@ -140,8 +140,21 @@ def load_shard(path: Path, config: dict, chan: Broadcast, sharding: str):
     return model, tokenizer, chosen
 
 
-def _sharding(model, config: dict, size: int, wanted: str, p2p: bool = True) -> str:
-    """The sharding to use; `p2p`: the device has send/recv (pipeline sharding needs it)."""
+P2P_ENV = "MLXD_GROUP_P2P"
+
+
+def native_p2p() -> bool:
+    """Whether MLX's backend here has send/recv, which mlx-lm's pipeline passes activations
+    with: not its CUDA backend (0.32: "Recv has no CUDA implementation"), where p2p.py
+    carries them by all-reduces. MLXD_GROUP_P2P=collectives uses those anywhere (tests
+    run them on CPU ranks)."""
+    if os.environ.get(P2P_ENV) == "collectives":
+        return False
+    return not (mx.default_device() == mx.gpu and mx.cuda.is_available())
+
+
+def _sharding(model, config: dict, size: int, wanted: str) -> str:
+    """The sharding to use."""
     tensor_ok = hasattr(model, "shard")
     pipeline_ok = hasattr(model, "model") and hasattr(model.model, "pipeline")
     layers = shared.config_value(config, ("num_hidden_layers", "n_layer")) or 0
@@ -161,10 +174,6 @@ def _sharding(model, config: dict, size: int, wanted: str, p2p: bool = True) -> 
     elif layers < size:
         pipeline_ok = False
         why["pipeline"].append(f"its {layers} layers are fewer than {size} ranks")
-    elif not p2p:
-        pipeline_ok = False
-        why["pipeline"].append("pipeline sharding needs send/recv, which MLX's CUDA backend "
-                               "lacks: use --sharding tensor")
     if wanted == "tensor" and tensor_ok or wanted == "pipeline" and pipeline_ok:
         return wanted
     if wanted == "auto" and (tensor_ok or pipeline_ok):
