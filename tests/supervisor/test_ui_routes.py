@@ -24,10 +24,13 @@ class Refs(HTMLParser):
         super().__init__()
         self.loads: list[str] = []
         self.blocked: list[str] = []
+        self.ids: list[str] = []
         self._in_script = False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if "id" in a:
+            self.ids.append(a["id"])
         if tag == "script":
             self._in_script = True
             if "src" in a:
@@ -61,6 +64,9 @@ async def test_pages_are_served_with_their_headers_and_load_only_their_own_files
             refs = Refs()
             refs.feed(await r.text())
             assert refs.loads and not refs.blocked, refs.blocked
+            # The scripts find elements by id: a second element with one (the playground's
+            # stop-sequences box was "stop", like its Stop button) takes the other's place.
+            assert sorted(set(refs.ids)) == sorted(refs.ids), (path, refs.ids)
             for ref in refs.loads:
                 assert ref.startswith("/ui/static/"), ref    # this origin only
                 f = await client.get(ref, headers={})

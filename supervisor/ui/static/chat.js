@@ -25,7 +25,7 @@
       system: $("system").value.trim(),
       temperature: num("temperature"),
       maxTokens: num("max-tokens"),
-      stop: $("stop").value.split("\n").filter((s) => s.length),
+      stop: $("stop-sequences").value.split("\n").filter((s) => s.length),
       voice: $("voice").value,
       language: $("language").value.trim(),
     };
@@ -348,7 +348,7 @@
     mlxd.setApiKey($("api-key").value.trim());
     loadModels();
   });
-  for (const id of ["prompt", "system", "temperature", "max-tokens", "stop", "voice", "language"]) {
+  for (const id of ["prompt", "system", "temperature", "max-tokens", "stop-sequences", "voice", "language"]) {
     $(id).addEventListener("input", showCurl);
   }
   loadModels();
