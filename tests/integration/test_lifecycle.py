@@ -68,6 +68,10 @@ def test_swap_under_load(tiny_model, model_b, mode):
     with ServerProcess([a], "--max-batch-size", "1") as srv:
         srv.wait_healthy()
         pid_a = srv.worker_pids()[0]
+        if mode == "force":  # `b` resident first, so the swap retires `a` at once: on a
+            # loaded machine, loading `b` during the swap outlasted the whole stream
+            r = admin(srv, "POST", "/admin/load", {"model": b})
+            assert r.status_code == 200, r.text
         with httpx.Client(base_url=srv.url, timeout=120) as http, \
                 concurrent.futures.ThreadPoolExecutor(2) as pool:
             body = {**long_stream_body(a, 3000), "stream_options": {"include_usage": True}}
