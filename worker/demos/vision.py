@@ -30,6 +30,16 @@ language model whose layers alternate a sliding window, a rotating cache, with g
 attention, its head tied to its embeddings): 32×32-pixel images of 4 image tokens each, a window of 16
 tokens so that a short prompt already wraps it, mlx-vlm's own Gemma3Processor over the
 same tokenizer with Gemma's `<start_of_image>` markers.
+
+`family="gemma4"` builds Gemma 4's (mlx-vlm `gemma4`, mlx-lm `gemma4`/`gemma4_text`): the
+small variants' layout, sliding and global layers whose last half reads the keys and
+values of earlier layers (no cache of their own), per-layer inputs beside the
+embeddings, proportional rotary on the global layers, image tokens attended both ways
+within an image; a vision tower of 4-pixel patches pooled 2×2 (at most 4 image tokens,
+images kept aspect-preserving at most 16×16 pixels) and an audio tower (the conformer
+over 128 mel bins, one audio token per 40 ms), with mlx-vlm's Gemma4Processor (its own
+image processor and audio feature extractor) over the same tokenizer with Gemma 4's
+`<|image|>` and `<|audio|>` placeholders.
 """
 
 from __future__ import annotations
@@ -232,11 +242,98 @@ def _gemma3(s: dict, token, vocab_size: int, context_length: int):
     return config, model, write
 
 
-# family → (its builder, its chat template, the tokenizer's named image tokens)
+GEMMA4_NAMED = {"boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
+                "boa_token": "<|audio>", "eoa_token": "<audio|>", "audio_token": "<|audio|>"}
+GEMMA4 = ChatTemplate("chatml-gemma4", QWEN2_VL.text.replace(
+    "<|vision_start|><|image_pad|><|vision_end|>", "<|image|>").replace(
+    "{% elif part['type'] == 'text' %}",
+    "{% elif part['type'] == 'audio' %}<|audio|>{% elif part['type'] == 'text' %}"),
+    (*GEMMA4_NAMED.values(), "<|video|>"))  # (the processor adds the video token if absent)
+
+
+def _gemma4(s: dict, token, vocab_size: int, context_length: int):
+    """Gemma 4's layout at toy size (mlx-vlm `gemma4`, mlx-lm `gemma4`/`gemma4_text`): its
+    sliding and global layers (a 16-token window every other layer, the global ones with
+    their own head size and proportional rotary over a quarter of each head), its last
+    layers reading the keys and values of earlier ones (`num_kv_shared_layers`), its
+    per-layer inputs (`hidden_size_per_layer_input`), a vision tower of 4-pixel patches
+    pooled 2×2 into at most 4 image tokens, and the audio tower (a conformer over the
+    feature extractor's mel frames, one audio token per 40 ms)."""
+    import mlx.core as mx
+    from mlx_vlm.models import gemma4
+
+    hidden, head, layers = s["hidden"], s.get("head_dim", 16), 2 * s["layers"]
+    image_tokens = 4
+    config = {
+        "model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
+        "vocab_size": vocab_size, "hidden_size": hidden, "torch_dtype": "float32",
+        "image_token_id": token("<|image|>"), "boi_token_id": token("<|image>"),
+        "eoi_token_id": token("<image|>"), "audio_token_id": token("<|audio|>"),
+        "boa_token_id": token("<|audio>"), "eoa_token_id": token("<audio|>"),
+        "video_token_id": token("<|video|>"),
+        "vision_soft_tokens_per_image": image_tokens, "pad_token_id": token("<|endoftext|>"),
+        "eos_token_id": [token("<|im_end|>")], "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "gemma4_text", "hidden_size": hidden, "intermediate_size": s["mlp"],
+            "num_hidden_layers": layers, "num_attention_heads": s["heads"],
+            "num_key_value_heads": s["kv_heads"], "head_dim": head, "global_head_dim": 2 * head,
+            "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
+            "vocab_size_per_layer_input": vocab_size, "hidden_size_per_layer_input": 8,
+            "num_kv_shared_layers": layers // 2, "use_double_wide_mlp": True,
+            "sliding_window": 16, "sliding_window_pattern": 2,
+            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+            "rope_parameters": {
+                "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0,
+                                   "rope_type": "proportional"},
+                "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10_000.0,
+                                      "rope_type": "default"}},
+            "final_logit_softcapping": 30.0, "tie_word_embeddings": True,
+            "use_bidirectional_attention": "vision",
+            "max_position_embeddings": context_length},
+        "vision_config": {"model_type": "gemma4_vision", "hidden_size": s["embed"],
+                          "intermediate_size": 2 * s["embed"], "num_hidden_layers": s["depth"],
+                          "num_attention_heads": s["vision_heads"],
+                          "num_key_value_heads": s["vision_heads"],
+                          "head_dim": s["embed"] // s["vision_heads"],
+                          "global_head_dim": s["embed"] // s["vision_heads"],
+                          "patch_size": 4, "position_embedding_size": 64,
+                          "pooling_kernel_size": 2, "default_output_length": image_tokens,
+                          "rope_parameters": {"rope_theta": 100.0, "rope_type": "default"}},
+        "audio_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                         "subsampling_conv_channels": [8, 4], "conv_kernel_size": 5,
+                         "attention_chunk_size": 12, "attention_context_left": 13,
+                         "attention_context_right": 0, "output_proj_dims": 32},
+    }
+    args = gemma4.ModelConfig.from_dict(dict(config))
+    args.text_config = gemma4.TextConfig.from_dict(config["text_config"])
+    args.vision_config = gemma4.VisionConfig.from_dict(config["vision_config"])
+    args.audio_config = gemma4.AudioConfig.from_dict(config["audio_config"])
+    model = gemma4.Model(args)
+    # (as Gemma 3's: a tied head, so the layers' output norms scaled up)
+    for layer in model.language_model.model.layers:
+        for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
+            norm.weight = mx.full(norm.weight.shape, 7.0)
+    for embedder in (model.embed_vision, model.embed_audio):
+        embedder.embedding_projection.weight = embedder.embedding_projection.weight * 16
+
+    def write(folder: Path) -> None:
+        (folder / "processor_config.json").write_text(json.dumps({
+            "processor_class": "Gemma4Processor", "audio_seq_length": 64,
+            "audio_ms_per_token": 40,
+            "image_processor": {"patch_size": 4, "max_soft_tokens": image_tokens,
+                                "pooling_kernel_size": 2, "do_resize": True,
+                                "do_rescale": True, "do_normalize": False,
+                                "rescale_factor": 1 / 255}}, indent=2))
+        (folder / "chat_template.json").write_text(json.dumps({"chat_template": GEMMA4.text}))
+    return config, model, write
+
+
+# family → (its builder, its chat template, the tokenizer's named media tokens)
 FAMILIES = {"qwen2-vl": (_qwen2_vl, QWEN2_VL, {}), "qwen3.5": (_qwen3_5, QWEN2_VL, {}),
             "gemma3": (_gemma3, GEMMA3, {"boi_token": "<start_of_image>",
                                          "eoi_token": "<end_of_image>",
-                                         "image_token": "<image_soft_token>"})}
+                                         "image_token": "<image_soft_token>"}),
+            "gemma4": (_gemma4, GEMMA4, GEMMA4_NAMED)}
 
 
 def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "qwen2-vl",
@@ -265,12 +362,12 @@ def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "q
     # As the text demo (worker/demos/text.py): a head scaled up, so greedy output has no
     # near-ties, and the EOS row zeroed, so generations run to max_tokens.
     lm = model.language_model
-    tied = family == "gemma3"  # (its head is its embeddings: not saved)
+    tied = family in ("gemma3", "gemma4")  # (its head is its embeddings: not saved)
     head = (lm.model.embed_tokens.weight if tied else lm.lm_head.weight) * 4
     head[token("<|im_end|>")] = 0.0
     lm.update({"model": {"embed_tokens": {"weight": head if tied
                                           else lm.model.embed_tokens.weight * 4}},
-               "lm_head": {"weight": head}})
+               **({"lm_head": {"weight": head}} if hasattr(lm, "lm_head") else {})})
     weights = {k: v.astype(getattr(mx, dtype)) for k, v in tree_flatten(model.parameters())
                if not (tied and k == "language_model.lm_head.weight")}
     mx.eval(weights)

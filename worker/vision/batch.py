@@ -13,7 +13,10 @@ worker/vision/language.py), with what an image adds to a sequence.
   the batch from that state, like a cached prefix, for the rest of its prompt and its
   decoding. mlx-vlm's BatchGenerator does the same in one batch, but with one sampler
   for all, no per-sequence logits processors and no starting state of ours (prefix
-  cache, snapshots): its model step is what is used.
+  cache, snapshots): its model step is what is used. A model whose step refuses a
+  chunked prefill of these inputs (mlx-vlm's `chunked_prefill_policy`: Gemma 4, whose
+  image tokens attend each other both ways, told by the processor's token types) gets
+  it in one chunk, as mlx-vlm's own generation does.
 - Its positions: after an image, a token's rotary position is its index plus the
   sequence's delta (mlx-vlm's `rope_deltas`), which the batch's forward passes add per
   row (language.py `Positions`; `_tell_rows` says which rows each pass runs). A state
@@ -39,6 +42,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
+from mlx_vlm.generate.common import _chunked_prefill_enabled as chunked_prefill_enabled
 from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
 from worker.kvcache.manager import Start, Tier
@@ -50,6 +54,9 @@ log = logging.getLogger("worker.vision")
 # The processor's arrays that set a prompt's position delta (Qwen's families), and how
 # many prompts' deltas are kept by them.
 _GRIDS = ("image_grid_thw", "video_grid_thw")
+# The processor's arrays, one a token, that say which tokens are an image's (or audio's):
+# Gemma 4's step attends both ways within an image with them.
+_TYPES = ("mm_token_type_ids", "token_type_ids")
 _DELTAS_KEPT = 1024
 
 
@@ -122,6 +129,7 @@ class _Prefill:
     cache: Any = None    # mlx-vlm's caches, once the images are embedded
     embeds: Any = None
     extra: dict = field(default_factory=dict)
+    whole: bool = False  # the model's step takes its images' prefill in one chunk
 
 
 class VisionBatch(Batch):
@@ -184,9 +192,14 @@ class VisionBatch(Batch):
             job.cache = make_vlm_cache(vlm.language_model, self.max_kv_size)
             if job.hit is not None:
                 _carry(job.hit.cache, job.cache)
-        a, b = job.pos, min(job.end, job.pos + max(1, self.chunks.size))
+            job.whole = not chunked_prefill_enabled(
+                vlm, input_ids=job.inputs, inputs_embeds=job.embeds,
+                prefill_kwargs={**job.kwargs, **job.extra})
+        a = job.pos
+        b = job.end if job.whole else min(job.end, a + max(1, self.chunks.size))
+        types = {k: v[:, a:b] for k, v in job.kwargs.items() if k in _TYPES}
         vlm.language_model(job.inputs[:, a:b], inputs_embeds=job.embeds[:, a:b],
-                           cache=job.cache, n_to_process=b - a, **job.extra)
+                           cache=job.cache, n_to_process=b - a, **job.extra, **types)
         mx.eval([c.state for c in job.cache])
         job.pos = b
         if b == job.end:

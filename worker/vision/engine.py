@@ -70,12 +70,15 @@ def media_key(ids: list[int], digests: tuple, tokens: frozenset) -> list[int]:
 def model_inputs(media: dict | None) -> tuple:
     """(pixel values, attention mask, the other keyword arguments) of mlx-vlm's step, as
     MLX arrays, from a request's processed images (None each where it has none). The
-    mask is the processor's (all ones: one prompt), which Gemma 3's step needs."""
+    mask is the processor's (all ones: one prompt), which Gemma 3's step needs; pixels
+    of images of different sizes stay a list (Gemma 4's tower takes them so)."""
     import mlx.core as mx
 
     media = media or {}
     pixels, mask = media.get("pixel_values"), media.get("attention_mask")
-    return (mx.array(pixels) if pixels is not None else None,
+    if isinstance(pixels, list):
+        pixels = [mx.array(p) for p in pixels]
+    return (mx.array(pixels) if pixels is not None and not isinstance(pixels, list) else pixels,
             mx.array(mask) if mask is not None else None,
             {k: mx.array(v) for k, v in media.items() if k not in _NOT_KWARGS})
 

@@ -35,7 +35,13 @@ BUDGET = 128 << 20   # bytes of processed images kept
 
 
 def _nbytes(output) -> int:
-    return sum(getattr(v, "nbytes", 0) for v in output.values())
+    """The bytes of an image processor's output: its arrays, in a mapping or a tuple
+    (Gemma 4's: its arrays and the images' token counts) at any depth."""
+    if hasattr(output, "values") and callable(output.values):
+        return sum(_nbytes(v) for v in output.values())
+    if isinstance(output, (list, tuple)):
+        return sum(_nbytes(v) for v in output)
+    return getattr(output, "nbytes", 0)
 
 
 class Remembered:
