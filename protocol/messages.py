@@ -296,11 +296,17 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     # Predicted Outputs: text the completion is expected to mostly repeat (a file being
     # edited); the worker drafts from it (worker/speculative/). Never changes the output.
     prediction: Optional[str] = None
+    # VISION: the audio clips of `messages` (chat and Responses `input_audio`), as sent
+    # (WAV, MP3 bytes), in the order of their {"type": "audio"} parts; a model whose
+    # mlx-vlm class hears them decodes them, any other refuses them (worker/text/prompt.py).
+    audios: tuple[bytes, ...] = ()
 
 
-# How an image a model cannot see stands in a conversation's history, on both sides: the
-# API surfaces' (supervisor/api/parse/media.py) and a text worker's (worker/text/prompt.py).
+# How an image (an audio clip) a model cannot see (hear) stands in a conversation's
+# history, on both sides: the API surfaces' (supervisor/api/fields/media.py) and a
+# worker's (worker/text/prompt.py).
 IMAGE_PLACEHOLDER = "[image]"
+AUDIO_PLACEHOLDER = "[audio]"
 
 
 class Cancel(Message, frozen=True, kw_only=True, tag="cancel"):
@@ -365,6 +371,7 @@ class Ready(Message, frozen=True, kw_only=True, tag="ready"):
     sample_rate: int = 0           # TTS: of its Audio; STT: what it resamples input to
     translates: bool = False       # STT: TRANSCRIBE may translate into English
     group: Optional[GroupInfo] = None  # a worker group: its ranks (None: one process)
+    hears_audio: bool = False      # VISION: takes audio parts (Generate.audios)
 
 
 class Started(Message, frozen=True, kw_only=True, tag="started"):

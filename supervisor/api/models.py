@@ -43,9 +43,11 @@ CAPABILITIES = {
 }
 
 
-def capabilities(kind: str | None, translates: bool = False) -> list[str]:
+def capabilities(kind: str | None, translates: bool = False,
+                 hears_audio: bool = False) -> list[str]:
     found = list(CAPABILITIES.get(kind or "", ()))
-    return found + ["audio.translations"] if translates else found
+    return (found + (["audio.translations"] if translates else [])
+            + (["audio"] if hears_audio else []))
 
 
 class LocalModels:
@@ -94,7 +96,8 @@ def loaded_object(pool: Pool, runner: ModelRunner) -> dict:
     return model_object(runner.id, pool.created.get(runner.id, 0), "mlxd",
                                state=runner.state, context_length=runner.context_length,
                                random_weights=runner.random_weights, kind=runner.kind,
-                               capabilities=capabilities(runner.kind, runner.translates),
+                               capabilities=capabilities(runner.kind, runner.translates,
+                                                         runner.hears_audio),
                                **extra)
 
 

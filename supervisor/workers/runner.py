@@ -80,6 +80,7 @@ class ModelRunner:
         self.dimensions: int | None = None  # an embedding model's vector width
         self.voices: list[str] = []         # a speech synthesis model's voices
         self.translates = False             # a speech recognition model that translates
+        self.hears_audio = False            # a vision model that takes audio parts
         self.group: dict | None = None      # a worker group's ranks and link (Ready.group)
         self.ready_at: float | None = None
         self.restarts = 0
@@ -436,6 +437,7 @@ class ModelRunner:
             d.model_kind = msg.model_kind
             self.dimensions = msg.dimensions or None
             self.voices, self.translates = list(msg.voices), msg.translates
+            self.hears_audio = msg.hears_audio
             self.random_weights = msg.random_weights
             self.group = msgspec.to_builtins(msg.group) if msg.group is not None else None
             self.ready_at = self.clock()

@@ -253,3 +253,22 @@ def test_openai_client_images_for_a_text_model(client, http, model_id):
     validate(listing, "ResponseItemList")  # the stored image part is the spec's shape
     parts = [p for i in listing["data"] for p in i.get("content") or []]
     assert [p.get("detail") for p in parts if p["type"] == "input_image"] == ["auto"]
+
+
+def test_openai_client_audio_for_a_text_model(client, model_id):
+    # Audio travels as images do (fields/media.py); a text model's worker applies the same
+    # rule to it: in the turn being answered a 400, earlier a placeholder.
+    audio = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    ask = {"role": "user", "content": [{"type": "text", "text": "What is said?"}, audio]}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model_id, max_tokens=3, messages=[ask])
+    assert e.value.body["param"] == "messages[0].content"
+    assert "cannot read audio" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model_id, max_output_tokens=3, input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "What is said?"},
+                                         audio]}])
+    assert "cannot read audio" in e.value.body["message"]
+    r = client.chat.completions.create(model=model_id, max_tokens=3, temperature=0, messages=[
+        ask, {"role": "assistant", "content": "A tone."}, {"role": "user", "content": "And?"}])
+    assert r.usage.prompt_tokens > 0

@@ -215,8 +215,9 @@ def test_an_image_bomb_is_a_400_on_every_surface_and_is_never_decoded(vserver, v
 def test_audio_to_a_vision_model_is_a_400_in_each_surfaces_envelope(vserver, vclient,
                                                                       vision_model):
     # mlx-vlm 0.7.10 reads audio only with audio towers (Gemma 3n/4, Qwen3-Omni, Phi-4-MM,
-    # MiniCPM-o): none here, so audio in the turn being answered is refused before any
-    # worker sees it, and earlier in the conversation it stands as "[audio]".
+    # MiniCPM-o): Qwen2-VL has none, so its worker refuses audio in the turn being
+    # answered (worker/text/prompt.py), and earlier in the conversation it stands as
+    # "[audio]" (tests/worker/test_worker_vision_audio.py: a model that hears it).
     import anthropic
 
     model = str(vision_model)
@@ -226,13 +227,12 @@ def test_audio_to_a_vision_model_is_a_400_in_each_surfaces_envelope(vserver, vcl
         vclient.chat.completions.create(model=model, max_tokens=2, messages=[
             {"role": "user", "content": [{"type": "text", "text": "What is said?"}, audio]}])
     assert e.value.body["type"] == "invalid_request_error"
-    assert e.value.body["param"] == "messages[0].content[1].type"
+    assert e.value.body["param"] == "messages[0].content"
     assert "cannot read audio" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
         vclient.responses.create(model=model, max_output_tokens=2, input=[
             {"role": "user", "content": [{"type": "input_text", "text": "What is said?"},
                                          audio]}])
-    assert e.value.body["param"] == "input[0].content[1].type"
     assert "cannot read audio" in e.value.body["message"]
     pdf = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
                                           "data": base64.b64encode(b"%PDF-1.4").decode()}}

@@ -172,8 +172,8 @@ CHAT_BAD = [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,A"}}]}]},
      "messages[0].content[1].image_url.url"),
     ({"messages": [{"role": "user", "content": [
-        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}]},
-     "messages[0].content[0].type"),
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aac"}}]}]},
+     "messages[0].content[0].input_audio.format"),
     ({"messages": [{"role": "user", "content": [{"type": "file", "file": {}}]}]},
      "messages[0].content[0].type"),
     ({"messages": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]},

@@ -1,8 +1,9 @@
-"""Media in requests (supervisor/api/fields/media.py). Chat images travel to the worker
-(their bytes in Generate.images, a part where they were), within their limits; media no
-model here reads, on every surface: in the turn being answered a 400 naming the part,
-earlier in the history a placeholder, so a conversation that began with a vision model
-can go on with a text one; shapes checked wherever the part is."""
+"""Media in requests (supervisor/api/fields/media.py). Chat images and audio clips travel
+to the worker (their bytes in Generate.images and .audios, a part where they were),
+within their limits (the worker refuses what its model cannot read); media no model here
+reads, on every surface: in the turn being answered a 400 naming the part, earlier in
+the history a placeholder, so a conversation that began with a vision model can go on
+with a text one; shapes checked wherever the part is."""
 
 from __future__ import annotations
 
@@ -31,8 +32,7 @@ def text(t):
     return {"type": "text", "text": t}
 
 
-@pytest.mark.parametrize("part, noun", [(AUDIO, "audio"),
-                                        ({"type": "file", "file": {"file_id": "f"}}, "files")])
+@pytest.mark.parametrize("part, noun", [({"type": "file", "file": {"file_id": "f"}}, "files")])
 def test_chat_media_in_the_last_user_turn_is_a_400_naming_it(part, noun):
     with pytest.raises(APIError) as e:
         chat(user(text("earlier")), {"role": "assistant", "content": "ok"},
@@ -42,10 +42,47 @@ def test_chat_media_in_the_last_user_turn_is_a_400_naming_it(part, noun):
 
 
 def test_chat_media_earlier_in_the_history_becomes_a_placeholder():
-    r = chat(user(AUDIO, text("what is it?")), {"role": "assistant", "content": "A cat."},
-             user(text("and now?")))
-    assert r.messages[0]["content"] == "[audio]\nwhat is it?"
+    r = chat(user({"type": "file", "file": {"file_id": "f"}}, text("what is it?")),
+             {"role": "assistant", "content": "A cat."}, user(text("and now?")))
+    assert r.messages[0]["content"] == "[file]\nwhat is it?"
     assert r.messages[-1]["content"] == "and now?"
+
+
+def test_chat_audio_travels_as_parts_and_bytes_in_order_beside_images():
+    mp3 = {"type": "input_audio", "input_audio": {"data": "SUQz", "format": "mp3"}}
+    r = chat(user(AUDIO, text("what is it?")), {"role": "assistant", "content": "A cat."},
+             user(text("and now?"), IMAGE, mp3))
+    assert r.messages[0]["content"] == [{"type": "audio"},
+                                        {"type": "text", "text": "what is it?"}]
+    assert r.messages[2]["content"] == [{"type": "text", "text": "and now?"}, {"type": "image"},
+                                        {"type": "audio"}]
+    gen = r.to_generate(Config())
+    assert gen.audios == (b"\x00\x00\x00", b"ID3") and gen.images == (b"\x89PNG\r\n\x1a\n",)
+
+
+@pytest.mark.parametrize("payload, status, code, param", [
+    ({"data": "AAAA", "format": "flac"}, 400, "invalid_value", "input_audio.format"),
+    ({"data": "AAAA"}, 400, "invalid_value", "input_audio.format"),
+    ({"data": 5, "format": "wav"}, 400, "invalid_type", "input_audio.data"),
+    ({"data": "###", "format": "wav"}, 400, "invalid_value", "input_audio.data"),
+    ({"data": "", "format": "wav"}, 400, "invalid_value", "input_audio.data"),
+    ({"data": "A" * (28 << 20), "format": "wav"}, 413, "audio_too_large", "input_audio.data"),
+])
+def test_chat_audio_is_base64_wav_or_mp3_within_the_limit(payload, status, code, param):
+    with pytest.raises(APIError) as e:
+        chat(user(text("?"), {"type": "input_audio", "input_audio": payload}))
+    assert (e.value.status, e.value.code) == (status, code)
+    assert e.value.param == f"messages[0].content[1].{param}"
+
+
+def test_chat_audio_clips_per_request_are_bounded():
+    from supervisor.api.fields.media import MAX_AUDIOS, MAX_IMAGES
+
+    with pytest.raises(APIError) as e:
+        chat(user(*[AUDIO] * (MAX_AUDIOS + 1)))
+    assert e.value.status == 400 and e.value.code == "too_many_audio_clips"
+    r = chat(user(*[AUDIO] * MAX_AUDIOS, *[IMAGE] * MAX_IMAGES))  # (counted apart)
+    assert len(r.to_generate(Config()).audios) == MAX_AUDIOS
 
 
 def test_chat_images_travel_as_parts_and_bytes_in_order():
@@ -102,13 +139,17 @@ def test_media_in_an_assistant_turn_is_refused():
     assert e.value.status == 400 and e.value.param == "messages[0].content[0].type"
 
 
-def test_responses_input_images_travel_and_files_in_the_last_turn_are_a_400():
+def test_responses_input_images_and_audio_travel_and_files_in_the_last_turn_are_a_400():
+    from supervisor.api.fields.media import split
+
     items = normalize_input([{"role": "user", "content": [
-        {"type": "input_text", "text": "what is it?"}, {"type": "input_image", "image_url": PNG}]}])
-    images = []
-    messages = to_chat_messages(items, None, images)
-    assert messages[0]["content"] == [{"type": "text", "text": "what is it?"}, {"type": "image"}]
-    assert images == [b"\x89PNG\r\n\x1a\n"]
+        {"type": "input_text", "text": "what is it?"}, {"type": "input_image", "image_url": PNG},
+        AUDIO]}])
+    media = []
+    messages = to_chat_messages(items, None, media)
+    assert messages[0]["content"] == [{"type": "text", "text": "what is it?"}, {"type": "image"},
+                                      {"type": "audio"}]
+    assert split(media) == ([b"\x89PNG\r\n\x1a\n"], (b"\x00\x00\x00",))
     with pytest.raises(APIError) as e:
         normalize_input([{"role": "user", "content": [
             {"type": "input_text", "text": "what is it?"},
@@ -148,6 +189,8 @@ def test_responses_media_earlier_is_kept_and_placeheld_in_the_prompt():
     ({"type": "input_image"}, "input[0].content[0]"),
     ({"type": "input_image", "image_url": 5}, "input[0].content[0].image_url"),
     ({"type": "input_audio", "input_audio": "x"}, "input[0].content[0].input_audio"),
+    ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "ogg"}},
+     "input[0].content[0].input_audio.format"),
     ({"type": "input_image", "image_url": PNG, "detail": "max"}, "input[0].content[0].detail"),
     ({"type": [], "text": "hi"}, "input[0].content[0].type"),  # (the fuzzer found it)
 ])

@@ -166,7 +166,8 @@ def _speech_loop(engine, batch, link, status, args):
 
 KINDS: dict[ModelKind, Kind] = {
     ModelKind.TEXT: Kind(_load_text, _start_text, _text_loop),
-    ModelKind.VISION: Kind(_load_vision, _start_vision, _text_loop),
+    ModelKind.VISION: Kind(_load_vision, _start_vision, _text_loop,
+                           ready=lambda engine: {"hears_audio": engine.hearing is not None}),
     ModelKind.EMBED: Kind(_load_embed, _start_engine, _pool_loop,
                           ready=lambda engine: {"dimensions": engine.dim}),
     ModelKind.RERANK: Kind(_load_rerank, _start_engine, _pool_loop),

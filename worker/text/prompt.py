@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from protocol.messages import IMAGE_PLACEHOLDER, INVALID_REQUEST
+from protocol.messages import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, INVALID_REQUEST
 from worker.errors import RequestError
 
 # Rendering for models without a chat template (what mlx-lm's server does).
@@ -27,17 +27,18 @@ _FALLBACK_PREAMBLE = ("A chat between a curious user and an artificial intellige
 _NO_THINKING = ("none", "minimal")
 
 
-def _plain_content(content, images: bool = False):
+def _plain_content(content, media: tuple = ()):
     """OpenAI content may be a list of parts; only text parts are supported here, and
-    {"type": "image"} parts for a vision model (`images`): then a list with its images
-    is kept as parts, as vision templates read it."""
+    {"type": "image"} / {"type": "audio"} parts for a model that reads them (`media`,
+    the part types): then a list with its media is kept as parts, as multimodal
+    templates read it."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if images and isinstance(content, list) and any(
-            isinstance(p, dict) and p.get("type") == "image" for p in content):
-        return [{"type": "image"} if isinstance(p, dict) and p.get("type") == "image"
+    if media and isinstance(content, list) and any(
+            isinstance(p, dict) and p.get("type") in media for p in content):
+        return [{"type": p["type"]} if isinstance(p, dict) and p.get("type") in media
                 else {"type": "text", "text": _plain_content([p])} for p in content]
     if isinstance(content, list):
         parts = []
@@ -52,20 +53,26 @@ def _plain_content(content, images: bool = False):
                        "messages")
 
 
-def _images_as_text(parts: list, where: str, answering: bool) -> list:
-    """A text model's view of content parts: each image a placeholder, or a 400 when it
-    is in the turn being answered."""
+# A media part a model does not read: its noun, what it stands as in the history, and
+# what the client may do instead.
+_UNREAD = {"image": ("images", IMAGE_PLACEHOLDER, "ask a vision model"),
+           "audio": ("audio", AUDIO_PLACEHOLDER, "ask a model that hears audio")}
+
+
+def _media_as_text(parts: list, where: str, answering: bool, media: tuple) -> list:
+    """A model's view of content parts it cannot read (not in `media`): each a
+    placeholder, or a 400 when it is in the turn being answered."""
     out = []
     for j, p in enumerate(parts):
-        if not (isinstance(p, dict) and p.get("type") == "image"):
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind not in _UNREAD or kind in media:
             out.append(p)
             continue
+        noun, stand_in, instead = _UNREAD[kind]
         if answering:
-            raise RequestError(INVALID_REQUEST, f"{where}: this model cannot read images; it "
-                               "is a text model. Send text, or ask a vision model.",
-                               f"{where}.content")
-        out.append({"type": "text",
-                    "text": IMAGE_PLACEHOLDER + ("\n" if j < len(parts) - 1 else "")})
+            raise RequestError(INVALID_REQUEST, f"{where}: this model cannot read {noun}. "
+                               f"Send text, or {instead}.", f"{where}.content")
+        out.append({"type": "text", "text": stand_in + ("\n" if j < len(parts) - 1 else "")})
     return out
 
 
@@ -85,10 +92,11 @@ def _template_call(call) -> dict:
     return call
 
 
-def normalize_messages(messages, images: bool = False) -> list[dict]:
-    """Messages as templates read them. A text model (not `images`) given image parts
-    treats them as the API surfaces treat media no model here reads
-    (supervisor/api/fields/media.py): in the last user turn a 400, earlier a placeholder."""
+def normalize_messages(messages, media: tuple = ()) -> list[dict]:
+    """Messages as templates read them. A model given image or audio parts it does not
+    read (not in `media`: a text model reads none) treats them as the API surfaces treat
+    media no model here reads (supervisor/api/fields/media.py): in the last user turn a
+    400, earlier a placeholder."""
     out = []
     last_user = max((i for i, m in enumerate(messages)
                      if isinstance(m, dict) and m.get("role") == "user"), default=-1)
@@ -97,9 +105,9 @@ def normalize_messages(messages, images: bool = False) -> list[dict]:
             raise RequestError(INVALID_REQUEST, "each message needs a string 'role'", "messages")
         m = dict(m)  # never mutate the request
         content = m.get("content")
-        if not images and isinstance(content, list):
-            content = _images_as_text(content, f"messages[{i}]", i == last_user)
-        m["content"] = _plain_content(content, images)
+        if isinstance(content, list):
+            content = _media_as_text(content, f"messages[{i}]", i == last_user, media)
+        m["content"] = _plain_content(content, media)
         if isinstance(m.get("tool_calls"), list):
             m["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
         out.append(m)
@@ -130,14 +138,15 @@ def template_kwargs(tokenizer, gen) -> dict:
     return kwargs
 
 
-def chat_text(tokenizer, gen, images: bool = False) -> tuple[str, bool]:
+def chat_text(tokenizer, gen, media: tuple = ()) -> tuple[str, bool]:
     """The rendered chat prompt, and whether encoding it adds the tokenizer's special
     tokens. Rendering and encoding are apart so that the caller can judge the text's
-    length before paying for its tokenization (worker/text/token_bound.py). `images`: a vision
-    model's, whose template renders image parts (worker/vision/engine.py)."""
+    length before paying for its tokenization (worker/text/token_bound.py). `media`: the
+    part types ("image", "audio") a multimodal model's template renders
+    (worker/vision/engine.py)."""
     if not isinstance(gen.messages, list) or not gen.messages:
         raise RequestError(INVALID_REQUEST, "messages must be a non-empty list", "messages")
-    messages = normalize_messages(gen.messages, images)
+    messages = normalize_messages(gen.messages, media)
     if not tokenizer.has_chat_template:
         return render_plain_chat(messages), True
     try:

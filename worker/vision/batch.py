@@ -47,7 +47,7 @@ from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
 from worker.kvcache.manager import Start, Tier
 from worker.loop.batch import Batch
-from worker.vision.engine import KEY, media_tokens, model_inputs, warm_requests
+from worker.vision.engine import KEY, encoded, media_tokens, model_inputs, warm_requests
 
 log = logging.getLogger("worker.vision")
 
@@ -55,7 +55,8 @@ log = logging.getLogger("worker.vision")
 # many prompts' deltas are kept by them.
 _GRIDS = ("image_grid_thw", "video_grid_thw")
 # The processor's arrays, one a token, that say which tokens are an image's (or audio's):
-# Gemma 4's step attends both ways within an image with them.
+# Gemma 4's step attends both ways within an image with them, where it takes the prefill
+# whole (an image and a clip in one prompt: chunked, causal, as mlx-vlm runs it).
 _TYPES = ("mm_token_type_ids", "token_type_ids")
 _DELTAS_KEPT = 1024
 
@@ -159,7 +160,7 @@ class VisionBatch(Batch):
         hit = self.cached_start(prep)
         cached = hit.tokens if hit is not None else 0
         media = prep.media or {}
-        if media.get("pixel_values") is None:
+        if not encoded(media):
             self.insert(seq, prep, hit)
             return cached
         ids = prep.ids
@@ -197,7 +198,7 @@ class VisionBatch(Batch):
                 prefill_kwargs={**job.kwargs, **job.extra})
         a = job.pos
         b = job.end if job.whole else min(job.end, a + max(1, self.chunks.size))
-        types = {k: v[:, a:b] for k, v in job.kwargs.items() if k in _TYPES}
+        types = {k: v[:, a:b] for k, v in job.kwargs.items() if k in _TYPES and job.whole}
         vlm.language_model(job.inputs[:, a:b], inputs_embeds=job.embeds[:, a:b],
                            cache=job.cache, n_to_process=b - a, **job.extra, **types)
         mx.eval([c.state for c in job.cache])

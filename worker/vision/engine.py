@@ -17,6 +17,11 @@ bytes (`media_key`, past any vocabulary): the same words about another image sha
 what comes before it; the next turn about the same image finds its state. Nor does that
 turn run the image processor again: its output is kept by the images' bytes
 (worker/vision/processed.py).
+
+A model whose mlx-vlm class hears audio (worker/vision/audio.py: Gemma 4's audio tower)
+takes {"type": "audio"} parts the same way: the clips decoded, the processor's feature
+extractor making their mel frames and its audio placeholder as many audio tokens as the
+clip lasts, each clip's tokens in the cache key as its bytes' id, as an image's are.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from protocol.messages import INVALID_REQUEST, Generate, OutputSpec, SamplingPar
 from worker.text import prompt as chat_prompt
 from worker.text.engine import Prepared, TextEngine
 from worker.errors import RequestError
+from worker.vision.audio import Hearing, decode_clips
 from worker.vision.images import Limits, decode_images
 from worker.vision.processed import Remembered
 
@@ -37,34 +43,51 @@ KEY = "mlxd_cache_key"
 _NOT_KWARGS = ("input_ids", "pixel_values", "attention_mask", KEY)
 # Image ids of the cache key: at and above this (uint32, as the disk tier keeps tokens).
 _KEY_BASE = 1 << 31
+# The processor's arrays an encoder reads: an image's pixels, a clip's mel frames.
+_ENCODED = ("pixel_values", "input_features")
 
 
-def media_tokens(config) -> frozenset:
-    """The token ids that stand for an image's (or a video's) features in `config`'s
-    prompts."""
-    ids = (getattr(config, n, None) for n in
-           ("image_token_id", "image_token_index", "video_token_id", "video_token_index"))
+_IMAGE_TOKENS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+_AUDIO_TOKENS = ("audio_token_id", "audio_token_index")
+
+
+def _token_ids(config, names) -> frozenset:
+    ids = (getattr(config, n, None) for n in names)
     return frozenset(i for i in ids if isinstance(i, int) and i >= 0)
 
 
-def media_key(ids: list[int], digests: tuple, tokens: frozenset) -> list[int]:
-    """`ids` with the tokens of each image replaced by an id made of its bytes' digest
-    (`digests`, SHA-256, one an image): the k-th run of media tokens is the k-th image's
-    (when there are as many runs as images; otherwise every run gets an id made of all
-    the images, which never reuses wrongly)."""
-    runs, start = [], None
-    for i, t in enumerate(ids + [-1]):
-        if t in tokens and start is None:
-            start = i
-        elif t not in tokens and start is not None:
-            runs.append((start, i))
-            start = None
-    if len(runs) != len(digests):
-        digests = [hashlib.sha256(b"".join(digests)).digest()] * len(runs)
+def media_tokens(config) -> frozenset:
+    """The token ids that stand for an image's (a video's, an audio clip's) features in
+    `config`'s prompts."""
+    return _token_ids(config, _IMAGE_TOKENS + _AUDIO_TOKENS)
+
+
+def media_key(ids: list[int], kinds: list[tuple[frozenset, tuple]]) -> list[int]:
+    """`ids` with the tokens of each image (audio clip) replaced by an id made of its
+    bytes' digest: `kinds` pairs a kind's tokens with its digests (SHA-256, one an image
+    or a clip, in order); the k-th run of a kind's tokens is its k-th medium's (when
+    there are as many runs as media; otherwise every run of that kind gets an id made of
+    all of them, which never reuses wrongly)."""
     key = list(ids)
-    for (a, b), digest in zip(runs, digests):
-        key[a:b] = [_KEY_BASE | int.from_bytes(digest[:4], "little") >> 1] * (b - a)
+    for tokens, digests in kinds:
+        runs, start = [], None
+        for i, t in enumerate(ids + [-1]):
+            if t in tokens and start is None:
+                start = i
+            elif t not in tokens and start is not None:
+                runs.append((start, i))
+                start = None
+        if len(runs) != len(digests):
+            digests = [hashlib.sha256(b"".join(digests)).digest()] * len(runs)
+        for (a, b), digest in zip(runs, digests):
+            key[a:b] = [_KEY_BASE | int.from_bytes(digest[:4], "little") >> 1] * (b - a)
     return key
+
+
+def encoded(media: dict | None) -> bool:
+    """Whether a request's processed media hold anything an encoder (the vision or the
+    audio tower) turns into features."""
+    return any((media or {}).get(k) is not None for k in _ENCODED)
 
 
 def model_inputs(media: dict | None) -> tuple:
@@ -130,6 +153,8 @@ class VisionEngine(TextEngine):
         self._media: dict[str, dict] = {}  # rid → processed images, prompt_ids → prepare
         self.limits = Limits.of(getattr(processor, "image_processor", None))
         self.processed = remember_images(processor)  # (None: the processor's own way)
+        self.hearing = Hearing.of(vlm, processor)   # (None: refuses audio parts)
+        self.reads = ("image", "audio") if self.hearing else ("image",)
 
     def prepare(self, gen):
         try:
@@ -141,21 +166,25 @@ class VisionEngine(TextEngine):
             self._media.pop(gen.rid, None)
 
     def prompt_ids(self, gen, bound: bool = True) -> tuple[list[int], str]:
-        if not gen.images:
-            return super().prompt_ids(gen, bound)
+        if not gen.images and not (gen.audios and self.hearing):
+            return super().prompt_ids(gen, bound)  # (audio parts refused as a text model's)
         from mlx_vlm.utils import prepare_inputs
 
-        text, _ = chat_prompt.chat_text(self.tokenizer, gen, images=True)
-        placed = sum(isinstance(m.get("content"), list) and sum(
-            isinstance(p, dict) and p.get("type") == "image" for p in m["content"])
-            for m in gen.messages if isinstance(m, dict))
-        if placed != len(gen.images):
-            raise RequestError(INVALID_REQUEST, f"the messages place {placed} images and "
-                               f"{len(gen.images)} were sent", "messages")
+        text, _ = chat_prompt.chat_text(self.tokenizer, gen, self.reads)
+        for kind, noun, sent in (("image", "images", gen.images),
+                                 ("audio", "audio clips", gen.audios)):
+            placed = sum(isinstance(m.get("content"), list) and sum(
+                isinstance(p, dict) and p.get("type") == kind for p in m["content"])
+                for m in gen.messages if isinstance(m, dict))
+            if placed != len(sent):
+                raise RequestError(INVALID_REQUEST, f"the messages place {placed} {noun} "
+                                   f"and {len(sent)} were sent", "messages")
         digests = tuple(hashlib.sha256(b).digest() for b in gen.images)
+        clips = decode_clips(gen.audios, self.hearing) if gen.audios and self.hearing else None
 
         def run(images: list):
-            return prepare_inputs(self.processor, images=images, prompts=[text],
+            return prepare_inputs(self.processor, images=images or None, audio=clips,
+                                  prompts=[text],
                                   image_token_index=getattr(self.vlm.config,
                                                             "image_token_index", None),
                                   add_special_tokens=False, return_tensors="np")
@@ -164,15 +193,20 @@ class VisionEngine(TextEngine):
             return decode_images(gen.images, self.limits)
 
         try:
-            inputs = (run(decode()) if self.processed is None
+            inputs = (run(decode()) if self.processed is None or not gen.images
                       else self.processed.process(digests, decode, run))
         except RequestError:
             raise
         except Exception as e:  # the processor refused these images (size, mode, count)
-            raise RequestError(INVALID_REQUEST, "the model's processor refused the images: "
+            raise RequestError(INVALID_REQUEST, "the model's processor refused the "
+                               f"{'images' if gen.images else 'audio'}: "
                                f"{type(e).__name__}", "messages") from None
         ids = [int(t) for t in inputs["input_ids"][0].tolist()]  # (one read, not one a token)
         media = {k: v for k, v in inputs.items() if k != "input_ids"}
-        media[KEY] = media_key(ids, digests, media_tokens(self.vlm.config))
+        config = self.vlm.config
+        media[KEY] = media_key(ids, [
+            (_token_ids(config, _IMAGE_TOKENS), digests),
+            (_token_ids(config, _AUDIO_TOKENS),
+             tuple(hashlib.sha256(b).digest() for b in gen.audios))])
         self._media[gen.rid] = media
         return ids, "messages"

@@ -19,7 +19,8 @@ from supervisor.api.fields import generate as build
 from supervisor.api.fields import limits
 from supervisor.api.fields import tools as tooling
 from supervisor.api.fields.media import content as media_content
-from supervisor.api.fields.media import image_part, last_user_index, media_part, resolve
+from supervisor.api.fields.media import (audio_part, image_part, last_user_index, media_part,
+                                         resolve, split)
 from supervisor.api.fields.params import (
     CommonParams, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_list,
     opt_object, parse_common, parse_reasoning_effort, unsupported,
@@ -31,7 +32,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 @dataclass(frozen=True, kw_only=True)
 class ChatRequest(CommonParams):
     messages: tuple = ()                   # normalized message dicts
-    images: tuple = ()                     # the image parts' bytes, in order (fields/media.py)
+    images: tuple = ()                     # the image (audio) parts' bytes, in order
+    #                                        (fields/media.py: AudioClips among them)
     parallel_tool_calls: Optional[bool] = None
     template_kwargs: Optional[dict] = None  # body's chat_template_kwargs (not OpenAI)
     tools: tuple = ()                      # nested chat form (tools.normalize_tools)
@@ -45,10 +47,12 @@ class ChatRequest(CommonParams):
     def to_generate(self, config) -> Generate:
         """The request as the worker gets it (less its rid), with the server's defaults
         from `config` (supervisor/api/fields/generate.py)."""
+        images, audios = split(self.images)
         return Generate(
             rid="",
             messages=[dict(m) for m in self.messages],
-            images=resolve(self.images, config.allowed_media_dirs),
+            images=resolve(images, config.allowed_media_dirs),
+            audios=audios,
             sampling=self.sampling(config),
             output=tooling.output(self.tools, self.tool_choice, self.response_format,
                                 parallel_tool_calls=self.parallel_tool_calls,
@@ -223,9 +227,10 @@ def _parse_content(where: str, role: str, msg: dict, last_user: bool = False,
 
 
 def _media_part(at: str, kind: str, part: dict, last_user: bool, images: list | None):
-    """An image, audio or file part of a user message, its shape checked: an image's
-    part for the worker (fields/media.py `image_part`); audio and files are placeheld in
-    the history, a 400 in the turn being answered (no model here hears them)."""
+    """An image, audio or file part of a user message, its shape checked: an image's or
+    a clip's part for the worker (fields/media.py `image_part`, `audio_part`: the worker
+    refuses what its model cannot read); files are placeheld in the history, a 400 in
+    the turn being answered (no model here reads them)."""
     payload = part.get(MEDIA_PARTS[kind])
     if payload is None:
         raise missing(f"{at}.{MEDIA_PARTS[kind]}")
@@ -235,6 +240,9 @@ def _media_part(at: str, kind: str, part: dict, last_user: bool, images: list | 
             where = f"{at}.image_url" + (".url" if isinstance(payload, dict) else "")
             raise invalid_type(where, "a string", url)
         return image_part(at, url, images if images is not None else [])
+    if kind == "input_audio":
+        return audio_part(at, payload, images if images is not None else [],
+                          f"{at}.input_audio")
     if not isinstance(payload, dict):
         raise invalid_type(f"{at}.{MEDIA_PARTS[kind]}", "an object", payload)
     return media_part(at, kind, last_user)

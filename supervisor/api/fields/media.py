@@ -12,10 +12,17 @@ remote_media.py). Limits: MAX_IMAGES per request (400) and MAX_IMAGE_BYTES per i
 (413). Pixels are the worker's (worker/vision/images.py): their bounds follow from the
 model's processor, which only the worker loads, so the supervisor reads no image.
 
-Media no model here reads (chat `input_audio` and `file` parts, Responses' `input_file`
-and `input_audio`, Messages' `document` blocks and the images inside `tool_result`s), and
-images given to a text model (the worker's side of the rule, worker/prompt.py), follow one
-rule, so a client can switch models in the middle of a conversation:
+Audio clips travel the same way (chat and Responses `input_audio` parts: base64 WAV or
+MP3, `audio_part`): an {"type": "audio"} part where each was, its bytes in
+`Generate.audios` (kept in the request's media list as an `AudioClip` until the Generate
+is built, `split`). Limits: MAX_AUDIOS per request (400), MAX_AUDIO_BYTES per clip (413).
+A model whose mlx-vlm class hears audio takes them (worker/vision/audio.py); any other
+model's worker applies the rule below to them, as to images a text model is given.
+
+Media no model here reads (chat `file` parts, Responses' `input_file`, Messages'
+`document` blocks and the images inside `tool_result`s), and images and audio given to
+a model that cannot read them (the worker's side of the rule, worker/text/prompt.py),
+follow one rule, so a client can switch models in the middle of a conversation:
 - media in the conversation's LAST user turn is what the client asks about now: a 400
   naming the part, saying the model cannot see it (answering as if it had seen it would be
   worse);
@@ -36,14 +43,17 @@ from typing import Mapping
 
 import msgspec
 
-from protocol.messages import IMAGE_PLACEHOLDER
+from protocol.messages import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER
 from supervisor.api.fields.remote_media import FETCHER
 from supervisor.http.errors import INVALID_REQUEST, APIError
 
 MAX_IMAGES = 16
 MAX_IMAGE_BYTES = 20 << 20
+MAX_AUDIOS = 4
+MAX_AUDIO_BYTES = 20 << 20
+AUDIO_FORMATS = ("wav", "mp3")  # input_audio's formats (OpenAI's spec)
 _DATA_URL = re.compile(r"data:(image/[\w.+-]+)?(;[\w.+-]+=[\w.+-]+)*;base64,", re.I)
-_PLACEHOLDERS = {"audio": "[audio]", "file": "[file]", "document": "[document]"}
+_PLACEHOLDERS = {"audio": AUDIO_PLACEHOLDER, "file": "[file]", "document": "[document]"}
 
 NOUNS = {"image_url": "image", "input_image": "image", "image": "image",
          "input_audio": "audio", "input_file": "file", "file": "file", "document": "document"}
@@ -136,9 +146,57 @@ def base64_image(at: str, body: str, images: list, param: str) -> dict:
 
 
 def _check_room(at: str, images: list) -> None:
-    if len(images) >= MAX_IMAGES:
+    if sum(not isinstance(i, AudioClip) for i in images) >= MAX_IMAGES:
         raise APIError.bad_request(f"{at}: at most {MAX_IMAGES} images per request.", at,
                                    "too_many_images")
+
+
+@dataclass(frozen=True)
+class AudioClip:
+    """An audio part's bytes, in a request's media list beside its images (`split`)."""
+    data: bytes
+
+
+def audio_part(at: str, payload, media: list, param: str) -> dict:
+    """An `input_audio` part's payload ({"data": base64, "format": "wav" | "mp3"}) as the
+    worker gets it: {"type": "audio"}, an AudioClip of its bytes appended to `media` (the
+    request's, in order). 400 for another shape or format, text that is not base64, an
+    empty clip or more than MAX_AUDIOS; 413 for a clip over MAX_AUDIO_BYTES."""
+    if not isinstance(payload, dict):
+        raise APIError.bad_request(f"{param}: expected an object with 'data' and 'format'.",
+                                   param, "invalid_type")
+    fmt, body = payload.get("format"), payload.get("data")
+    if fmt not in AUDIO_FORMATS:
+        raise APIError.bad_request(f"{param}.format: {fmt!r} is not one of "
+                                   f"{', '.join(AUDIO_FORMATS)}.", f"{param}.format",
+                                   "invalid_value")
+    if not isinstance(body, str):
+        raise APIError.bad_request(f"{param}.data: expected a base64 string.",
+                                   f"{param}.data", "invalid_type")
+    if sum(isinstance(i, AudioClip) for i in media) >= MAX_AUDIOS:
+        raise APIError.bad_request(f"{at}: at most {MAX_AUDIOS} audio clips per request.", at,
+                                   "too_many_audio_clips")
+    if len(body) * 3 // 4 > MAX_AUDIO_BYTES + 3:
+        raise APIError(413, f"{param}.data: an audio clip may hold at most "
+                       f"{MAX_AUDIO_BYTES} bytes.", INVALID_REQUEST, f"{param}.data",
+                       "audio_too_large")
+    try:
+        data = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError.bad_request(f"{param}.data: the audio is not valid base64.",
+                                   f"{param}.data", "invalid_value") from None
+    if not data:
+        raise APIError.bad_request(f"{param}.data: the audio is empty.", f"{param}.data",
+                                   "invalid_value")
+    media.append(AudioClip(data))
+    return {"type": "audio"}
+
+
+def split(media) -> tuple[list, tuple]:
+    """A request's media list → (its images, as `resolve` takes them; its audio clips'
+    bytes, Generate.audios)."""
+    return ([m for m in media if not isinstance(m, AudioClip)],
+            tuple(m.data for m in media if isinstance(m, AudioClip)))
 
 
 def content(pieces: list):

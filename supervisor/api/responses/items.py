@@ -11,7 +11,8 @@ from __future__ import annotations
 import uuid
 
 from supervisor.api.fields.limits import MAX_MESSAGES, check_length, check_parts
-from supervisor.api.fields.media import image_part, last_user_index, media_part, placeholder
+from supervisor.api.fields.media import (audio_part, image_part, last_user_index, media_part,
+                                         placeholder)
 from supervisor.api.fields.params import invalid_type, invalid_value, unsupported
 
 INPUT_ROLES = ("user", "assistant", "system", "developer")
@@ -21,6 +22,9 @@ MEDIA_PARTS = {"input_image": ("image_url", "file_id"),
                "input_file": ("file_data", "file_id", "file_url"),
                "input_audio": ("input_audio",)}
 IMAGE_DETAILS = ("low", "high", "auto", "original")
+# The media parts that travel to the worker (fields/media.py), which refuses what its
+# model cannot read.
+TRAVELLING = ("input_image", "input_audio")
 
 
 def new_id(prefix: str) -> str:
@@ -42,9 +46,9 @@ def normalize_input(value, param: str = "input") -> list[dict]:
             raise invalid_value(f"{param}[{i}].type", "a compaction_trigger must be the last "
                                 "input item.")
     last = last_user_index(items)
-    if last >= 0:  # audio and files in the turn being answered: no model here reads them
+    if last >= 0:  # files in the turn being answered: no model here reads them
         for j, part in enumerate(items[last]["content"]):
-            if part["type"] in MEDIA_PARTS and part["type"] != "input_image":
+            if part["type"] in MEDIA_PARTS and part["type"] not in TRAVELLING:
                 media_part(f"{param}[{last}].content[{j}]", part["type"], True)
     return items
 
@@ -155,6 +159,8 @@ def _media(where: str, kind: str, part: dict) -> dict:
             raise unsupported(f"{where}.file_id", "File ids are not supported by this "
                               "server: send the image as image_url, a base64 data: URL.")
         image_part(where, part["image_url"], [], param=f"{where}.image_url")
+    if kind == "input_audio":  # travels to the worker: checked here, decoded when built
+        audio_part(where, part["input_audio"], [], f"{where}.input_audio")
     kept = {k: part[k] for k in ("type", *sources, "detail", "filename") if k in part}
     if kind == "input_image":  # the spec's InputImageContent always has a detail
         detail = kept.setdefault("detail", "auto")
@@ -184,8 +190,9 @@ def text_of(item: dict) -> str:
 def to_chat_messages(items: list[dict], instructions: str | None,
                      images: list | None = None) -> list[dict]:
     """Conversation items → chat messages for the model's template. With `images` (a
-    list), a user message's input_image parts become {"type": "image"} parts, their
-    bytes appended to it in order (the worker's Generate.images); without, placeholders.
+    list), a user message's input_image (input_audio) parts become {"type": "image"}
+    ({"type": "audio"}) parts, their bytes appended to it in order (the worker's
+    Generate.images and .audios, fields/media.py `split`); without, placeholders.
 
     developer maps to system; every system part, `instructions` first, merges into one
     leading system message (many templates accept only one, at the start). Consecutive
@@ -219,7 +226,7 @@ def to_chat_messages(items: list[dict], instructions: str | None,
                     msg["reasoning_content"] = "".join(reasoning)
                     reasoning.clear()
                 out.append(msg)
-            elif images is not None and any(p.get("type") == "input_image"
+            elif images is not None and any(p.get("type") in TRAVELLING
                                             for p in item.get("content", [])):
                 out.append({"role": "user", "content": _parts_with_images(item, images)})
             else:
@@ -244,9 +251,11 @@ def to_chat_messages(items: list[dict], instructions: str | None,
 def _parts_with_images(item: dict, images: list) -> list[dict]:
     parts = []
     for j, p in enumerate(item.get("content", [])):
+        at = f"{item.get('id', 'input')}.content[{j}]"
         if p.get("type") == "input_image":
-            parts.append(image_part(f"{item.get('id', 'input')}.content[{j}]", p["image_url"],
-                                    images, param=f"{item.get('id', 'input')}.content[{j}]"))
+            parts.append(image_part(at, p["image_url"], images, param=at))
+        elif p.get("type") == "input_audio":
+            parts.append(audio_part(at, p["input_audio"], images, f"{at}.input_audio"))
         elif p.get("type") in MEDIA_PARTS:
             parts.append({"type": "text", "text": placeholder(p["type"])})
         else:

@@ -16,7 +16,7 @@ from typing import Optional
 from protocol.messages import Generate
 from supervisor.api.conversations.request import conversation_id
 from supervisor.api.fields import generate as build
-from supervisor.api.fields.media import resolve
+from supervisor.api.fields.media import resolve, split
 from supervisor.api.fields.params import (cache_key, invalid_type, invalid_value, missing,
                                          opt_bool, opt_int, opt_list, opt_number, opt_object,
                                          opt_str, parse_metadata, parse_model,
@@ -84,12 +84,14 @@ class ResponsesRequest:
         kept under the response's id when the response is stored (else under its
         prompt_cache_key), and it resumes from its previous response's (or its
         conversation's latest, else the key's)."""
-        images: list[bytes] = []
-        messages = to_chat_messages(items, self.instructions, images)
+        media: list = []
+        messages = to_chat_messages(items, self.instructions, media)
+        images, audios = split(media)
         return Generate(
             rid="",
             messages=messages,
             images=resolve(images, config.allowed_media_dirs),
+            audios=audios,
             # A warm-up prefills and keeps the state; the one token it must decode to do
             # so is dropped (runs.py).
             sampling=build.sampling(config, max_tokens=self.max_output_tokens
