@@ -251,19 +251,32 @@ GEMMA4 = ChatTemplate("chatml-gemma4", QWEN2_VL.text.replace(
     (*GEMMA4_NAMED.values(), "<|video|>"))  # (the processor adds the video token if absent)
 
 
+# Gemma 4's sizes: `tiny` (tests) 4-pixel patches pooled 2×2 into at most 4 image tokens
+# (16×16-pixel images), a 16-token window, 2.56 s clips; the larger ones Gemma 4's own
+# 16-pixel patches pooled 3×3 (64 and 256 image tokens, its 512-token window, 30 s clips).
+GEMMA4_SIZES = {
+    "tiny": dict(patch=4, pool=2, positions=64, image_tokens=4, window=16, per_layer=8,
+                 audio_tokens=64),
+    "small": dict(patch=16, pool=3, positions=256, image_tokens=64, window=512, per_layer=64,
+                  audio_tokens=750),
+    "2b": dict(patch=16, pool=3, positions=1024, image_tokens=256, window=512, per_layer=256,
+               audio_tokens=750)}
+
+
 def _gemma4(s: dict, token, vocab_size: int, context_length: int):
     """Gemma 4's layout at toy size (mlx-vlm `gemma4`, mlx-lm `gemma4`/`gemma4_text`): its
     sliding and global layers (a 16-token window every other layer, the global ones with
     their own head size and proportional rotary over a quarter of each head), its last
     layers reading the keys and values of earlier ones (`num_kv_shared_layers`), its
-    per-layer inputs (`hidden_size_per_layer_input`), a vision tower of 4-pixel patches
-    pooled 2×2 into at most 4 image tokens, and the audio tower (a conformer over the
-    feature extractor's mel frames, one audio token per 40 ms)."""
+    per-layer inputs (`hidden_size_per_layer_input`), a vision tower (GEMMA4_SIZES) and
+    the audio tower (a conformer over the feature extractor's mel frames, one audio token
+    per 40 ms)."""
     import mlx.core as mx
     from mlx_vlm.models import gemma4
 
     hidden, head, layers = s["hidden"], s.get("head_dim", 16), 2 * s["layers"]
-    image_tokens = 4
+    g = GEMMA4_SIZES["tiny" if s["hidden"] <= 64 else "small" if s["hidden"] <= 512 else "2b"]
+    image_tokens = g["image_tokens"]
     config = {
         "model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"],
         "vocab_size": vocab_size, "hidden_size": hidden, "torch_dtype": "float32",
@@ -278,9 +291,9 @@ def _gemma4(s: dict, token, vocab_size: int, context_length: int):
             "num_hidden_layers": layers, "num_attention_heads": s["heads"],
             "num_key_value_heads": s["kv_heads"], "head_dim": head, "global_head_dim": 2 * head,
             "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
-            "vocab_size_per_layer_input": vocab_size, "hidden_size_per_layer_input": 8,
+            "vocab_size_per_layer_input": vocab_size, "hidden_size_per_layer_input": g["per_layer"],
             "num_kv_shared_layers": layers // 2, "use_double_wide_mlp": True,
-            "sliding_window": 16, "sliding_window_pattern": 2,
+            "sliding_window": g["window"], "sliding_window_pattern": 2,
             "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
             "rope_parameters": {
                 "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0,
@@ -296,8 +309,8 @@ def _gemma4(s: dict, token, vocab_size: int, context_length: int):
                           "num_key_value_heads": s["vision_heads"],
                           "head_dim": s["embed"] // s["vision_heads"],
                           "global_head_dim": s["embed"] // s["vision_heads"],
-                          "patch_size": 4, "position_embedding_size": 64,
-                          "pooling_kernel_size": 2, "default_output_length": image_tokens,
+                          "patch_size": g["patch"], "position_embedding_size": g["positions"],
+                          "pooling_kernel_size": g["pool"], "default_output_length": image_tokens,
                           "rope_parameters": {"rope_theta": 100.0, "rope_type": "default"}},
         "audio_config": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
                          "subsampling_conv_channels": [8, 4], "conv_kernel_size": 5,
@@ -318,10 +331,10 @@ def _gemma4(s: dict, token, vocab_size: int, context_length: int):
 
     def write(folder: Path) -> None:
         (folder / "processor_config.json").write_text(json.dumps({
-            "processor_class": "Gemma4Processor", "audio_seq_length": 64,
+            "processor_class": "Gemma4Processor", "audio_seq_length": g["audio_tokens"],
             "audio_ms_per_token": 40,
-            "image_processor": {"patch_size": 4, "max_soft_tokens": image_tokens,
-                                "pooling_kernel_size": 2, "do_resize": True,
+            "image_processor": {"patch_size": g["patch"], "max_soft_tokens": image_tokens,
+                                "pooling_kernel_size": g["pool"], "do_resize": True,
                                 "do_rescale": True, "do_normalize": False,
                                 "rescale_factor": 1 / 255}}, indent=2))
         (folder / "chat_template.json").write_text(json.dumps({"chat_template": GEMMA4.text}))
