@@ -292,7 +292,7 @@ def _gemma4(s: dict, token, vocab_size: int, context_length: int):
             "num_key_value_heads": s["kv_heads"], "head_dim": head, "global_head_dim": 2 * head,
             "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
             "vocab_size_per_layer_input": vocab_size, "hidden_size_per_layer_input": g["per_layer"],
-            "num_kv_shared_layers": layers // 2, "use_double_wide_mlp": True,
+            "num_kv_shared_layers": 2 * (layers // 4), "use_double_wide_mlp": True,
             "sliding_window": g["window"], "sliding_window_pattern": 2,
             "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
             "rope_parameters": {
