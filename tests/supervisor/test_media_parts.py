@@ -85,6 +85,13 @@ def test_chat_audio_clips_per_request_are_bounded():
     assert len(r.to_generate(Config()).audios) == MAX_AUDIOS
 
 
+def test_a_model_that_hears_audio_lists_the_audio_capability():
+    from supervisor.api.models import capabilities
+
+    assert capabilities("vision", hears_audio=True)[-1] == "audio"
+    assert "audio" not in capabilities("vision") + capabilities("text")
+
+
 def test_chat_images_travel_as_parts_and_bytes_in_order():
     second = {"type": "image_url", "image_url": "data:image/jpeg;base64,/9j/4AAQ"}
     r = chat(user(text("a"), IMAGE, text("b"), text("c")), {"role": "assistant", "content": "x"},

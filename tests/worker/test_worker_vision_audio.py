@@ -132,6 +132,20 @@ def test_a_text_model_refuses_audio_as_it_refuses_images(engine):
     assert e.value.param == "messages[0].content"
 
 
+def test_the_warm_up_runs_the_audio_tower_before_ready(engines, monkeypatch):
+    engine = engines[0]
+    tower, runs = type(engine.vlm.audio_tower), []
+    original = tower.__call__
+
+    def counted(self, *a, **kw):
+        runs.append(1)
+        return original(self, *a, **kw)
+
+    monkeypatch.setattr(tower, "__call__", counted)
+    vbatch(engine).warm()
+    assert runs == [1]
+
+
 def test_a_worker_reports_hearing_and_takes_audio_over_the_protocol(spawn, gemma4):
     from protocol.messages import Delta, Done, Ready
 

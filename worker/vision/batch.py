@@ -264,7 +264,8 @@ class VisionBatch(Batch):
         return super().reset() + seqs
 
     def warm(self, prompt_tokens: int = 48) -> None:
-        """The text batch's warm-up, then a short image request: the vision tower and
-        the image prefill compile before Ready too."""
+        """The text batch's warm-up, then a short image request (and audio request, for
+        a model that hears it): the vision (audio) tower and the media prefill compile
+        before Ready too."""
         super().warm(prompt_tokens)
-        self.run_uncached(warm_requests()[1:])
+        self.run_uncached(warm_requests(self.engine.hearing is not None)[1:])

@@ -106,21 +106,36 @@ def model_inputs(media: dict | None) -> tuple:
             {k: mx.array(v) for k, v in media.items() if k not in _NOT_KWARGS})
 
 
-def warm_requests() -> list[Generate]:
-    """A short text request and a short image request (a grey 64×64 PNG): what a vision
-    worker runs before Ready, so the first client request pays no compile."""
+def warm_requests(hears: bool = False) -> list[Generate]:
+    """A short text request and a short image request (a grey 64×64 PNG), and for a
+    model that hears audio (`hears`) a short clip (a fifth of a second of silence, WAV):
+    what a vision worker runs before Ready, so the first client request pays no compile."""
+    import wave
+
     import numpy as np
     from PIL import Image
 
     buf = io.BytesIO()
     Image.fromarray(np.full((64, 64, 3), 128, np.uint8)).save(buf, format="PNG")
     sampling = SamplingParams(max_tokens=2, temperature=0.0)
-    return [Generate(rid="warm-text", messages=[{"role": "user", "content": "Hi"}],
+    gens = [Generate(rid="warm-text", messages=[{"role": "user", "content": "Hi"}],
                      sampling=sampling, output=OutputSpec()),
             Generate(rid="warm-image", images=(buf.getvalue(),), sampling=sampling,
                      messages=[{"role": "user", "content": [
                          {"type": "image"}, {"type": "text", "text": "Hi"}]}],
                      output=OutputSpec())]
+    if hears:
+        clip = io.BytesIO()
+        with wave.open(clip, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(16_000)
+            w.writeframes(bytes(2 * 3_200))
+        gens.append(Generate(rid="warm-audio", audios=(clip.getvalue(),), sampling=sampling,
+                             messages=[{"role": "user", "content": [
+                                 {"type": "audio"}, {"type": "text", "text": "Hi"}]}],
+                             output=OutputSpec()))
+    return gens
 
 
 def remember_images(processor):

@@ -101,7 +101,7 @@ class SerialBatch:
     def warm(self) -> None:
         """A short text request and a short image request before Ready, so the first
         client request pays no compile."""
-        for gen in warm_requests():
+        for gen in warm_requests(self.engine.hearing is not None):
             self.add(_Warm(), self.engine.prepare(gen))
             while self.members:
                 self.step()
