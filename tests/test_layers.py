@@ -174,7 +174,7 @@ WORKER_FLOORS = [
     # lifeline, status, test faults): they import nothing of the worker's rooms
     {"worker.errors", "worker.demos", "worker.link", "worker.lifeline", "worker.status",
      "worker.faults"},
-    {"worker.text", "worker.kvcache"},        # tokens in and out; the KV states kept
+    {"worker.text", "worker.kvcache", "worker.media"},  # tokens in and out; KV kept; media in
     {"worker.speculative"},                    # drafting and verifying several tokens a step
     {"worker.loop"},                           # the MLX thread's loop, its batch
     {"worker.vision", "worker.pooling", "worker.speech"},  # the engines of other kinds

@@ -19,7 +19,7 @@ import pytest
 from bench.multimodal import tone_wav
 from tests.schema import validate
 from tests.serverproc import ServerProcess
-from worker.speech.decode import decode_audio
+from worker.media.decode import decode_audio
 
 
 @pytest.fixture(scope="module")

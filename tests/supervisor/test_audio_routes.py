@@ -19,7 +19,7 @@ from supervisor.api.audio.voices import OPENAI_VOICES, aliases, resolve
 from tests.schema import spec, validate
 from tests.supervisor.fakes import FAKE_RATE, FakeBehaviour, FakeWorld
 from tests.supervisor.test_app import client_for
-from worker.speech.decode import decode_audio
+from worker.media.decode import decode_audio
 
 AUDIO = b"\x00" * 3000  # the fake worker never decodes it: its duration is len / 1000
 

@@ -24,7 +24,7 @@ from typing import Callable
 
 from protocol.messages import INVALID_REQUEST, Generate, ModelKind, Segment, SpeechSpec, Word
 from worker.errors import RequestError
-from worker.speech.decode import decode_audio
+from worker.media.decode import decode_audio
 from worker.text.tokens import check_task
 
 log = logging.getLogger("worker.speech")

@@ -8,7 +8,7 @@ clip (Gemma 4: one per 40 ms, at most `audio_seq_length`). Such a worker reports
 capability at load (Ready.hears_audio); any other model refuses audio parts as it
 refuses media it cannot read (worker/text/prompt.py).
 
-A clip is decoded by the speech worker's decoder (worker/speech/decode.py: PyAV, WAV,
+A clip is decoded by the speech worker's decoder (worker/media/decode.py: PyAV, WAV,
 MP3 and the rest) straight to mono float32 at the feature extractor's rate, no longer
 than the processor turns into tokens: a longer clip is the client's 400, before any
 feature is computed, rather than features the prompt's tokens do not cover.
@@ -48,7 +48,7 @@ class Hearing:
 def decode_clips(data: tuple[bytes, ...], hearing: Hearing) -> list:
     """The request's clips as float32 mono sample arrays at `hearing.rate`; a 400 naming
     the clip that does not decode or is longer than the model takes."""
-    from worker.speech.decode import decode_audio
+    from worker.media.decode import decode_audio
 
     clips = []
     for i, raw in enumerate(data):

@@ -1,6 +1,6 @@
 """POST /v1/audio/transcriptions and /v1/audio/translations: speech to text, OpenAI's shapes.
 
-The file travels to the worker as sent (it decodes it: worker/speech/decode.py); the
+The file travels to the worker as sent (it decodes it: worker/media/decode.py); the
 request is one Generate of task TRANSCRIBE riding the one request lifecycle (admission,
 queue and request timeouts, cancel when the client leaves, exactly one Done). The text
 comes back stretch by stretch (Deltas: Whisper's windows) and whole in a Transcript, which
