@@ -24,6 +24,11 @@ MAX_PENDING_EVENTS = 8192
 
 QUEUED, DISPATCHED, STARTED, FINISHED = "queued", "dispatched", "started", "finished"
 
+def _wake(w: asyncio.Future) -> None:
+    if not w.done():
+        w.set_result(None)
+
+
 class Inbox:
     """The events of one request, from the runner's reader to the handler: a deque and at
     most one waiter future. (An asyncio.Queue plus wait_for costs a task and several
@@ -48,12 +53,15 @@ class Inbox:
             return True
         if timeout <= 0:
             return False
-        self._waiter = asyncio.get_running_loop().create_future()
+        # One future and one timer that resolves it: asyncio.wait_for would add a second
+        # future, a done callback and a partial per wait, and a stream waits once a message.
+        loop = asyncio.get_running_loop()
+        w = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _wake, w)
         try:
-            await asyncio.wait_for(self._waiter, timeout)
-        except asyncio.TimeoutError:
-            pass
+            await w
         finally:
+            timer.cancel()
             self._waiter = None
         return bool(self._items)
 
