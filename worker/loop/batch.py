@@ -131,6 +131,8 @@ class Batch:
         self._clock = clock
         self.members: dict[int, Member] = {}
         self.reserved = 0
+        self._ended: list = []      # final states not stored yet (`settle`)
+        self._held = False          # the caller settles after each step (`hold_stores`)
         # Speculative decoding (worker/speculative/): prompt lookup for every sequence
         # that may (`speculative`), a client's prediction whenever one comes; only where
         # the cache can give back rejected positions (plain KVCaches and recurrent state:
@@ -212,6 +214,7 @@ class Batch:
 
     def cached_start(self, prep):
         """The KV cache's starting state for `prep` (None: from scratch)."""
+        self.settle()  # (a state that just ended may be its prefix)
         if self.kvcache is None:
             return None
         hit = self.kvcache.start(prep.gen.cache, self.cache_key(prep), prep.snapshot)
@@ -322,6 +325,7 @@ class Batch:
         """One batched step: [(seq, outcome)] for each sequence that produced a token,
         where outcome is `Decoding.feed`'s tuple or the exception it raised (the
         sequence is then out of the batch). Raises if the step itself failed."""
+        self.settle()
         self._fit_chunk()
         t0 = self._clock()
         prompt_responses, token_responses = self.gen.next()
@@ -362,6 +366,8 @@ class Batch:
                 else:  # a stop string or a complete grammar: mlx-lm does not know
                     self._leave(r.uid, in_gen=True, store=True)
             results.append((m.seq, out))
+        if not self._held:
+            self.settle()
         return results
 
     def _first_tokens(self, joined: list[int]) -> list:
@@ -403,10 +409,27 @@ class Batch:
         self._bound_prefix()
 
     def _store(self, m: Member, tokens, cache) -> None:
-        """A sequence ended: the KV cache keeps its final state (and its name)."""
+        """A sequence ended: the KV cache keeps its final state (and its name), at
+        `settle`."""
         if self.kvcache is not None and tokens and cache:
-            self.kvcache.finish(m.cache, m.keyed(list(tokens)), _materialized(cache))
-            self._bound_prefix()
+            self._ended.append((self.kvcache, m.cache, m.keyed(list(tokens)), cache))
+
+    def hold_stores(self) -> None:
+        """The caller calls `settle` after each step, once it has sent the step's events
+        (the scheduler): materializing an ended sequence's state (a copy of its rows, a
+        device sync) and storing it took 0.4-0.75 of a decode step (tiny model, CPU), and
+        the request's last tokens and its Done waited for it (issue 36). Until then, the
+        next step or a new prompt's lookup settles first."""
+        self._held = True
+
+    def settle(self) -> None:
+        """The states of the sequences that ended, into the KV cache."""
+        if not self._ended:
+            return
+        ended, self._ended = self._ended, []
+        for kvcache, spec, tokens, cache in ended:
+            kvcache.finish(spec, tokens, _materialized(cache))
+        self._bound_prefix()
 
     def remove(self, seq) -> None:
         """Drop a sequence (cancelled, failed): at once, whatever stage it is in."""
@@ -429,6 +452,7 @@ class Batch:
         """After a failed step: a fresh generator; returns the sequences that were in it."""
         seqs = [m.seq for m in self.members.values()]
         self.members.clear()
+        self._ended.clear()  # (states of a generator that failed: not kept)
         self.reserved = 0
         self.gen.close()
         self.gen = self._new_generator()
@@ -479,6 +503,7 @@ class Batch:
         return SpeculationStats(**self.speculation.totals.as_dict())
 
     def close(self) -> None:
+        self.settle()
         self.gen.close()
         if self.kvcache is not None:
             self.kvcache.close()  # the writes queued reach the disk

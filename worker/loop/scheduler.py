@@ -133,6 +133,7 @@ class Scheduler:
                  stream_interval: float = 0.0, faults=None):
         self.engine = engine
         self.batch = batch
+        batch.hold_stores()  # (`_step` settles once the step's events are out)
         # Steps that come faster than this share one Delta: at ~1 ms a token, a message
         # per token wakes the sender thread, the supervisor and the client once a token,
         # and those wake-ups preempt MLX's compute threads. Slower steps (any real model
@@ -359,6 +360,10 @@ class Scheduler:
                 self._fail(seq)
             else:
                 self._emit(seq, out)
+        try:  # ended sequences' states into the KV cache, once their Done is out
+            self.batch.settle()
+        except Exception:
+            self._batch_failed()
 
     def _batch_failed(self) -> None:
         """A batched step raised, and a step has many sequences: which one caused it?
