@@ -5,12 +5,14 @@ whose speed drifts between rounds (the H200s here did by ±30% within one run).
 
     python -m bench.single_ab [--shape 0.5b] [--rounds 40] [--tokens 128]
         [--variants '{"default": {}, "no prefix cache": {"args": ["--prompt-cache-bytes", "0"]}}']
-        [--mlx-lm-steps]
+        [--mlx-lm-steps] [--cpu]
 
 Raw is `stream_generate` in this process; "in-process" is mlxd's batch in this process
 (no worker, no HTTP); each variant is a server of its own (`args` to `mlxd`, `env` added
 to its environment). `--mlx-lm-steps` adds the in-process batch on mlx-lm's own step
 methods instead of worker/loop/lean.py's (what the lean steps save per token).
+`--cpu` also prints each side's CPU per token by process and thread (bench/token_cpu.py):
+the MLX thread, the process's other threads, and for a server its supervisor and client.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from bench.report import alternate, print_table, ratio_verdict
 from bench.decode_probe import run_batch
 from bench.gpu import SHAPES, Raw, build, default_dtype, in_process, server_stream
 from bench.serverproc import ServerProcess
+from bench.token_cpu import TokenCPU
 from supervisor.workers import blas
 
 
@@ -47,6 +50,7 @@ def main() -> None:
     p.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, else float32")
     p.add_argument("--variants", default='{"default": {}}')
     p.add_argument("--mlx-lm-steps", action="store_true")
+    p.add_argument("--cpu", action="store_true", help="CPU per token by process and thread")
     a = p.parse_args()
     dtype = default_dtype(a.dtype)
     path = build(a.shape, dtype)
@@ -76,7 +80,11 @@ def main() -> None:
             sides["in-process, mlx-lm's steps"] = lambda i: mlx_lm_steps(
                 lambda: run_batch(eng, batch, [ids[i]], a.tokens, False))
         for name, s in servers.items():
-            sides[name] = lambda i, s=s: server_stream(s.port, str(path), ids[i], a.tokens)[1]
+            sides[name] = lambda i, s=s: server_stream(s.port, str(path), ids[i], a.tokens)
+        cpu = TokenCPU()
+        for name, side in list(sides.items()):
+            sides[name] = counted(cpu if a.cpu else None, name, side, servers.get(name),
+                                  a.tokens)
         got = alternate(a.rounds, sides, label=a.shape)
     finally:
         for s in servers.values():
@@ -89,6 +97,21 @@ def main() -> None:
                 + ([("in-process / mlx-lm's steps", "lean steps (worker/loop/lean.py)",
                      ratio_verdict(got.ratio("in-process", "in-process, mlx-lm's steps"),
                                    ">=", 1.0))] if a.mlx_lm_steps else []))
+    if a.cpu:
+        print_table(f"CPU per generated token, us (median of {a.rounds} rounds; "
+                    "bench/token_cpu.py)", cpu.rows())
+
+
+def counted(cpu, name, side, server, tokens):
+    """`side` as `alternate` takes it (round -> decode tok/s), its CPU counted into `cpu`
+    (None: not counted); a server's side returns server_stream's (ttft, rate, tokens)."""
+    if server is not None:
+        if cpu is None:
+            return lambda i: side(i)[1]
+        return lambda i: cpu.server(name, server, lambda: side(i), lambda r: r[2])[1]
+    if cpu is None:
+        return side
+    return lambda i: cpu.local(name, lambda: side(i), tokens)
 
 
 if __name__ == "__main__":

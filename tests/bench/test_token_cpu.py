@@ -1,0 +1,38 @@
+"""bench/token_cpu.py: per-token CPU split by thread (what `bench.single_ab --cpu` prints),
+CPU burnt on the calling thread and on another thread counted apart, per generated token,
+and each side's total over raw's."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from bench.token_cpu import TokenCPU
+
+
+def burn(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_the_calling_thread_and_the_others_are_counted_apart_per_token():
+    cpu = TokenCPU()
+
+    def run():
+        other = threading.Thread(target=burn, args=(0.05,))
+        other.start()
+        burn(0.02)
+        other.join()
+        return "out"
+
+    assert cpu.local("raw", run, tokens=10) == "out"
+    assert cpu.local("in-process", lambda: burn(0.04), tokens=10) is None
+    raw, ours = cpu.rounds["raw"], cpu.rounds["in-process"]
+    # µs per token: 20 ms / 10 tokens on this thread, 50 ms / 10 on the other
+    assert 2000 <= raw["MLX thread"][0] < 2600 and 5000 <= raw["other threads"][0] < 6000
+    assert 4000 <= ours["MLX thread"][0] < 4600 and ours["other threads"][0] < 600
+    rows = dict((side, total) for side, _, total in cpu.rows())
+    assert "(1.000 x raw)" in rows["raw"]
+    ratio = float(rows["in-process"].split("(")[1].split(" x")[0])
+    assert 0.5 < ratio < 0.8  # ~4.1 ms against ~7.1 ms a token
