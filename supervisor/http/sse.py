@@ -32,12 +32,17 @@ STREAM_HEADERS = {
 _LINE_LIKE = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
+# One encoder for every event: json.dumps with any argument of its own builds a new
+# JSONEncoder per call, and a stream encodes an event per worker message (issue 36).
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode_event(obj, event: Optional[str] = None) -> bytes:
     """`data: <compact json>\\n\\n`, after `event: <name>\\n` when named (Anthropic's
     streams name every event). JSON escapes CR and LF inside strings, and the other
     characters some clients split lines on are escaped here, so one event is always one
     line; NaN is refused (not JSON)."""
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text = _JSON.encode(obj)
     if "\x85" in text or "\u2028" in text or "\u2029" in text:
         text = text.translate(_LINE_LIKE)  # only inside strings: JSON has them nowhere else
     data = b"data: " + text.encode("utf-8") + b"\n\n"

@@ -24,6 +24,7 @@ MAX_PENDING_EVENTS = 8192
 
 QUEUED, DISPATCHED, STARTED, FINISHED = "queued", "dispatched", "started", "finished"
 
+
 def _wake(w: asyncio.Future) -> None:
     if not w.done():
         w.set_result(None)

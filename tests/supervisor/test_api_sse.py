@@ -66,3 +66,14 @@ async def test_open_stream_extra_headers():
     assert resp.headers["X-Extra"] == "1"
     assert resp.headers["Content-Type"].startswith("text/event-stream")
     assert resp.headers["Connection"].lower() == "keep-alive"
+
+
+def test_events_share_one_json_encoder(monkeypatch):
+    # json.dumps with arguments of its own would build an encoder per event (issue 36).
+    made = []
+    init = json.JSONEncoder.__init__
+    monkeypatch.setattr(json.JSONEncoder, "__init__",
+                        lambda self, *a, **kw: (made.append(1), init(self, *a, **kw))[1])
+    assert sse.encode_event({"t": "é"}) + sse.encode_event([1]) == \
+        'data: {"t":"é"}\n\ndata: [1]\n\n'.encode()
+    assert not made
