@@ -276,8 +276,9 @@ class Batch:
         else:
             return
         pace = Pace(self.max_draft, cost=getattr(drafter, "cost", 0.0))
-        self.speculation.add(uid, Track(drafter, pace, seq,
-                                        prediction=bool(predicted)))
+        self.speculation.add(uid, Track(drafter, pace, seq, prediction=bool(predicted),
+                                        sampling=prep.gen.sampling,
+                                        vocab=self.engine.vocab_size))
 
     def _fit_chunk(self) -> None:
         """The next prefill chunk within the memory the running sequences leave: halved

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from worker.speculative import rejection
+
 # A sequence rests when its average accepted tokens per verification falls below this:
 # what a verification step costs over a plain one, in tokens. `python -m
 # bench.speculative --step-cost` on the demo model (CPU, OpenBLAS) measured the forward
@@ -72,6 +74,8 @@ class Track:
     pace: Pace
     seq: object                  # the scheduler's Sequence: its counts go in its Done
     prediction: bool = False     # drafts from the client's prediction
+    sampling: object = None      # its SamplingParams (rejection sampling: rejection.py)
+    vocab: int = 0               # the target's vocabulary size (top_k's bound)
 
 
 @dataclass
@@ -92,6 +96,10 @@ class Speculation:
     # Whether a step none of whose sequences drafted still runs the verify forward (a
     # drafter that needs its hidden states: worker/speculative/mtp.py).
     always_verify = False
+    # Drafts from a drafter with a distribution (a draft model, the MTP head) at
+    # temperature > 0 are sampled and verified by rejection sampling (rejection.py);
+    # off: drawn greedily and kept where the target's own sample matches.
+    rejection: bool = True
 
     def forward(self, gb, inputs):
         """The verify step's logits of `inputs` (n, width) on the batch's caches."""
@@ -99,6 +107,17 @@ class Speculation:
 
     def add(self, uid: int, track: Track) -> None:
         self.tracks[uid] = track
+        if self.rejection and hasattr(track.drafter, "sampling"):  # (it has a q)
+            track.drafter.sampling = rejection.of(track.sampling, track.vocab)
+
+    def sampled(self, uid: int, n: int):
+        """(the sequence's RowSampling, its draft's q log-probabilities (n, vocab)) where
+        its draft of `n` tokens was sampled; None: verified by greedy match."""
+        d = getattr(self.tracks.get(uid), "drafter", None)
+        rs, q = getattr(d, "sampling", None), getattr(d, "q", None)
+        if not n or rs is None or q is None:
+            return None
+        return rs, q[:n]
 
     def drop(self, uid: int) -> None:
         t = self.tracks.pop(uid, None)

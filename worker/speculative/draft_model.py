@@ -1,5 +1,7 @@
 """A draft model (`--draft-model`): a second, smaller mlx-lm model in the same worker that
-guesses each speculating sequence's next tokens by decoding them itself, greedily.
+guesses each speculating sequence's next tokens by decoding them itself: greedily, or
+for a sequence that samples by sampling them from its distribution q, which verify.py
+then checks by rejection sampling (worker/speculative/rejection.py).
 
 Why its own batch: drafting k tokens is k forward passes of the draft model, and a batch of
 sequences drafting one pass at a time would cost k x the batch's size; so every sequence
@@ -19,10 +21,11 @@ dk-1 to guess d2 .. dk): before the next draft, each row keeps those the target 
 and drops the rest (verify.py's `_keep_only`, per row), so no rejected token stays in it
 when it next reads.
 
-Lossless whatever the draft: verify.py keeps a drafted token only where the target itself
-sampled it (its docstring says why that is the target's distribution at any temperature).
-That is greedy-match acceptance, not the rejection rule over both models' probabilities:
-at temperature > 0 fewer drafts are kept than that rule would keep, but no text changes.
+Lossless whatever the draft: at temperature 0 verify.py keeps a drafted token only where
+the target itself chose it; at temperature > 0 each draft token is drawn from q (the
+sequence's sampling chain applied to the draft model's distribution: its `sampling`) and
+kept with probability min(1, p/q) (rejection.py), which keeps more of the draft than
+matching the target's own sample would and gives the target's distribution all the same.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Sequence
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
+from worker.speculative import rejection
 from worker.speculative.verify import _keep_only
 
 @dataclass
@@ -45,6 +49,8 @@ class DraftRow:
     fed: list = field(default_factory=list)      # guesses the draft model read last draft
     since: list = field(default_factory=list)    # its text since that draft
     joined: bool = False                         # a row of the group's batch cache
+    sampling: object = None  # rejection.RowSampling: it samples its draft (None: greedy)
+    q: object = None         # the last draft's q log-probabilities (k, vocab), if sampled
 
     def extend(self, tokens: Sequence[int]) -> None:
         (self.since if self.fed else self.backlog).extend(tokens)
@@ -160,15 +166,20 @@ class DraftModel:
                 c.finalize()
             last = mx.array([len(b) - 1 for b in backlogs])
             logits = mx.take_along_axis(logits, last[:, None, None], axis=1)
-        token = mx.argmax(logits[:, -1, :], axis=-1)
-        guesses = [token]
-        for _ in range(k - 1):
+        samplings = [r.sampling for r in rows]
+        keys = [rs.keys(k) if rs is not None else [None] * k for rs in samplings]
+        token, q = rejection.draft_tokens(samplings, logits[:, -1, :], [x[0] for x in keys])
+        guesses, qs = [token], [q]
+        for n in range(1, k):
             logits = self.model(token[:, None], cache=self.cache)
-            token = mx.argmax(logits[:, -1, :], axis=-1)
+            token, q = rejection.draft_tokens(samplings, logits[:, -1, :],
+                                              [x[n] for x in keys])
             guesses.append(token)
+            qs.append(q)
         out = mx.stack(guesses, axis=1).tolist()
-        for r, g in zip(rows, out):
+        for i, (r, g) in enumerate(zip(rows, out)):
             r.backlog, r.fed, r.since = [], g[:-1], []
+            r.q = mx.stack([q[i] for q in qs]) if r.sampling is not None else None
         return {u: g[:asks[u]] for u, g in zip(self.order, out) if u in asks}
 
 

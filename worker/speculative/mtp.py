@@ -22,7 +22,8 @@ step accepts each row's tokens (`observe`), the row's kept positions' hidden sta
 through the head with the tokens that followed them (the accepted drafts and the token
 sampled next), appending those positions to its MTP cache, and its next draft follows,
 chained from the head's own output where the sequence's pace asks for more than one
-token (those speculative positions are trimmed from its MTP cache at the next step);
+token (greedy, or at temperature > 0 sampled from the head's distribution under the
+sequence's sampling chain, for verify.py's rejection sampling: rejection.py) (those speculative positions are trimmed from its MTP cache at the next step);
 every row's draft is evaluated at once when the next step asks for the first. A step
 where the row took no hidden state (a plain mlx-lm step while every sequence rested)
 leaves a gap: it drafts again after one verify step without a draft.
@@ -46,6 +47,7 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
 from worker.errors import LoadError
+from worker.speculative import rejection
 from worker.speculative.adaptive import Speculation
 
 # Norms the Hugging Face layout stores zero-centred (weight - 1): mlx-vlm's rule.
@@ -171,6 +173,8 @@ class MTPDrafter:
         self.head, self.embed, self.lm_head = head, embed, lm_head
         self.cache = [KVCache() for _ in head.layers]
         self.guess = None       # (k,) the draft that follows the pending token
+        self.sampling = None    # rejection.RowSampling: it samples the draft (None: greedy)
+        self.q = None           # that draft's q log-probabilities (k, vocab), if sampled
         self.chained = 0        # MTP cache positions of that draft's chain
 
     def extend(self, tokens) -> None:
@@ -190,13 +194,19 @@ class MTPDrafter:
             self.chained = 0
         tokens = mx.array([list(accepted) + [following]], dtype=mx.int32)
         h = self.head(self.embed(tokens), hidden, self.cache)[:, -1:]
-        draft = []
-        for n in range(max(1, min(k, MAX_DRAFT))):
+        count = max(1, min(k, MAX_DRAFT))
+        keys = self.sampling.keys(count) if self.sampling is not None else [None] * count
+        draft, qs = [], []
+        for n in range(count):
             if n:
                 h = self.head(self.embed(draft[-1]), h, self.cache)
                 self.chained += 1
-            draft.append(mx.argmax(self.lm_head(h), axis=-1))
+            token, q = rejection.draft_tokens([self.sampling], self.lm_head(h)[:, -1],
+                                              keys[n:n + 1])
+            draft.append(token[:, None])
+            qs.append(q[0])
         self.guess = mx.concatenate(draft, axis=1).reshape(-1)
+        self.q = mx.stack(qs) if self.sampling is not None else None
         return self.guess
 
     def forget(self) -> None:

@@ -18,7 +18,10 @@ sequence of the batch has a draft (`Speculation.wants`), `next` runs `verify` in
   one fixed guess this IS rejection sampling (keep the guess d with probability p(d),
   else draw from p without d): at temperature 0 the text is the target's own, at any
   temperature its distribution; a seeded sampler draws the same keys for the same drafts,
-  so a seed reproduces its output;
+  so a seed reproduces its output. A draft sampled from a distribution q (a draft model,
+  the MTP head, at temperature > 0: `Speculation.sampled`) is verified by rejection
+  sampling instead (rejection.py: kept with probability min(1, p/q), the next token
+  from the residual or, after the whole draft, from p), which keeps more of it;
 - the tokens reported are the pending one and the accepted drafts, each with the
   log-probability row it was sampled from, in order, through the batch's usual per-token
   path (stop tokens, the token budget here; stop strings, logprobs, tool and reasoning
@@ -39,7 +42,7 @@ import mlx.core as mx
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import ArraysCache
 
-from worker.speculative import recurrent
+from worker.speculative import recurrent, rejection
 
 
 def install() -> None:
@@ -115,15 +118,25 @@ def verify(gb, spec) -> list | None:
         sampled = samplers[0](logprobs.reshape(n * width, -1)).reshape(n, width)
     else:
         sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
-    mx.eval(sampled)
+    rejecting = {}  # row -> its draft's rejection sampling (rejection.py)
+    for i, uid in enumerate(gb.uids):
+        got = spec.sampled(uid, len(drafts[i]))
+        if got is not None:
+            rejecting[i] = rejection.accept(got[0], logprobs[i], drafts[i], got[1])
+    mx.eval(sampled, rejecting)
     sampled = sampled.tolist()
+    kept = {}
+    for i, (ok, tokens) in rejecting.items():
+        kept[i], sampled[i] = ok.tolist(), tokens.tolist()
 
     responses, keep, kept_positions = [], [], []
     next_tokens, next_logprobs = [], []
     for i, uid in enumerate(gb.uids):
         draft = drafts[i]
         accepted = 0
-        while accepted < len(draft) and sampled[i][accepted] == draft[accepted]:
+        ok = kept.get(i)
+        while accepted < len(draft) and (sampled[i][accepted] == draft[accepted]
+                                         if ok is None else ok[accepted]):
             accepted += 1
         tokens = [pending[i]] + draft[:accepted]
         rows_lp = [gb._next_logprobs[i]] + [logprobs[i, j] for j in range(accepted)]
