@@ -99,7 +99,7 @@ class Speculation:
     # Drafts from a drafter with a distribution (a draft model, the MTP head) at
     # temperature > 0 are sampled and verified by rejection sampling (rejection.py);
     # off: drawn greedily and kept where the target's own sample matches.
-    rejection: bool = True
+    rejection = True
 
     def forward(self, gb, inputs):
         """The verify step's logits of `inputs` (n, width) on the batch's caches."""

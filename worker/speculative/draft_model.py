@@ -10,9 +10,9 @@ batched passes for all of them (`DraftModel.draft`, asked once per verification 
 worker/speculative/adaptive.py's `Speculation.propose_all`).
 
 Its rows follow the target's sequences by their uid, not by position: a sequence that
-joins the target's batch gets a row (`DraftRow`) whose prompt the draft model prefills,
-alone, when it first drafts (no prefix cache of its own yet), and it is merged into the
-batch cache; one that leaves (finished, cancelled, a failed step's reset) is filtered out.
+joins the target's batch gets a row (`DraftRow`) whose prompt the draft model prefills
+when it first drafts, with the others joining then (no prefix cache of its own yet), and
+it is appended to the batch cache; one that leaves (finished, cancelled, a failed step's reset) is filtered out.
 A row's text is what the target reported (the drafter protocol's `extend`, as for prompt
 lookup); what the draft model has not read yet waits in the row's backlog and is read in
 the next draft's first pass (rows right-padded to the longest backlog, as mlx-lm's
@@ -117,23 +117,29 @@ class DraftModel:
         self.rows.clear()
         self.order, self.cache = [], []
 
-    def _join(self, r: DraftRow) -> None:
-        """The row's text but its last token read by the draft model alone, in chunks,
-        then merged into the batch cache."""
-        cache = make_prompt_cache(self.model)
-        text, r.backlog = r.backlog[:-1], r.backlog[-1:]
-        for at in range(0, len(text), self.prefill_step):
-            self.model(mx.array([text[at:at + self.prefill_step]]), cache=cache)
+    def _join(self, rows: list) -> None:
+        """The rows' texts but their last tokens read by the draft model together (left-
+        padded to the longest, as mlx-lm's batch prefills), in chunks, then appended to
+        the batch cache: sequences that join at once cost one prefill, not one each."""
+        texts = []
+        for r in rows:
+            texts.append(r.backlog[:-1])
+            r.backlog = r.backlog[-1:]
+        longest = max(len(t) for t in texts)
+        pad = [longest - len(t) for t in texts]
+        cache = [BatchKVCache(pad) for _ in make_prompt_cache(self.model)]
+        inputs = mx.array([[0] * p + t for p, t in zip(pad, texts)])
+        for at in range(0, longest, self.prefill_step):
+            self.model(inputs[:, at:at + self.prefill_step], cache=cache)
             mx.eval([c.state for c in cache])
-        merged = [BatchKVCache.merge([c]) if c.keys is not None else BatchKVCache([0])
-                  for c in cache]
         if self.cache:
-            for mine, new in zip(self.cache, merged):
+            for mine, new in zip(self.cache, cache):
                 mine.extend(new)
         else:
-            self.cache = merged
-        self.order.append(r.uid)
-        r.joined = True
+            self.cache = cache
+        for r in rows:
+            self.order.append(r.uid)
+            r.joined = True
 
     def draft(self, asks: dict[int, int]) -> dict[int, list[int]]:
         """Up to `asks[uid]` tokens for each sequence asked, in k batched passes (k the
@@ -143,10 +149,9 @@ class DraftModel:
         k = max(asks.values(), default=0)
         if k <= 0:
             return {}
-        for uid in asks:
-            r = self.rows.get(uid)
-            if r is not None and not r.joined:
-                self._join(r)
+        joining = [r for u in asks if (r := self.rows.get(u)) is not None and not r.joined]
+        if joining:
+            self._join(joining)
         rows = [self.rows[u] for u in self.order]
         drop = [r.settle() for r in rows]
         if any(drop):

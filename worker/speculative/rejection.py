@@ -29,7 +29,7 @@ mass), and `Speculation.rejection` off (bench/speculative.py's side-by-side). A 
 with a grammar never drafts.
 
 Seeds: a seeded sequence draws its drafts, its uniforms and its residual and bonus tokens
-from its own random key (the seed's), split once per draft and once per verification, so
+from its own random key (from its seed), split once per draft and once per verification, so
 the same seed and settings give the same text; an unseeded one uses MLX's global key.
 """
 
@@ -40,13 +40,17 @@ from msgspec.structs import replace
 
 from worker.text.sampling import sampler_for
 
+# A seeded sequence's key here is its seed's plus this: not the key stream its sampler
+# draws the tokens it samples itself from (the same bits drawn twice would correlate).
+_SALT = 0x5EC7
+
 
 class RowSampling:
     """One sequence's sampling chain as a distribution, and its random keys."""
 
     def __init__(self, sp, vocab_size: int):
         seeded = sp.seed is not None
-        chain = sampler_for(sp if seeded else replace(sp, seed=0), vocab_size)
+        chain = sampler_for(replace(sp, seed=(sp.seed if seeded else 0) + _SALT), vocab_size)
         self.filters, self.temp = chain.filters, chain.temp
         self.key = chain.key if seeded else None
 

@@ -1,0 +1,143 @@
+"""Rejection sampling over a draft's distribution (worker/speculative/rejection.py) inside
+the batch, on the tiny float32 model: sampled texts follow the target's own distribution
+(the first tokens of many seeded samples against the distribution computed from the
+model, a test that fails when the acceptance rule, the residual or the bonus token is
+wrong), more of the draft is kept than matching the target's own sample keeps, a seed
+reproduces, and temperature 0 is exactly greedy. The draft is the target's own logits
+with its favourite lowered (`Demoted`): close to p but not p, so drafts are both kept and rejected."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from tests.generates import generate
+from tests.worker.batchrun import make_batch, run_all
+from tests.worker.test_speculative import ids, run
+from worker.speculative import rejection
+from worker.speculative.adaptive import Speculation
+from worker.speculative.draft_model import DraftModel
+
+K = 3        # tokens compared: the first is the prefill's, the next two drafted/verified
+TOP_K = 2    # the support of each position's distribution: 8 outcomes for K = 3
+SAMPLES = 300
+# Chi-squared at 7 degrees of freedom (8 outcomes) exceeds this with probability 1e-4
+# (scipy's chi2.isf(1e-4, 7)); the seeds are fixed, so the test is deterministic.
+CHI2_LIMIT = 29.88
+PROMPT = "Hi there"
+
+
+class Demoted:
+    """A draft model whose q differs from p: the target's logits with its favourite
+    token lowered by `by` (a draft that is often, not always, rejected)."""
+
+    def __init__(self, model, by: float):
+        self.model, self.layers, self.by = model, model.layers, by
+
+    def __call__(self, inputs, cache=None):
+        logits = self.model(inputs, cache=cache)
+        top = logits == logits.max(axis=-1, keepdims=True)
+        return logits - self.by * top
+
+
+def exact(engine, prompt_ids: list, sp) -> dict:
+    """{first K tokens: probability} under the target's own sampling distribution."""
+    rs = rejection.RowSampling(sp, engine.vocab_size)
+    out = {}
+
+    def walk(prefix: tuple, prob: float):
+        if len(prefix) == K:
+            out[prefix] = prob
+            return
+        logits = engine.model(mx.array([prompt_ids + list(prefix)]))[0, -1]
+        p = mx.exp(rs.distribution(logits - mx.logsumexp(logits))).tolist()
+        for tok, pt in enumerate(p):
+            if pt > 0:
+                walk(prefix + (tok,), prob * pt)
+    walk((), 1.0)
+    return out
+
+
+def sample(engine, draft, n: int = SAMPLES, **kw) -> list[tuple]:
+    """The first K tokens of `n` seeded samples, all in one batch; speculation totals in
+    `sample.totals`."""
+    b = make_batch(engine, max_size=n, prefill_batch=n, draft=DraftModel(draft, 64),
+                   max_draft=1)  # (t2 verified, t3 the bonus where t2 was kept)
+    preps = {i: engine.prepare(generate(rid=str(i), prompt=PROMPT, max_tokens=K,
+                                        temperature=1.0, top_k=TOP_K, seed=i, **kw))
+             for i in range(n)}
+    outs = run_all(b, preps)
+    sample.totals = b.speculation.totals
+    return [tuple(ids(outs[i])) for i in range(n)]
+
+
+def chi2(engine, samples: list[tuple]) -> float:
+    prep = engine.prepare(generate(prompt=PROMPT, temperature=1.0, top_k=TOP_K))
+    probs = exact(engine, list(prep.ids), prep.gen.sampling)
+    assert len(probs) == TOP_K ** K and abs(sum(probs.values()) - 1) < 1e-4
+    counts = {k: 0 for k in probs}
+    for s in samples:
+        if s not in counts:  # (a token the target's top_k never samples there)
+            return float("inf")
+        counts[s] += 1
+    n = len(samples)
+    return sum((counts[k] - n * p) ** 2 / (n * p) for k, p in probs.items())
+
+
+def test_sampled_text_follows_the_targets_own_distribution(engine):
+    samples = sample(engine, Demoted(engine.model, 2.0))
+    t = sample.totals
+    assert t.drafted >= SAMPLES and 0 < t.accepted < t.drafted  # (kept and rejected)
+    assert chi2(engine, samples) < CHI2_LIMIT
+
+
+@pytest.mark.parametrize("broken", ["every draft kept", "no residual"])
+def test_the_distribution_test_fails_with_a_broken_rule(engine, monkeypatch, broken):
+    """The same test against rules that are wrong: each is over the limit (every draft
+    kept: tokens the target's top_k never samples; drawing from p instead of the
+    residual: 79 against 29.9). (A bonus token drawn from q fails it too: not kept, each
+    run costs seconds.)"""
+    right = rejection.accept
+
+    def wrong(rs, logprobs, draft, logq):
+        kept, tokens = right(rs, logprobs, draft, logq)
+        k = len(draft)
+        if broken == "every draft kept":
+            kept = mx.ones_like(kept)
+        else:  # (no residual: p where the residual should be drawn from)
+            logp = rs.distribution(logprobs[:k])
+            tokens = mx.concatenate([rs.sample(logp, rs.keys(1)[0]), tokens[k:]])
+        return kept, tokens
+
+    monkeypatch.setattr(rejection, "accept", wrong)
+    assert chi2(engine, sample(engine, Demoted(engine.model, 2.0))) > CHI2_LIMIT
+
+
+def test_rejection_sampling_keeps_more_of_the_draft_than_matching_the_sample(
+        engine, monkeypatch):
+    """The same seeded, sampled requests with the same draft model: min(1, p/q) keeps
+    more than the target's own sample matching the draft's greedy guess does."""
+    reqs = {str(i): dict(prompt=PROMPT, max_tokens=24, temperature=1.0, seed=i)
+            for i in range(8)}
+    rates = {}
+    for mode in (True, False):
+        monkeypatch.setattr(Speculation, "rejection", mode)
+        run(engine, reqs, draft=DraftModel(engine.model, 64), max_size=8)
+        rates[mode] = run.totals.accepted / run.totals.drafted
+    # (drafting for itself, q is p: rejection sampling keeps every draft)
+    assert rates[True] > 0.95 and rates[True] > rates[False] + 0.2, rates
+
+
+def test_a_seeded_request_reproduces_and_temperature_zero_is_greedy(engine):
+    draft = Demoted(engine.model, 2.0)
+    req = {"s": dict(prompt=PROMPT, max_tokens=30, temperature=0.8, top_p=0.95, seed=11)}
+    first, _, _ = run(engine, req, draft=DraftModel(draft, 64))
+    t = run.totals
+    assert 0 < t.accepted < t.drafted
+    second, _, _ = run(engine, req, draft=DraftModel(draft, 64))
+    assert ids(first["s"]) == ids(second["s"])
+    greedy = {"g": dict(prompt=PROMPT, max_tokens=30, temperature=0.0)}
+    plain, _, _ = run(engine, greedy)
+    drafted, _, _ = run(engine, greedy, draft=DraftModel(draft, 64))
+    assert run.totals.drafted > 0
+    assert ids(drafted["g"]) == ids(plain["g"])
