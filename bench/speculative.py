@@ -21,6 +21,13 @@ then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` 
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
                                 [--cases edit,prediction,prose,edit-draft,prose-draft]
                                 [--step-cost] [--gguf PATH] [--draft-bits 4] [--servers]
+                                [--sampled 0.7]
+
+`--sampled T` adds open prose sampled at temperature T (stream i seeded i) with the draft
+model: no speculation, greedy match (a draft token kept where the target's own sample
+equals it) and rejection sampling (drafts sampled from the draft's q, kept with
+probability min(1, p/q): worker/speculative/rejection.py), side by side, tokens/s and
+acceptance (`--cases ""` runs it alone).
 
 `--step-cost` first times the forward pass that verifies a draft of d tokens (1 + d
 positions, one sequence, a 200-token context) against the one-token step: the tokens
@@ -46,7 +53,9 @@ PROSE = [{"role": "user", "content": "Write a short story about a lighthouse kee
           "finds a message in a bottle."}]
 
 
-def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None):
+def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None,
+        temperature: float = 0.0):
+    """(completion tokens/s, texts); sampled (`temperature` > 0) stream i has seed i."""
     from protocol import Generate, SamplingParams
 
     class Seq:
@@ -55,9 +64,11 @@ def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None)
 
     texts = {f"s{i}": [] for i in range(streams)}
     start = time.perf_counter()
-    for rid in texts:
+    for i, rid in enumerate(texts):
+        seed = i if temperature else None
         gen = Generate(rid=rid, messages=messages, prediction=prediction,
-                       sampling=SamplingParams(max_tokens=tokens, temperature=0.0))
+                       sampling=SamplingParams(max_tokens=tokens, temperature=temperature,
+                                               seed=seed))
         batch.add(Seq(rid), eng.prepare(gen))
     n = 0
     while batch.members:
@@ -92,6 +103,36 @@ def step_cost(eng, drafts=(1, 2, 4, 8), reps: int = 20) -> None:
     for d in drafts:
         cost = min(times[1 + d]) / one
         print(f"  d={d}: {cost:.2f}x, {cost - 1:.2f} tokens")
+
+
+def sampled(eng, batch_for, streams: list[int], tokens: int, rounds: int,
+            temperature: float) -> None:
+    """The draft model on prose at `temperature` (seeded streams): no speculation, drafts
+    kept where the target's own sample matches the draft's greedy guess (greedy match),
+    and drafts sampled from q and kept by rejection sampling (worker/speculative/
+    rejection.py), side by side: tokens/s and the share of drafted tokens kept."""
+    print(f"sampled prose, temperature {temperature}, seeded; draft model: greedy match "
+          "vs rejection sampling")
+    print(f"{'streams':>7} {'none tok/s':>10} {'match tok/s':>11} {'accept':>6} "
+          f"{'tok/verify':>10} {'reject tok/s':>12} {'accept':>6} {'tok/verify':>10}")
+    for n in streams:
+        best, stats = {}, {}
+        for _ in range(rounds):
+            for side in ("none", "match", "reject"):
+                b = batch_for("none" if side == "none" else "draft")
+                if b.speculation is not None:
+                    b.speculation.rejection = side == "reject"
+                rate, _ = run(eng, b, PROSE, n, tokens, None, temperature)
+                best[side] = max(best.get(side, 0.0), rate)
+                stats[side] = b.speculation.totals if b.speculation else None
+        cols = [f"{n:7d} {best['none']:10.1f}"]
+        for side, width in (("match", 11), ("reject", 12)):
+            t = stats[side]
+            accept = t.accepted / t.drafted if t and t.drafted else 0.0
+            per = (t.accepted + t.verifications) / t.verifications \
+                if t and t.verifications else 1.0
+            cols.append(f"{best[side]:{width}.1f} {accept:6.2f} {per:10.2f}")
+        print(" ".join(cols), flush=True)
 
 
 def models(gguf_path: str | None, bits: str) -> tuple[Path, Path]:
@@ -172,6 +213,9 @@ def main() -> None:
                    help="draft with the draft model whatever its pass costs")
     p.add_argument("--servers", action="store_true",
                    help="also the draft model over HTTP: mlxd beside mlx_lm.server")
+    p.add_argument("--sampled", type=float, default=None, metavar="TEMPERATURE",
+                   help="also prose sampled at TEMPERATURE (seeded) with the draft model: "
+                        "greedy match vs rejection sampling")
     a = p.parse_args()
     import mlx_lm
 
@@ -232,6 +276,8 @@ def main() -> None:
             print(f"{work:8} {drafter:18} {n:7d} {best['none']:10.1f} "
                   f"{best['spec']:10.1f} {best['spec'] / best['none']:6.2f} {accept:7.2f} "
                   f"{per:10.2f} {texts['none'] == texts['spec']}", flush=True)
+    if a.sampled:
+        sampled(eng, batch_for, streams, a.tokens, a.rounds, a.sampled)
     if a.servers:
         servers(path, draft_path, streams, a.tokens, a.rounds)
 
