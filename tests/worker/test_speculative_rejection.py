@@ -41,16 +41,22 @@ class Demoted:
         return logits - self.by * top
 
 
-def exact(engine, prompt_ids: list, sp) -> dict:
-    """{first K tokens: probability} under the target's own sampling distribution."""
-    rs = rejection.RowSampling(sp, engine.vocab_size)
+def exact(engine, prep) -> dict:
+    """{first K tokens: probability} under the target's own sampling distribution (its
+    logits processors, then its sampling chain)."""
+    rs = rejection.RowSampling(prep.gen.sampling, engine.vocab_size)
+    processors = engine.processors(prep)
     out = {}
 
     def walk(prefix: tuple, prob: float):
         if len(prefix) == K:
             out[prefix] = prob
             return
-        logits = engine.model(mx.array([prompt_ids + list(prefix)]))[0, -1]
+        context = mx.array(list(prep.ids) + list(prefix))
+        logits = engine.model(context[None])[:, -1]
+        for processor in processors:
+            logits = processor(context, logits)
+        logits = logits[0]
         p = mx.exp(rs.distribution(logits - mx.logsumexp(logits))).tolist()
         for tok, pt in enumerate(p):
             if pt > 0:
@@ -72,9 +78,9 @@ def sample(engine, draft, n: int = SAMPLES, **kw) -> list[tuple]:
     return [tuple(ids(outs[i])) for i in range(n)]
 
 
-def chi2(engine, samples: list[tuple]) -> float:
-    prep = engine.prepare(generate(prompt=PROMPT, temperature=1.0, top_k=TOP_K))
-    probs = exact(engine, list(prep.ids), prep.gen.sampling)
+def chi2(engine, samples: list[tuple], **kw) -> float:
+    probs = exact(engine, engine.prepare(generate(prompt=PROMPT, temperature=1.0,
+                                                  top_k=TOP_K, **kw)))
     assert len(probs) == TOP_K ** K and abs(sum(probs.values()) - 1) < 1e-4
     counts = {k: 0 for k in probs}
     for s in samples:
@@ -85,11 +91,14 @@ def chi2(engine, samples: list[tuple]) -> float:
     return sum((counts[k] - n * p) ** 2 / (n * p) for k, p in probs.items())
 
 
-def test_sampled_text_follows_the_targets_own_distribution(engine):
-    samples = sample(engine, Demoted(engine.model, 2.0))
+@pytest.mark.parametrize("bias", [(), ((17, 1.5),)])
+def test_sampled_text_follows_the_targets_own_distribution(engine, bias):
+    """Also with a logit_bias, which shapes p at each drafted position and not q (the
+    rule is exact whatever q is)."""
+    samples = sample(engine, Demoted(engine.model, 2.0), logit_bias=bias)
     t = sample.totals
     assert t.drafted >= SAMPLES and 0 < t.accepted < t.drafted  # (kept and rejected)
-    assert chi2(engine, samples) < CHI2_LIMIT
+    assert chi2(engine, samples, logit_bias=bias) < CHI2_LIMIT
 
 
 @pytest.mark.parametrize("broken", ["every draft kept", "no residual"])
