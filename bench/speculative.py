@@ -54,8 +54,9 @@ PROSE = [{"role": "user", "content": "Write a short story about a lighthouse kee
 
 
 def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None,
-        temperature: float = 0.0):
-    """(completion tokens/s, texts); sampled (`temperature` > 0) stream i has seed i."""
+        temperature: float = 0.0, seed: int = 0):
+    """(completion tokens/s, texts); sampled (`temperature` > 0) stream i has seed
+    `seed` + i."""
     from protocol import Generate, SamplingParams
 
     class Seq:
@@ -65,10 +66,9 @@ def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None,
     texts = {f"s{i}": [] for i in range(streams)}
     start = time.perf_counter()
     for i, rid in enumerate(texts):
-        seed = i if temperature else None
         gen = Generate(rid=rid, messages=messages, prediction=prediction,
                        sampling=SamplingParams(max_tokens=tokens, temperature=temperature,
-                                               seed=seed))
+                                               seed=seed + i if temperature else None))
         batch.add(Seq(rid), eng.prepare(gen))
     n = 0
     while batch.members:
@@ -110,27 +110,32 @@ def sampled(eng, batch_for, streams: list[int], tokens: int, rounds: int,
     """The draft model on prose at `temperature` (seeded streams): no speculation, drafts
     kept where the target's own sample matches the draft's greedy guess (greedy match),
     and drafts sampled from q and kept by rejection sampling (worker/speculative/
-    rejection.py), side by side: tokens/s and the share of drafted tokens kept."""
+    rejection.py), side by side: tokens/s (the best round) and the share of drafted
+    tokens kept (over all rounds: each round's streams have other seeds, the same in
+    every variant)."""
     print(f"sampled prose, temperature {temperature}, seeded; draft model: greedy match "
           "vs rejection sampling")
     print(f"{'streams':>7} {'none tok/s':>10} {'match tok/s':>11} {'accept':>6} "
           f"{'tok/verify':>10} {'reject tok/s':>12} {'accept':>6} {'tok/verify':>10}")
     for n in streams:
         best, stats = {}, {}
-        for _ in range(rounds):
+        for r in range(rounds):
             for side in ("none", "match", "reject"):
                 b = batch_for("none" if side == "none" else "draft")
                 if b.speculation is not None:
                     b.speculation.rejection = side == "reject"
-                rate, _ = run(eng, b, PROSE, n, tokens, None, temperature)
+                rate, _ = run(eng, b, PROSE, n, tokens, None, temperature, seed=r * n)
                 best[side] = max(best.get(side, 0.0), rate)
-                stats[side] = b.speculation.totals if b.speculation else None
+                if b.speculation is not None:
+                    got = b.speculation.totals.as_dict()
+                    stats[side] = {k: stats.get(side, {}).get(k, 0) + v
+                                   for k, v in got.items()}
         cols = [f"{n:7d} {best['none']:10.1f}"]
         for side, width in (("match", 11), ("reject", 12)):
-            t = stats[side]
-            accept = t.accepted / t.drafted if t and t.drafted else 0.0
-            per = (t.accepted + t.verifications) / t.verifications \
-                if t and t.verifications else 1.0
+            t = stats.get(side, {})
+            accept = t["accepted"] / t["drafted"] if t.get("drafted") else 0.0
+            per = (t["accepted"] + t["verifications"]) / t["verifications"] \
+                if t.get("verifications") else 1.0
             cols.append(f"{best[side]:{width}.1f} {accept:6.2f} {per:10.2f}")
         print(" ".join(cols), flush=True)
 

@@ -4,7 +4,8 @@ the batch, on the tiny float32 model: sampled texts follow the target's own dist
 model, a test that fails when the acceptance rule, the residual or the bonus token is
 wrong), more of the draft is kept than matching the target's own sample keeps, a seed
 reproduces, and temperature 0 is exactly greedy. The draft is the target's own logits
-with its favourite lowered (`Demoted`): close to p but not p, so drafts are both kept and rejected."""
+with its favourite lowered (`Demoted`): close to p but not p, so drafts are both kept
+and rejected."""
 
 from __future__ import annotations
 

@@ -12,7 +12,8 @@ worker/speculative/adaptive.py's `Speculation.propose_all`).
 Its rows follow the target's sequences by their uid, not by position: a sequence that
 joins the target's batch gets a row (`DraftRow`) whose prompt the draft model prefills
 when it first drafts, with the others joining then (no prefix cache of its own yet), and
-it is appended to the batch cache; one that leaves (finished, cancelled, a failed step's reset) is filtered out.
+it is appended to the batch cache; one that leaves (finished, cancelled, a failed step's
+reset) is filtered out.
 A row's text is what the target reported (the drafter protocol's `extend`, as for prompt
 lookup); what the draft model has not read yet waits in the row's backlog and is read in
 the next draft's first pass (rows right-padded to the longest backlog, as mlx-lm's

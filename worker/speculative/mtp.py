@@ -23,7 +23,8 @@ through the head with the tokens that followed them (the accepted drafts and the
 sampled next), appending those positions to its MTP cache, and its next draft follows,
 chained from the head's own output where the sequence's pace asks for more than one
 token (greedy, or at temperature > 0 sampled from the head's distribution under the
-sequence's sampling chain, for verify.py's rejection sampling: rejection.py) (those speculative positions are trimmed from its MTP cache at the next step);
+sequence's sampling chain, for verify.py's rejection sampling: rejection.py); those
+speculative positions are trimmed from its MTP cache at the next step;
 every row's draft is evaluated at once when the next step asks for the first. A step
 where the row took no hidden state (a plain mlx-lm step while every sequence rested)
 leaves a gap: it drafts again after one verify step without a draft.
