@@ -22,6 +22,12 @@ anyway). q does NOT get the sequence's penalties or logit_bias: they are functio
 each row's text that the draft's batch does not keep, and the rule is exact for any q
 (a biased p only lowers acceptance where the bias matters).
 
+No processor or transform mlxd offers makes the rule unsound: p is always the
+distribution the sequence's own sampler would draw from at that position (both are built
+by worker/text/sampling.py's `sampler_for` from the same parameters), and q is the one
+the draft was drawn from. A sampler whose distribution cannot be written down (mlx-lm's
+XTC, which flips a coin per call) would; mlxd does not offer one.
+
 Where it does not apply, verify.py's greedy-match does (lossless too): temperature 0
 (the text must be exactly the target's greedy one), drafters whose draft is one fixed
 guess (prompt lookup, Predicted Outputs: greedy match IS rejection sampling for a point
