@@ -118,6 +118,10 @@ def tensor2(shard_model, tmp_path_factory):
 
 
 def test_concurrent_streams_each_get_their_solo_answer(shard_model, reference, tensor2):
+    # (The epoch before, not 1: on a loaded machine the group's first start may time out
+    # and the server respawn it before it is healthy; these tests ask that nothing in
+    # them restarts it.)
+    epoch = group_of(tensor2)["epoch"]
     prompts = PROMPTS + PROMPTS[:1]
     out: dict[int, tuple] = {}
 
@@ -130,10 +134,11 @@ def test_concurrent_streams_each_get_their_solo_answer(shard_model, reference, t
     for t in threads:
         t.join(120)
     assert [out[i] for i in range(len(prompts))] == [reference[p] for p in prompts]
-    assert group_of(tensor2)["epoch"] == 1
+    assert group_of(tensor2)["epoch"] == epoch
 
 
 def test_cancel_mid_stream_then_serve_again(shard_model, reference, tensor2):
+    epoch = group_of(tensor2)["epoch"]
     stream = client(tensor2).chat.completions.create(
         model=shard_model, messages=[{"role": "user", "content": PROMPTS[1]}],
         max_tokens=2000, temperature=0, stream=True)
@@ -149,7 +154,7 @@ def test_cancel_mid_stream_then_serve_again(shard_model, reference, tensor2):
         time.sleep(0.1)
     assert group_of(tensor2)["worker_active"] == 0
     assert complete(tensor2, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
-    assert group_of(tensor2)["epoch"] == 1  # the same group: nothing was restarted
+    assert group_of(tensor2)["epoch"] == epoch  # the same group: nothing was restarted
 
 
 def _settle(server, states=("ready", "broken"), timeout=120) -> dict:
