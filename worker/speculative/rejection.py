@@ -56,9 +56,9 @@ class RowSampling:
 
     def __init__(self, sp, vocab_size: int):
         seeded = sp.seed is not None
-        chain = sampler_for(replace(sp, seed=(sp.seed if seeded else 0) + _SALT), vocab_size)
-        self.filters, self.temp = chain.filters, chain.temp
-        self.key = chain.key if seeded else None
+        self.chain = sampler_for(replace(sp, seed=(sp.seed if seeded else 0) + _SALT),
+                                 vocab_size)
+        self.key = self.chain.key if seeded else None
 
     def keys(self, n: int) -> list:
         """`n` fresh keys (None each for an unseeded sequence: the global key)."""
@@ -69,9 +69,7 @@ class RowSampling:
 
     def distribution(self, logprobs: mx.array) -> mx.array:
         """Log-probabilities (..., vocab) of what the sampler draws from `logprobs`."""
-        for f in self.filters:
-            logprobs = f(logprobs)
-        logits = logprobs * (1.0 / self.temp)
+        logits = self.chain.scaled(logprobs)
         return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
     def sample(self, logq: mx.array, key) -> mx.array:

@@ -74,11 +74,16 @@ class SeededSampler:
             self.filters.append(lambda x: apply_top_k(x, top_k))
         self.key = mx.random.key(seed)
 
-    def __call__(self, logprobs: mx.array) -> mx.array:
+    def scaled(self, logprobs: mx.array) -> mx.array:
+        """The logits it draws from: the filters, then the temperature (unnormalized;
+        speculative rejection sampling normalizes them into p and q)."""
         for f in self.filters:
             logprobs = f(logprobs)
+        return logprobs * (1.0 / self.temp)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
         self.key, sub = mx.random.split(self.key)
-        return mx.random.categorical(logprobs * (1.0 / self.temp), key=sub)
+        return mx.random.categorical(self.scaled(logprobs), key=sub)
 
 
 def check_sampler_values(sp: SamplingParams) -> None:
