@@ -131,18 +131,27 @@ def base64_image(at: str, body: str, images: list, param: str) -> dict:
     bytes appended to `images`; its part for the worker. 400 for text that is not base64,
     an empty image or more than MAX_IMAGES; 413 over MAX_IMAGE_BYTES."""
     _check_room(at, images)
-    if len(body) * 3 // 4 > MAX_IMAGE_BYTES + 3:
-        raise APIError(413, f"{param}: an image may hold at most {MAX_IMAGE_BYTES} bytes.",
-                       INVALID_REQUEST, param, "image_too_large")
+    images.append(_decoded(body, param, ("an image", "the image"), MAX_IMAGE_BYTES,
+                           "image_too_large", "invalid_image_url"))
+    return {"type": "image"}
+
+
+def _decoded(body: str, param: str, nouns: tuple[str, str], limit: int, too_large: str,
+             invalid: str) -> bytes:
+    """A medium's base64 text as bytes: 413 over `limit` bytes (judged before decoding),
+    400 for text that is not base64 or nothing at all. `nouns`: ("an image", "the
+    image") for the messages."""
+    if len(body) * 3 // 4 > limit + 3:
+        raise APIError(413, f"{param}: {nouns[0]} may hold at most {limit} bytes.",
+                       INVALID_REQUEST, param, too_large)
     try:
         data = base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError):
-        raise APIError.bad_request(f"{param}: the image is not valid base64.", param,
-                                   "invalid_image_url") from None
+        raise APIError.bad_request(f"{param}: {nouns[1]} is not valid base64.", param,
+                                   invalid) from None
     if not data:
-        raise APIError.bad_request(f"{param}: the image is empty.", param, "invalid_image_url")
-    images.append(data)
-    return {"type": "image"}
+        raise APIError.bad_request(f"{param}: {nouns[1]} is empty.", param, invalid)
+    return data
 
 
 def _check_room(at: str, images: list) -> None:
@@ -176,19 +185,8 @@ def audio_part(at: str, payload, media: list, param: str) -> dict:
     if sum(isinstance(i, AudioClip) for i in media) >= MAX_AUDIOS:
         raise APIError.bad_request(f"{at}: at most {MAX_AUDIOS} audio clips per request.", at,
                                    "too_many_audio_clips")
-    if len(body) * 3 // 4 > MAX_AUDIO_BYTES + 3:
-        raise APIError(413, f"{param}.data: an audio clip may hold at most "
-                       f"{MAX_AUDIO_BYTES} bytes.", INVALID_REQUEST, f"{param}.data",
-                       "audio_too_large")
-    try:
-        data = base64.b64decode(body, validate=True)
-    except (binascii.Error, ValueError):
-        raise APIError.bad_request(f"{param}.data: the audio is not valid base64.",
-                                   f"{param}.data", "invalid_value") from None
-    if not data:
-        raise APIError.bad_request(f"{param}.data: the audio is empty.", f"{param}.data",
-                                   "invalid_value")
-    media.append(AudioClip(data))
+    media.append(AudioClip(_decoded(body, f"{param}.data", ("an audio clip", "the audio"),
+                                    MAX_AUDIO_BYTES, "audio_too_large", "invalid_value")))
     return {"type": "audio"}
 
 
