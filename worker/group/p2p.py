@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-_NATIVE = {"send": mx.distributed.send, "recv_like": mx.distributed.recv_like}
-
-
 def _world(group):
     return group if group is not None else mx.distributed.init()
 
@@ -67,8 +64,3 @@ def send(x: mx.array, dst: int, *, group=None, stream=None) -> mx.array:
 def install() -> None:
     mx.distributed.send = send
     mx.distributed.recv_like = recv_like
-
-
-def uninstall() -> None:
-    mx.distributed.send = _NATIVE["send"]
-    mx.distributed.recv_like = _NATIVE["recv_like"]
