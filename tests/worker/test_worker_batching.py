@@ -320,7 +320,9 @@ def test_step_memory_is_measured_from_two_prefills(engine):
         mx.eval(a.x)
     del a, b
     busy = StepMemory.measure(Collecting(engine.model), engine.vocab_size)
-    assert busy.per_token > 0 and m.per_token / 3 <= busy.per_token <= m.per_token * 3, (m, busy)
+    # (Readings of one model vary up to 4 x on a busy machine; the fault read 1,400 x.)
+    assert busy.per_token > 0 and m.per_token / 10 <= busy.per_token <= m.per_token * 10, \
+        (m, busy)
     assert m.prefill(2, 512, 1000) == int(2 * 512 * (m.per_token + m.per_pair * 1512))
 
 
