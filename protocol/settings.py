@@ -372,7 +372,8 @@ SETTINGS: tuple[Setting, ...] = (
       "machine), the model sharded over them"),
     S("sharding", choice("auto", "tensor", "pipeline"), "auto", "how a worker group splits "
       "its model: tensor (each layer over every rank) or pipeline (consecutive layers per "
-      "rank); auto: tensor where mlx-lm's model supports it", worker=True),
+      "rank); auto: pipeline on a CUDA GPU, tensor elsewhere, where mlx-lm's model supports "
+      "it", worker=True),
     S("group_join_timeout", FLOAT, 30.0, "seconds a worker group's leader, once loaded, "
       "waits for every other rank to reach its control channel before the start fails",
       worker=True),

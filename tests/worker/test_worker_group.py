@@ -372,6 +372,12 @@ def test_sharding_choice():
     assert setup._sharding(Model(), odd, 2, "auto") == "pipeline"
     with pytest.raises(LoadError, match="3 key/value heads"):
         setup._sharding(Model(), odd, 2, "tensor")
+    # auto prefers pipeline on a CUDA GPU and falls back to tensor where pipeline is out.
+    assert setup._sharding(Model(), cfg, 2, "auto", prefer="pipeline") == "pipeline"
+    assert setup._sharding(Model(pipeline=False), cfg, 2, "auto", prefer="pipeline") == "tensor"
+    wide = {**cfg, "num_key_value_heads": 8}  # 8 heads split over 8 ranks; 6 layers do not
+    assert setup._sharding(Model(), wide, 8, "auto", prefer="pipeline") == "tensor"
+    assert setup.preferred() == "tensor"  # this machine: MLX's CPU backend
     with pytest.raises(LoadError, match="fewer than 8 ranks"):
         setup._sharding(Model(tensor=False), cfg, 8, "auto")
     with pytest.raises(LoadError, match="no tensor parallel"):
