@@ -16,7 +16,8 @@ worker/vision/language.py), with what an image adds to a sequence.
   cache, snapshots): its model step is what is used. A model whose step refuses a
   chunked prefill of these inputs (mlx-vlm's `chunked_prefill_policy`: Gemma 4, whose
   image tokens attend each other both ways, told by the processor's token types) gets
-  it in one chunk, as mlx-vlm's own generation does.
+  it in chunks cut anywhere but inside an image's span (worker/vision/spans.py), where
+  mlx-vlm's own generation takes it whole.
 - Its positions: after an image, a token's rotary position is its index plus the
   sequence's delta (mlx-vlm's `rope_deltas`), which the batch's forward passes add per
   row (language.py `Positions`; `_tell_rows` says which rows each pass runs). A state
@@ -47,6 +48,7 @@ from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
 from worker.kvcache.manager import Start, Tier
 from worker.loop.batch import Batch
+from worker.vision import spans
 from worker.vision.engine import KEY, encoded, media_tokens, model_inputs, warm_requests
 
 log = logging.getLogger("worker.vision")
@@ -59,6 +61,7 @@ _GRIDS = ("image_grid_thw", "video_grid_thw")
 # whole (an image and a clip in one prompt: chunked, causal, as mlx-vlm runs it).
 _TYPES = ("mm_token_type_ids", "token_type_ids")
 _DELTAS_KEPT = 1024
+spans.install()
 
 
 def _tell_rows() -> None:
@@ -130,7 +133,8 @@ class _Prefill:
     cache: Any = None    # mlx-vlm's caches, once the images are embedded
     embeds: Any = None
     extra: dict = field(default_factory=dict)
-    whole: bool = False  # the model's step takes its images' prefill in one chunk
+    whole: list = field(default_factory=list)  # the image spans no chunk may cut, where
+    # the model's step attends within them both ways (none: chunked anywhere, causal)
 
 
 class VisionBatch(Batch):
@@ -193,11 +197,12 @@ class VisionBatch(Batch):
             job.cache = make_vlm_cache(vlm.language_model, self.max_kv_size)
             if job.hit is not None:
                 _carry(job.hit.cache, job.cache)
-            job.whole = not chunked_prefill_enabled(
-                vlm, input_ids=job.inputs, inputs_embeds=job.embeds,
-                prefill_kwargs={**job.kwargs, **job.extra})
+            if not chunked_prefill_enabled(vlm, input_ids=job.inputs, inputs_embeds=job.embeds,
+                                           prefill_kwargs={**job.kwargs, **job.extra}):
+                types = next((v for k, v in job.kwargs.items() if k in _TYPES), None)
+                job.whole = spans.spans(types) if types is not None else [(0, job.end)]
         a = job.pos
-        b = job.end if job.whole else min(job.end, a + max(1, self.chunks.size))
+        b = spans.cut(a, min(job.end, a + max(1, self.chunks.size)), job.whole)
         types = {k: v[:, a:b] for k, v in job.kwargs.items() if k in _TYPES and job.whole}
         vlm.language_model(job.inputs[:, a:b], inputs_embeds=job.embeds[:, a:b],
                            cache=job.cache, n_to_process=b - a, **job.extra, **types)

@@ -1,0 +1,54 @@
+"""Gemma 4's image prompts prefilled in chunks (worker/vision/spans.py) in-process on the
+tiny Gemma 4, whose image tokens attend each other both ways: a prompt longer than the
+chunk prefills in several chunks, none cutting an image's span, and gives the tokens and
+log-probabilities of its one-chunk prefill and of mlx-vlm's own generation (which takes
+it whole); an image span longer than the chunk is one chunk of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.worker.batchrun import Seq
+from tests.worker.test_worker_vision import png
+from tests.worker.test_worker_vision import run as mlx_vlms  # mlx-vlm's own step, serially
+from tests.worker.test_worker_vision_audio import engines, gemma4  # noqa: F401 (fixtures)
+from tests.worker.test_worker_vision_batch import ask, same, vbatch
+from worker.vision.spans import spans
+
+
+def chunked(engine, gen, prefill_step: int):
+    """`gen` alone on a batch of `prefill_step`-token chunks: (its outcomes, the [a, b)
+    of each chunk of its image prefill)."""
+    batch = vbatch(engine, prefill_step=prefill_step)
+    batch.add(Seq("g"), engine.prepare(gen))
+    job, cuts, out = batch.prefilling[0], [], []
+    while len(batch):
+        before = job.pos
+        out += [o for _, o in batch.step()]
+        if job.pos != before:
+            cuts.append((before, job.pos))
+    return out, cuts, job
+
+
+@pytest.mark.parametrize("chunk", [3, 7])
+def test_an_image_prompt_prefills_in_chunks_that_keep_each_image_whole(engines, chunk):
+    engine, serial = engines
+    gen = ask("Here is a long preamble before the pictures, to be prefilled in chunks: "
+              "compare them", (png(seed=5), png(120, 80, seed=6)), rid="g", max_tokens=6,
+              logprobs=True)
+    whole, one_cut, _ = chunked(engine, gen, 4096)
+    assert len(one_cut) == 1
+    out, cuts, job = chunked(engine, gen, chunk)
+    images = job.whole
+    assert [e - s for s, e in images] == [4, 2]  # (the tiny processor's image tokens)
+    assert len(cuts) > 10 and cuts[0][0] == 0 and cuts[-1][1] == job.end
+    assert all(b - a <= chunk for a, b in cuts if (a, b) not in images)
+    # Each image in one chunk; one longer than the chunk is a chunk of its own.
+    assert all(any(a <= s and e <= b for a, b in cuts) for s, e in images)
+    assert all((s, e) in cuts for s, e in images if e - s > chunk)
+    assert same(out, whole) and same(out, mlx_vlms(serial, gen))
+
+
+def test_the_spans_are_the_runs_of_image_and_video_tokens():
+    assert spans([[0, 1, 1, 0, 2, 2, 2, 3, 1]]) == [(1, 3), (4, 7), (8, 9)]
+    assert spans([[0, 3, 0]]) == []
