@@ -1,7 +1,7 @@
 """A vision-language model's requests on the continuous batch (worker/vision/batch.py),
 in-process on the tiny Qwen2-VL, the tiny Qwen3.5 (hybrid), the tiny Gemma 3 (sliding
 window layers: rotating caches) and the tiny Gemma 4 (shared-KV layers, per-layer inputs,
-images attended both ways): text and image requests mixed in one batch give each
+as E2B; images attended both ways, as 31B, in test_worker_vision_spans.py): text and image requests mixed in one batch give each
 its tokens alone, which are mlx-vlm's own; cancel, joins, grammars and stops per
 sequence; the prefix cache keyed by image content, resuming an image turn without the
 vision tower."""
@@ -26,7 +26,7 @@ def loaded(request, vision_model, models_dir):
     (hybrid linear attention: its recurrent state cannot be trimmed), the tiny Gemma 3
     (a 16-token sliding window every other layer, which every prompt here wraps) and the
     tiny Gemma 4 (Gemma 3's window, its last layers sharing earlier layers' KV, per-layer
-    inputs, an image's tokens attending both ways, images of different sizes)."""
+    inputs, images of different sizes)."""
     from mlx_vlm import load
 
     from worker.demos.vision import build_vision_model
@@ -158,7 +158,6 @@ def test_an_image_prompt_prefills_a_chunk_a_step_beside_a_running_stream(vlm_eng
         chunks += 1
         if cancel and chunks == 2:
             batch.remove(seqs["image"])  # between two chunks of its prefill
-    # (Gemma 4's too, its images attending both ways: each image's span within a chunk)
     assert (chunks == 2 and len(batch) == 1) if cancel else chunks >= 3
     while len(batch):
         step()

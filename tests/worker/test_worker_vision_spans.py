@@ -1,5 +1,6 @@
 """Gemma 4's image prompts prefilled in chunks (worker/vision/spans.py) in-process on the
-tiny Gemma 4, whose image tokens attend each other both ways: a prompt longer than the
+tiny Gemma 4 in the large checkpoints' layout (worker/demos/vision.py `gemma4-31b`),
+whose image tokens attend each other both ways: a prompt longer than the
 chunk prefills in several chunks, none cutting an image's span, and gives the tokens and
 log-probabilities of its one-chunk prefill and of mlx-vlm's own generation (which takes
 it whole); an image span longer than the chunk is one chunk of its own."""
@@ -11,9 +12,25 @@ import pytest
 from tests.worker.batchrun import Seq
 from tests.worker.test_worker_vision import png
 from tests.worker.test_worker_vision import run as mlx_vlms  # mlx-vlm's own step, serially
-from tests.worker.test_worker_vision_audio import engines, gemma4  # noqa: F401 (fixtures)
 from tests.worker.test_worker_vision_batch import ask, same, vbatch
 from worker.vision.spans import spans
+
+
+@pytest.fixture(scope="module")
+def engines(models_dir):
+    """(the batch's engine, mlx-vlm's own one-at-a-time engine) of the tiny Gemma 4 31B."""
+    from mlx_vlm import load
+
+    from worker.demos.vision import build_vision_model
+    from worker.vision.engine import VisionEngine
+    from worker.vision.language import shared_language_model
+
+    path = build_vision_model(models_dir / "tiny-vision-gemma4-31b", family="gemma4-31b").path
+    vlm, processor = load(str(path))
+    assert vlm.language_model.config.use_bidirectional_attention == "vision"
+    lm = shared_language_model(vlm, path)
+    assert lm is not None
+    return VisionEngine(vlm, processor, 4096, 64, lm=lm), VisionEngine(vlm, processor, 4096, 64)
 
 
 def chunked(engine, gen, prefill_step: int):

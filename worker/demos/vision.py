@@ -32,18 +32,22 @@ tokens so that a short prompt already wraps it, mlx-vlm's own Gemma3Processor ov
 same tokenizer with Gemma's `<start_of_image>` markers.
 
 `family="gemma4"` builds Gemma 4's (mlx-vlm `gemma4`, mlx-lm `gemma4`/`gemma4_text`): the
-small variants' layout, sliding and global layers whose last half reads the keys and
-values of earlier layers (no cache of their own), per-layer inputs beside the
-embeddings, proportional rotary on the global layers, image tokens attended both ways
-within an image; a vision tower of 4-pixel patches pooled 2×2 (at most 4 image tokens,
-images kept aspect-preserving at most 16×16 pixels) and an audio tower (the conformer
-over 128 mel bins, one audio token per 40 ms), with mlx-vlm's Gemma4Processor (its own
+small variants' layout (E2B, E4B), sliding and global layers whose last half reads the
+keys and values of earlier layers (no cache of their own), per-layer inputs beside the
+embeddings, proportional rotary on the global layers, causal attention throughout, as
+their configs leave `use_bidirectional_attention` unset; `family="gemma4-31b"` the large
+ones' attention (26B-A4B, 31B: an image's tokens attended both ways, keys doubling as
+values on the global layers, no shared KV, no per-layer inputs, no audio); a vision
+tower of 4-pixel patches pooled 2×2 (at most 4 image tokens, images kept
+aspect-preserving at most 16×16 pixels) and an audio tower (the conformer over 128 mel
+bins, one audio token per 40 ms), with mlx-vlm's Gemma4Processor (its own
 image processor and audio feature extractor) over the same tokenizer with Gemma 4's
 `<|image|>` and `<|audio|>` placeholders.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -263,14 +267,18 @@ GEMMA4_SIZES = {
                audio_tokens=750)}
 
 
-def _gemma4(s: dict, token, vocab_size: int, context_length: int):
+def _gemma4(s: dict, token, vocab_size: int, context_length: int, dense: bool = False):
     """Gemma 4's layout at toy size (mlx-vlm `gemma4`, mlx-lm `gemma4`/`gemma4_text`): its
     sliding and global layers (a 16-token window every other layer, the global ones with
-    their own head size and proportional rotary over a quarter of each head), its last
-    layers reading the keys and values of earlier ones (`num_kv_shared_layers`), its
-    per-layer inputs (`hidden_size_per_layer_input`), a vision tower (GEMMA4_SIZES) and
-    the audio tower (a conformer over the feature extractor's mel frames, one audio token
-    per 40 ms)."""
+    their own head size and proportional rotary over a quarter of each head) and a vision
+    tower (GEMMA4_SIZES). As the small checkpoints (E2B, E4B): the last layers reading the
+    keys and values of earlier ones (`num_kv_shared_layers`), per-layer inputs
+    (`hidden_size_per_layer_input`), the audio tower (a conformer over the feature
+    extractor's mel frames, one audio token per 40 ms) and causal attention throughout
+    (`use_bidirectional_attention` unset). `dense`: as the large ones (26B-A4B's and 31B's
+    attention, without the experts): an image's tokens attending each other both ways
+    (`"vision"`), the global layers' keys doubling as values (`attention_k_eq_v`) over
+    their own KV heads, no shared KV, no per-layer inputs, no audio."""
     import mlx.core as mx
     from mlx_vlm.models import gemma4
 
@@ -301,7 +309,6 @@ def _gemma4(s: dict, token, vocab_size: int, context_length: int):
                 "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10_000.0,
                                       "rope_type": "default"}},
             "final_logit_softcapping": 30.0, "tie_word_embeddings": True,
-            "use_bidirectional_attention": "vision",
             "max_position_embeddings": context_length},
         "vision_config": {"model_type": "gemma4_vision", "hidden_size": s["embed"],
                           "intermediate_size": 2 * s["embed"], "num_hidden_layers": s["depth"],
@@ -317,16 +324,23 @@ def _gemma4(s: dict, token, vocab_size: int, context_length: int):
                          "attention_chunk_size": 12, "attention_context_left": 13,
                          "attention_context_right": 0, "output_proj_dims": 32},
     }
+    if dense:
+        config["text_config"].update(
+            use_bidirectional_attention="vision", attention_k_eq_v=True,
+            num_global_key_value_heads=1, num_kv_shared_layers=0, hidden_size_per_layer_input=0,
+            use_double_wide_mlp=False)
+        config["vision_config"]["standardize"] = True
+        config["audio_config"] = None
     args = gemma4.ModelConfig.from_dict(dict(config))
     args.text_config = gemma4.TextConfig.from_dict(config["text_config"])
     args.vision_config = gemma4.VisionConfig.from_dict(config["vision_config"])
-    args.audio_config = gemma4.AudioConfig.from_dict(config["audio_config"])
+    args.audio_config = None if dense else gemma4.AudioConfig.from_dict(config["audio_config"])
     model = gemma4.Model(args)
     # (as Gemma 3's: a tied head, so the layers' output norms scaled up)
     for layer in model.language_model.model.layers:
         for norm in (layer.post_attention_layernorm, layer.post_feedforward_layernorm):
             norm.weight = mx.full(norm.weight.shape, 7.0)
-    for embedder in (model.embed_vision, model.embed_audio):
+    for embedder in (model.embed_vision, *([] if dense else [model.embed_audio])):
         embedder.embedding_projection.weight = embedder.embedding_projection.weight * 16
 
     def write(folder: Path) -> None:
@@ -346,7 +360,8 @@ FAMILIES = {"qwen2-vl": (_qwen2_vl, QWEN2_VL, {}), "qwen3.5": (_qwen3_5, QWEN2_V
             "gemma3": (_gemma3, GEMMA3, {"boi_token": "<start_of_image>",
                                          "eoi_token": "<end_of_image>",
                                          "image_token": "<image_soft_token>"}),
-            "gemma4": (_gemma4, GEMMA4, GEMMA4_NAMED)}
+            "gemma4": (_gemma4, GEMMA4, GEMMA4_NAMED),
+            "gemma4-31b": (functools.partial(_gemma4, dense=True), GEMMA4, GEMMA4_NAMED)}
 
 
 def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "qwen2-vl",
@@ -375,7 +390,7 @@ def build_vision_model(path: str | Path, size: str = "tiny", *, family: str = "q
     # As the text demo (worker/demos/text.py): a head scaled up, so greedy output has no
     # near-ties, and the EOS row zeroed, so generations run to max_tokens.
     lm = model.language_model
-    tied = family in ("gemma3", "gemma4")  # (its head is its embeddings: not saved)
+    tied = family.startswith("gemma")  # (its head is its embeddings: not saved)
     head = (lm.model.embed_tokens.weight if tied else lm.lm_head.weight) * 4
     head[token("<|im_end|>")] = 0.0
     lm.update({"model": {"embed_tokens": {"weight": head if tied
