@@ -1,7 +1,8 @@
 """Throughput and prompt reuse of a vision-language checkpoint: mlxd against raw mlx-vlm and
 mlx-vlm's own server, in one run (the vision presets of bench/throughput.py).
 
-    python -m bench.vision_throughput [--size tiny|small|2b] [--family qwen2-vl|qwen3.5|gemma3|gemma4]
+    python -m bench.vision_throughput [--size tiny|small|2b]
+                                      [--family qwen2-vl|qwen3.5|gemma3|gemma4|gemma4-31b]
                                       [--quick] [--no-peer] [--only throughput|reuse]
                                       [--rounds N] [--dtype D] [--layers N]
 
@@ -10,8 +11,9 @@ The model: a random-weight vision checkpoint built locally (worker/demos/vision.
 448×448 = 256 image tokens; `2b` Qwen2-VL-2B's language model, 1.3-2.5B parameters by
 family, for a GPU, where `small`'s 2,000-token prefill is 20-90 ms and a warm request's
 fixed cost most of the warm ÷ cold ratio; `qwen3.5` its hybrid linear-attention family,
-`gemma3` Gemma 3's, a sliding window every other layer, `gemma4` Gemma 4's, shared-KV
-layers and per-layer inputs besides), in bf16 on a GPU and float32
+`gemma3` Gemma 3's, a sliding window every other layer, `gemma4` Gemma 4's (E2B's
+layout), shared-KV layers and per-layer inputs besides, `gemma4-31b` the large Gemma 4
+layout, images attended both ways), in bf16 on a GPU and float32
 on the CPU (`--dtype`; `--layers N` builds the size with N language layers, a quick check
 of its code path on the CPU). At temperature 0, side by side:
 - aggregate decode tokens/s at 1, 4 and 8 concurrent streams, text-only and with one
@@ -254,7 +256,7 @@ def vision_rows(size: str, family: str, quick: bool, peer: bool = True,
     from worker.demos.vision import SIZES, build_vision_model
 
     name = f"{size}-vision" + {"qwen3.5": "-hybrid", "gemma3": "-gemma3",
-                                  "gemma4": "-gemma4"}.get(family, "")
+                                  "gemma4": "-gemma4", "gemma4-31b": "-gemma4-31b"}.get(family, "")
     # (tiny and small keep their names: float32, as the other benchmarks build them)
     built = name + (f"-{dtype}" if dtype != "float32" else "") + (f"-{layers}L" if layers else "")
     t0 = time.perf_counter()
@@ -274,7 +276,8 @@ def vision_rows(size: str, family: str, quick: bool, peer: bool = True,
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", choices=("tiny", "small", "2b"), default="tiny")
-    p.add_argument("--family", choices=("qwen2-vl", "qwen3.5", "gemma3", "gemma4"), default="qwen2-vl")
+    p.add_argument("--family", choices=("qwen2-vl", "qwen3.5", "gemma3", "gemma4", "gemma4-31b"),
+                   default="qwen2-vl")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--no-peer", action="store_true",
                    help="without mlx_vlm.server (where its web stack is not installed)")
