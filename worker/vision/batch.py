@@ -14,10 +14,10 @@ worker/vision/language.py), with what an image adds to a sequence.
   decoding. mlx-vlm's BatchGenerator does the same in one batch, but with one sampler
   for all, no per-sequence logits processors and no starting state of ours (prefix
   cache, snapshots): its model step is what is used. A model whose step refuses a
-  chunked prefill of these inputs (mlx-vlm's `chunked_prefill_policy`: Gemma 4, whose
-  image tokens attend each other both ways, told by the processor's token types) gets
-  it in chunks cut anywhere but inside an image's span (worker/vision/spans.py), where
-  mlx-vlm's own generation takes it whole.
+  chunked prefill of these inputs (mlx-vlm's `chunked_prefill_policy`: the large Gemma 4
+  checkpoints, whose image tokens attend each other both ways, told by the processor's
+  token types) gets it in chunks cut anywhere but inside an image's span
+  (worker/vision/spans.py), where mlx-vlm's own generation takes it whole.
 - Its positions: after an image, a token's rotary position is its index plus the
   sequence's delta (mlx-vlm's `rope_deltas`), which the batch's forward passes add per
   row (language.py `Positions`; `_tell_rows` says which rows each pass runs). A state
@@ -57,8 +57,8 @@ log = logging.getLogger("worker.vision")
 # many prompts' deltas are kept by them.
 _GRIDS = ("image_grid_thw", "video_grid_thw")
 # The processor's arrays, one a token, that say which tokens are an image's (or audio's):
-# Gemma 4's step attends both ways within an image with them, where it takes the prefill
-# whole (an image and a clip in one prompt: chunked, causal, as mlx-vlm runs it).
+# the large Gemma 4's step attends both ways within an image with them, in a chunk that
+# holds the image whole (an image and a clip in one prompt: causal, as mlx-vlm runs it).
 _TYPES = ("mm_token_type_ids", "token_type_ids")
 _DELTAS_KEPT = 1024
 spans.install()
