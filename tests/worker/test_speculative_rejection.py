@@ -58,7 +58,8 @@ def exact(engine, prep) -> dict:
         for processor in processors:
             logits = processor(context, logits)
         logits = logits[0]
-        p = mx.exp(rs.distribution(logits - mx.logsumexp(logits))).tolist()
+        p = mx.exp(rejection.distribution([rs], (logits - mx.logsumexp(logits))[None]))
+        p = p[0].tolist()
         for tok, pt in enumerate(p):
             if pt > 0:
                 walk(prefix + (tok,), prob * pt)
@@ -110,14 +111,15 @@ def test_the_distribution_test_fails_with_a_broken_rule(engine, monkeypatch, bro
     run costs seconds.)"""
     right = rejection.accept
 
-    def wrong(rs, logprobs, draft, logq):
-        kept, tokens = right(rs, logprobs, draft, logq)
-        k = len(draft)
+    def wrong(rows, logprobs, drafts, lengths, logq):
+        kept, tokens = right(rows, logprobs, drafts, lengths, logq)
+        k = drafts.shape[1]
         if broken == "every draft kept":
             kept = mx.ones_like(kept)
         else:  # (no residual: p where the residual should be drawn from)
-            logp = rs.distribution(logprobs[:k])
-            tokens = mx.concatenate([rs.sample(logp, rs.keys(1)[0]), tokens[k:]])
+            logp = rejection.distribution(rows, logprobs[:, :k])
+            drawn = rejection.sample(logp, rejection.keys(rows)[:, :k])
+            tokens = mx.concatenate([drawn, tokens[:, k:]], axis=1)
         return kept, tokens
 
     monkeypatch.setattr(rejection, "accept", wrong)

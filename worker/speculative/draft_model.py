@@ -172,20 +172,29 @@ class DraftModel:
                 c.finalize()
             last = mx.array([len(b) - 1 for b in backlogs])
             logits = mx.take_along_axis(logits, last[:, None, None], axis=1)
+        # (a row not asked drafts with throwaway keys: its own key only moves when it
+        # drafts, so a seeded row draws the same keys alone or in any batch)
         samplings = [r.sampling for r in rows]
-        keys = [rs.keys(k) if rs is not None else [None] * k for rs in samplings]
-        token, q = rejection.draft_tokens(samplings, logits[:, -1, :], [x[0] for x in keys])
+        sampling = [i for i, rs in enumerate(samplings) if rs is not None]
+        keys = rejection.keys([samplings[i] for i in sampling],
+                              [self.order[i] in asks for i in sampling]) if sampling else None
+        token, q = rejection.draft_tokens(samplings, logits[:, -1, :],
+                                          keys[:, 0] if keys is not None else None)
         guesses, qs = [token], [q]
         for n in range(1, k):
             logits = self.model(token[:, None], cache=self.cache)
             token, q = rejection.draft_tokens(samplings, logits[:, -1, :],
-                                              [x[n] for x in keys])
+                                              keys[:, n] if keys is not None else None)
             guesses.append(token)
             qs.append(q)
         out = mx.stack(guesses, axis=1).tolist()
-        for i, (r, g) in enumerate(zip(rows, out)):
+        q = mx.stack(qs, axis=1) if sampling else None  # (sampling rows, k, vocab)
+        j = 0
+        for r, g in zip(rows, out):
             r.backlog, r.fed, r.since = [], g[:-1], []
-            r.q = mx.stack([q[i] for q in qs]) if r.sampling is not None else None
+            r.q = None
+            if r.sampling is not None:
+                r.q, j = q[j], j + 1
         return {u: g[:asks[u]] for u, g in zip(self.order, out) if u in asks}
 
 

@@ -196,18 +196,18 @@ class MTPDrafter:
         tokens = mx.array([list(accepted) + [following]], dtype=mx.int32)
         h = self.head(self.embed(tokens), hidden, self.cache)[:, -1:]
         count = max(1, min(k, MAX_DRAFT))
-        keys = self.sampling.keys(count) if self.sampling is not None else [None] * count
+        keys = rejection.keys([self.sampling]) if self.sampling is not None else None
         draft, qs = [], []
         for n in range(count):
             if n:
                 h = self.head(self.embed(draft[-1]), h, self.cache)
                 self.chained += 1
             token, q = rejection.draft_tokens([self.sampling], self.lm_head(h)[:, -1],
-                                              keys[n:n + 1])
+                                              keys[:, n] if keys is not None else None)
             draft.append(token[:, None])
-            qs.append(q[0])
+            qs.append(q)
         self.guess = mx.concatenate(draft, axis=1).reshape(-1)
-        self.q = mx.stack(qs) if self.sampling is not None else None
+        self.q = mx.concatenate(qs) if self.sampling is not None else None
         return self.guess
 
     def forget(self) -> None:

@@ -36,7 +36,15 @@ with a grammar never drafts.
 
 Seeds: a seeded sequence draws its drafts, its uniforms and its residual and bonus tokens
 from its own random key (from its seed), split once per draft and once per verification, so
-the same seed and settings give the same text; an unseeded one uses MLX's global key.
+the same seed and settings give the same text, alone or in any batch; an unseeded one uses
+MLX's global key.
+
+Batched: on a GPU each small op launch and each read of a result costs tens of µs, so the
+rule runs as array operations over all of a step's rejection rows at once (one p (r, k + 1,
+vocab), one q (r, k, vocab), drafts right-padded and masked), drawing every row's uniforms
+and tokens in one vmapped op from a (r, SLOTS, 2) array of per-row keys; the chain
+(filters, temperature) is applied once per distinct settings; verify.py reads the outcome
+back with the greedy-match rows' in one read a step.
 """
 
 from __future__ import annotations
@@ -49,31 +57,27 @@ from worker.text.sampling import sampler_for
 # A seeded sequence's key here is its seed's plus this: not the key stream its sampler
 # draws the tokens it samples itself from (the same bits drawn twice would correlate).
 _SALT = 0x5EC7
+# Keys a row draws per pass (`keys`): a fixed count, so that what a row draws does not
+# depend on how long its batch-mates' drafts are (MLX's draws of n values are not
+# prefixes of each other's). A verification takes the first half for its uniforms and
+# the second for its tokens: drafts up to SLOTS / 2 - 1 tokens (max_draft_tokens is 8).
+SLOTS = 64
+
+_categorical = mx.vmap(lambda logits, key: mx.random.categorical(logits, key=key))
+_uniform = mx.vmap(lambda key: mx.random.uniform(key=key))
+_split = mx.vmap(lambda key: mx.random.split(key, SLOTS + 1))
 
 
 class RowSampling:
-    """One sequence's sampling chain as a distribution, and its random keys."""
+    """One sequence's sampling chain as a distribution, and its random key."""
 
     def __init__(self, sp, vocab_size: int):
         seeded = sp.seed is not None
         self.chain = sampler_for(replace(sp, seed=(sp.seed if seeded else 0) + _SALT),
                                  vocab_size)
         self.key = self.chain.key if seeded else None
-
-    def keys(self, n: int) -> list:
-        """`n` fresh keys (None each for an unseeded sequence: the global key)."""
-        if self.key is None:
-            return [None] * n
-        self.key, sub = mx.random.split(self.key)
-        return list(mx.random.split(sub, n)) if n > 1 else [sub]
-
-    def distribution(self, logprobs: mx.array) -> mx.array:
-        """Log-probabilities (..., vocab) of what the sampler draws from `logprobs`."""
-        logits = self.chain.scaled(logprobs)
-        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-
-    def sample(self, logq: mx.array, key) -> mx.array:
-        return mx.random.categorical(logq, key=key)
+        # (rows with equal settings share one application of the chain: `distribution`)
+        self.settings = (sp.temperature, sp.top_p, sp.min_p, sp.top_k)
 
 
 def of(sp, vocab_size: int) -> RowSampling | None:
@@ -83,49 +87,106 @@ def of(sp, vocab_size: int) -> RowSampling | None:
     return RowSampling(sp, vocab_size)
 
 
-def draft_tokens(rows: list, logits: mx.array, keys: list) -> tuple[mx.array, list]:
-    """One drafting pass over a batch's rows: (tokens (n,), each sampling row's q
-    log-probabilities (vocab,), None for a greedy row). `rows[i]`: RowSampling or None;
-    `keys[i]`: that row's key for this pass."""
-    if not any(rows):
-        return mx.argmax(logits, axis=-1), [None] * len(rows)
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    tokens, qs = [], []
-    for i, rs in enumerate(rows):
-        if rs is None:
-            tokens.append(mx.argmax(logits[i], axis=-1))
-            qs.append(None)
-        else:
-            q = rs.distribution(logprobs[i])
-            tokens.append(rs.sample(q, keys[i]))
-            qs.append(q)
-    return mx.stack(tokens), qs
+def keys(rows: list, own: list | None = None) -> mx.array:
+    """(rows, SLOTS, 2) fresh keys for each row, in a few ops for the batch: a seeded row's
+    from its own key (split once a call, so the same seed draws the same keys alone or in
+    any batch), an unseeded one's, or one whose `own[i]` is false (it draws for nothing,
+    and its key must not move), from MLX's global key."""
+    seeded = [i for i, r in enumerate(rows)
+              if r.key is not None and (own is None or own[i])]
+    if len(seeded) < len(rows):
+        out = mx.random.randint(0, 2 ** 31 - 1, (len(rows), SLOTS, 2), dtype=mx.uint32)
+    if seeded:
+        split = _split(mx.stack([rows[i].key for i in seeded]))
+        for j, i in enumerate(seeded):
+            rows[i].key = split[j, 0]
+        if len(seeded) == len(rows):
+            return split[:, 1:]
+        out[mx.array(seeded)] = split[:, 1:]
+    return out
 
 
-def accept(rs: RowSampling, logprobs: mx.array, draft: list, logq: mx.array):
-    """The rule over one row's draft (unevaluated): (whether each drafted token is kept
-    (k,), the token to take at each position (k + 1,): from the residual norm(max(0,
-    p - q)) where the draft is rejected there, and from p after the whole draft).
-    `logprobs`: the target's processed log-probabilities at the row's positions (>= k +
-    1, vocab); `logq` (k, vocab'): the draft's q, fitted to the target's vocabulary (a
-    draft model's embedding may be padded otherwise)."""
-    k = len(draft)
-    logp = rs.distribution(logprobs[:k + 1])
-    vocab = logp.shape[-1]
+def distribution(rows: list, logprobs: mx.array) -> mx.array:
+    """Log-probabilities (rows, ..., vocab) of what each row's sampler draws from its
+    `logprobs` (rows, ..., vocab): the chain applied once per distinct settings."""
+    shape = logprobs.shape
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.settings, []).append(i)
+    if len(groups) == 1:
+        logits = rows[0].chain.scaled(logprobs.reshape(-1, shape[-1]))
+    else:
+        order = [i for members in groups.values() for i in members]
+        parts = [rows[m[0]].chain.scaled(logprobs[mx.array(m)].reshape(-1, shape[-1]))
+                 .reshape(len(m), -1) for m in groups.values()]
+        inverse = mx.argsort(mx.array(order))
+        logits = mx.concatenate(parts)[inverse]
+    logits = logits.reshape(shape)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def sample(logq: mx.array, keys: mx.array) -> mx.array:
+    """A token from each row of `logq` (..., vocab), each with its key in `keys` (..., 2)."""
+    flat = _categorical(logq.reshape(-1, logq.shape[-1]), keys.reshape(-1, 2))
+    return flat.reshape(logq.shape[:-1])
+
+
+def draft_tokens(rows: list, logits: mx.array, keys: mx.array | None):
+    """One drafting pass over a batch's rows: (tokens (n,), q log-probabilities (s, vocab)
+    of its s sampling rows, in order; None where none samples). `rows[i]`: RowSampling
+    or None (greedy); `keys` (s, 2): each sampling row's key for this pass."""
+    tokens = mx.argmax(logits, axis=-1)
+    sampling = [i for i, r in enumerate(rows) if r is not None]
+    if not sampling:
+        return tokens, None
+    if len(sampling) < len(rows):
+        logits = logits[mx.array(sampling)]
+    q = distribution([rows[i] for i in sampling],
+                     logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    drawn = sample(q, keys).astype(tokens.dtype)
+    if len(sampling) == len(rows):
+        return drawn, q
+    tokens[mx.array(sampling)] = drawn
+    return tokens, q
+
+
+def fit(logq: mx.array, vocab: int) -> mx.array:
+    """A draft's q (..., vocab') on the target's vocabulary (a draft model's embedding
+    may be padded otherwise)."""
     if logq.shape[-1] > vocab:
-        logq = logq[:, :vocab]
-    elif logq.shape[-1] < vocab:
-        logq = mx.pad(logq, [(0, 0), (0, vocab - logq.shape[-1])], constant_values=-mx.inf)
-    d = mx.array([min(t, vocab - 1) for t in draft])[:, None]
-    inside = mx.array([t < vocab for t in draft])
-    lp = mx.take_along_axis(logp[:k], d, axis=-1)[:, 0]
-    lq = mx.take_along_axis(logq, d, axis=-1)[:, 0]
-    uniform_key, token_key = rs.keys(2)
-    u = mx.random.uniform(shape=(k,), key=uniform_key)
-    kept = (mx.log(u) + lq < lp) & inside  # (u < p/q, in logs)
-    residual = mx.maximum(mx.exp(logp[:k]) - mx.exp(logq), 0.0)
-    # (A residual of zero mass only follows p == q, where nothing is rejected: p then.)
-    some = residual.sum(axis=-1, keepdims=True) > 0
-    logr = mx.where(some, mx.log(residual), logp[:k])
-    tokens = rs.sample(mx.concatenate([logr, logp[k:k + 1]], axis=0), token_key)
+        return logq[..., :vocab]
+    if logq.shape[-1] < vocab:
+        pad = [(0, 0)] * (logq.ndim - 1) + [(0, vocab - logq.shape[-1])]
+        return mx.pad(logq, pad, constant_values=-mx.inf)
+    return logq
+
+
+def accept(rows: list, logprobs: mx.array, drafts: mx.array, lengths: list,
+           logq: mx.array):
+    """The rule over the drafts of several rows at once (unevaluated): (whether each
+    drafted token is kept (r, k), the token to take at each position (r, k + 1): from the
+    residual norm(max(0, p - q)) where the draft is rejected there, and from p after the
+    whole draft). `logprobs` (r, >= k + 1, vocab): the target's processed
+    log-probabilities at the rows' positions; `drafts` (r, k): the drafts right-padded to
+    the longest, `lengths` theirs; `logq` (r, k, vocab'): their q, padded alike. A row's
+    draws come from its own keys at fixed slots, so its outcome is the same in any batch."""
+    k = drafts.shape[1]
+    logp = distribution(rows, logprobs[:, :k + 1])
+    vocab = logp.shape[-1]
+    logq = fit(logq, vocab)
+    d = mx.minimum(drafts, vocab - 1)[..., None]
+    lp = mx.take_along_axis(logp[:, :k], d, axis=-1)[..., 0]
+    lq = mx.take_along_axis(logq, d, axis=-1)[..., 0]
+    drawn = keys(rows)
+    u = _uniform(drawn[:, :k].reshape(-1, 2)).reshape(-1, k)
+    within = mx.arange(k)[None] < mx.array(lengths)[:, None]
+    kept = (mx.log(u) + lq < lp) & (drafts < vocab) & within  # (u < p/q, in logs)
+    residual = mx.maximum(mx.exp(logp[:, :k]) - mx.exp(logq), 0.0)
+    # (A residual of zero mass only follows p == q, where nothing is rejected: p then;
+    # past a row's draft, p: its bonus token.)
+    some = (residual.sum(axis=-1, keepdims=True) > 0) & within[..., None]
+    logr = mx.where(some, mx.log(residual), logp[:, :k])
+    half = SLOTS // 2
+    tokens = sample(mx.concatenate([logr, logp[:, k:k + 1]], axis=1),
+                    drawn[:, half:half + k + 1])
     return kept, tokens

@@ -118,25 +118,18 @@ def verify(gb, spec) -> list | None:
         sampled = samplers[0](logprobs.reshape(n * width, -1)).reshape(n, width)
     else:
         sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
-    rejecting = {}  # row -> its draft's rejection sampling (rejection.py)
-    for i, uid in enumerate(gb.uids):
-        got = spec.sampled(uid, len(drafts[i]))
-        if got is not None:
-            rejecting[i] = rejection.accept(got[0], logprobs[i], drafts[i], got[1])
-    mx.eval(sampled, rejecting)
-    sampled = sampled.tolist()
-    kept = {}
-    for i, (ok, tokens) in rejecting.items():
-        kept[i], sampled[i] = ok.tolist(), tokens.tolist()
+    chosen, matched = _outcome(spec, gb.uids, drafts, inputs, logprobs, sampled)
+    read = mx.concatenate([chosen.astype(mx.int32), matched.astype(mx.int32)], axis=1)
+    read = read.tolist()  # (the step's one read: every row's tokens and kept drafts)
+    sampled = [r[:width] for r in read]
+    kept = [r[width:] for r in read]
 
     responses, keep, kept_positions = [], [], []
     next_tokens, next_logprobs = [], []
     for i, uid in enumerate(gb.uids):
         draft = drafts[i]
         accepted = 0
-        ok = kept.get(i)
-        while accepted < len(draft) and (sampled[i][accepted] == draft[accepted]
-                                         if ok is None else ok[accepted]):
+        while accepted < len(draft) and kept[i][accepted]:
             accepted += 1
         tokens = [pending[i]] + draft[:accepted]
         rows_lp = [gb._next_logprobs[i]] + [logprobs[i, j] for j in range(accepted)]
@@ -181,6 +174,34 @@ def verify(gb, spec) -> list | None:
     if len(keep) < n:
         gb.filter(keep)
     return out
+
+
+def _outcome(spec, uids, drafts, inputs, logprobs, sampled):
+    """(the token to take at each position (n, width), whether each drafted token is
+    kept (n, width - 1)), unevaluated: a greedy-match row keeps a draft token where the
+    target's own sample equals it; the rows whose drafts were sampled from a q are
+    verified together by rejection sampling (rejection.py)."""
+    draft = inputs[:, 1:]
+    matched = sampled[:, :-1] == draft
+    rows, qs, which = [], [], []
+    k = draft.shape[1]
+    for i, uid in enumerate(uids):
+        got = spec.sampled(uid, len(drafts[i]))
+        if got is not None:
+            rows.append(got[0])
+            q = got[1]
+            qs.append(q if q.shape[0] == k else mx.pad(q, [(0, k - q.shape[0]), (0, 0)]))
+            which.append(i)
+    if not rows:
+        return sampled, matched
+    at = mx.array(which)
+    kept, tokens = rejection.accept(rows, logprobs[at], draft[at],
+                                    [len(drafts[i]) for i in which], mx.stack(qs))
+    if len(rows) == len(uids):
+        return tokens.astype(sampled.dtype), kept
+    sampled[at] = tokens.astype(sampled.dtype)
+    matched[at] = kept
+    return sampled, matched
 
 
 def _processed(gb, inputs, drafts, logits):
