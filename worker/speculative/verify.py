@@ -117,7 +117,10 @@ def verify(gb, spec) -> list | None:
     if all(s is samplers[0] for s in samplers):
         sampled = samplers[0](logprobs.reshape(n * width, -1)).reshape(n, width)
     else:
-        sampled = mx.stack([s(logprobs[e]) for e, s in enumerate(samplers)])
+        # (each row's own positions only: a seeded sampler's draws depend on the shape it
+        # is given, and a row's must not depend on how long its batch-mates' drafts are)
+        sampled = mx.stack([_padded(s(logprobs[e, :1 + len(d)]), width)
+                            for e, (s, d) in enumerate(zip(samplers, drafts))])
     chosen, matched = _outcome(spec, gb.uids, drafts, inputs, logprobs, sampled)
     read = mx.concatenate([chosen.astype(mx.int32), matched.astype(mx.int32)], axis=1)
     read = read.tolist()  # (the step's one read: every row's tokens and kept drafts)
@@ -174,6 +177,10 @@ def verify(gb, spec) -> list | None:
     if len(keep) < n:
         gb.filter(keep)
     return out
+
+
+def _padded(tokens: mx.array, width: int) -> mx.array:
+    return tokens if tokens.shape[0] == width else mx.pad(tokens, [(0, width - tokens.shape[0])])
 
 
 def _outcome(spec, uids, drafts, inputs, logprobs, sampled):
