@@ -114,14 +114,20 @@ def verify(gb, spec) -> list | None:
     logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     samplers = [gb.fallback_sampler if s is None else s
                 for s in (gb.samplers or [None] * n)]
-    if all(s is samplers[0] for s in samplers):
+    rejecting = {i: got for i, uid in enumerate(gb.uids)  # (rejection.py verifies them)
+                 if (got := spec.sampled(uid, len(drafts[i]))) is not None}
+    if len(rejecting) == n:  # (a sampler is never called for a rejection row, so a
+        sampled = mx.zeros((n, width), mx.uint32)  # seeded one's key moves alike alone)
+    elif all(s is samplers[0] for s in samplers):
         sampled = samplers[0](logprobs.reshape(n * width, -1)).reshape(n, width)
     else:
         # (each row's own positions only: a seeded sampler's draws depend on the shape it
-        # is given, and a row's must not depend on how long its batch-mates' drafts are)
-        sampled = mx.stack([_padded(s(logprobs[e, :1 + len(d)]), width)
+        # is given, and a row's must not depend on how long its batch-mates' drafts are;
+        # none for a row whose tokens rejection sampling draws)
+        sampled = mx.stack([mx.zeros((width,), mx.uint32) if e in rejecting
+                            else _padded(s(logprobs[e, :1 + len(d)]), width)
                             for e, (s, d) in enumerate(zip(samplers, drafts))])
-    chosen, matched = _outcome(spec, gb.uids, drafts, inputs, logprobs, sampled)
+    chosen, matched = _outcome(rejecting, drafts, inputs, logprobs, sampled)
     read = mx.concatenate([chosen.astype(mx.int32), matched.astype(mx.int32)], axis=1)
     read = read.tolist()  # (the step's one read: every row's tokens and kept drafts)
     sampled = [r[:width] for r in read]
@@ -183,28 +189,25 @@ def _padded(tokens: mx.array, width: int) -> mx.array:
     return tokens if tokens.shape[0] == width else mx.pad(tokens, [(0, width - tokens.shape[0])])
 
 
-def _outcome(spec, uids, drafts, inputs, logprobs, sampled):
+def _outcome(rejecting: dict, drafts, inputs, logprobs, sampled):
     """(the token to take at each position (n, width), whether each drafted token is
     kept (n, width - 1)), unevaluated: a greedy-match row keeps a draft token where the
-    target's own sample equals it; the rows whose drafts were sampled from a q are
-    verified together by rejection sampling (rejection.py)."""
+    target's own sample equals it; the rows whose drafts were sampled from a q
+    (`rejecting`: row -> its RowSampling and q) are verified together by rejection
+    sampling (rejection.py)."""
     draft = inputs[:, 1:]
     matched = sampled[:, :-1] == draft
-    rows, qs, which = [], [], []
     k = draft.shape[1]
-    for i, uid in enumerate(uids):
-        got = spec.sampled(uid, len(drafts[i]))
-        if got is not None:
-            rows.append(got[0])
-            q = got[1]
-            qs.append(q if q.shape[0] == k else mx.pad(q, [(0, k - q.shape[0]), (0, 0)]))
-            which.append(i)
+    which = list(rejecting)
+    rows = [rejecting[i][0] for i in which]
+    qs = [q if q.shape[0] == k else mx.pad(q, [(0, k - q.shape[0]), (0, 0)])
+          for q in (rejecting[i][1] for i in which)]
     if not rows:
         return sampled, matched
     at = mx.array(which)
     kept, tokens = rejection.accept(rows, logprobs[at], draft[at],
                                     [len(drafts[i]) for i in which], mx.stack(qs))
-    if len(rows) == len(uids):
+    if len(rows) == len(drafts):
         return tokens.astype(sampled.dtype), kept
     sampled[at] = tokens.astype(sampled.dtype)
     matched[at] = kept
