@@ -75,6 +75,7 @@ def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None,
         for seq, out in batch.step():
             texts[seq.rid].append(out[1])
             n += out[0] >= 0
+    run.tokens = n
     return n / (time.perf_counter() - start), ["".join(t) for t in texts.values()]
 
 
@@ -112,19 +113,27 @@ def sampled(eng, batch_for, streams: list[int], tokens: int, rounds: int,
     and drafts sampled from q and kept by rejection sampling (worker/speculative/
     rejection.py), side by side: tokens/s (the best round) and the share of drafted
     tokens kept (over all rounds: each round's streams have other seeds, the same in
-    every variant)."""
+    every variant); then each side's CPU per token (bench/token_cpu.py: the MLX thread,
+    which builds and launches every op and waits on every read, is what a GPU's step
+    pays for on the host)."""
+    from bench.token_cpu import TokenCPU
+
     print(f"sampled prose, temperature {temperature}, seeded; draft model: greedy match "
           "vs rejection sampling")
     print(f"{'streams':>7} {'none tok/s':>10} {'match tok/s':>11} {'accept':>6} "
           f"{'tok/verify':>10} {'reject tok/s':>12} {'accept':>6} {'tok/verify':>10}")
+    cpus = {}
     for n in streams:
         best, stats = {}, {}
+        cpu = cpus[n] = TokenCPU()
         for r in range(rounds):
             for side in ("none", "match", "reject"):
                 b = batch_for("none" if side == "none" else "draft")
                 if b.speculation is not None:
                     b.speculation.rejection = side == "reject"
-                rate, _ = run(eng, b, PROSE, n, tokens, None, temperature, seed=r * n)
+                rate, _ = cpu.local(side, lambda: run(eng, b, PROSE, n, tokens, None,
+                                                      temperature, seed=r * n),
+                                    lambda _: run.tokens)
                 best[side] = max(best.get(side, 0.0), rate)
                 if b.speculation is not None:
                     got = b.speculation.totals.as_dict()
@@ -138,6 +147,9 @@ def sampled(eng, batch_for, streams: list[int], tokens: int, rounds: int,
                 if t.get("verifications") else 1.0
             cols.append(f"{best[side]:{width}.1f} {accept:6.2f} {per:10.2f}")
         print(" ".join(cols), flush=True)
+    for n, cpu in cpus.items():
+        for side, parts, total in cpu.rows(ref="none"):
+            print(f"  {n} streams, {side}: {parts}; {total}")
 
 
 def models(gguf_path: str | None, bits: str) -> tuple[Path, Path]:

@@ -39,11 +39,13 @@ class TokenCPU:
         # side -> part -> [µs per token, one per round]
         self.rounds: dict = collections.defaultdict(lambda: collections.defaultdict(list))
 
-    def local(self, side: str, run, tokens: int):
-        """`run()` in this process; returns its result."""
+    def local(self, side: str, run, tokens):
+        """`run()` in this process; returns its result. `tokens`: how many it generated,
+        or a function of its result that says."""
         t0, p0 = time.thread_time(), time.process_time()
         out = run()
         thread, proc = time.thread_time() - t0, time.process_time() - p0
+        tokens = tokens(out) if callable(tokens) else tokens
         self._add(side, tokens, {"MLX thread": thread, "other threads": proc - thread})
         return out
 
