@@ -120,7 +120,7 @@ def main(argv=None) -> int:
                                                   models.gguf_options(args)))
         set_wired_limit()
         engine, batch = kind.start(loaded, args)  # warmed: the first request pays no compile
-        bound_memory(loaded.path, args, getattr(batch, "kv_budget", 0))
+        bound_memory(loaded.path, args, batch)
         loading[0] = False
     except Exception as e:
         loading[0] = False

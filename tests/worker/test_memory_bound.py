@@ -9,11 +9,29 @@ import mlx.core as mx
 
 from protocol.models import need_bytes
 from worker.loading.startup import bound_memory, cache_limit
+from worker.loop.sizing import StepMemory
 
 
 def test_the_cache_gets_what_the_admitted_size_leaves_after_the_weights_and_the_kv():
     assert cache_limit(admitted=1000, resident=300, kv_budget=500) == 200
     assert cache_limit(admitted=1000, resident=600, kv_budget=500) == 0  # nothing left
+
+
+def test_the_cache_keeps_at_least_a_decode_steps_buffers_within_the_admitted_size():
+    """A decode step's freed buffers (the floor) stay cached when the leftover is smaller,
+    the leftover wins when larger, and neither goes above the admitted size less the
+    resident memory (the KV budget already counts a step's transients)."""
+    assert cache_limit(admitted=1000, resident=300, kv_budget=650, floor=120) == 120
+    assert cache_limit(admitted=1000, resident=300, kv_budget=500, floor=120) == 200
+    assert cache_limit(admitted=1000, resident=300, kv_budget=700, floor=900) == 700
+    assert cache_limit(admitted=1000, resident=1100, kv_budget=0, floor=50) == 0
+
+
+def test_a_decode_steps_working_memory_is_what_it_frees_if_more_than_its_logits():
+    """The KV budget counts a step at the larger of its logits and its measured freed
+    buffers (`per_row`), so the floor of the cache is inside the budget."""
+    assert StepMemory(0.0, 0.0, 100).decode(4) == 4 * 100 * 12
+    assert StepMemory(0.0, 0.0, 100, per_row=5000.0).decode(4) == 20000
 
 
 def test_the_admitted_size_is_the_gates_own_figure(tmp_path):
@@ -30,12 +48,32 @@ def test_bound_memory_sets_mlxs_cache_limit(tmp_path):
     args = SimpleNamespace(memory_factor=1.0, kv_budget=(64 << 20) + resident)
     old = mx.set_cache_limit(1 << 40)
     try:
-        limit = bound_memory(tmp_path, args, kv_budget=0)
+        limit = bound_memory(tmp_path, args, None)
         assert limit == cache_limit(1000 + args.kv_budget, mx.get_active_memory(), 0)
         assert 0 < limit <= (64 << 20) + 1000
         assert mx.set_cache_limit(old) == limit
+        # A batch whose KV budget takes all but 1 MiB, and whose decode step frees 3 MiB
+        # at its 4 rows: the step's buffers are the limit.
+        batch = SimpleNamespace(kv_budget=args.kv_budget - (1 << 20), max_size=4,
+                                step_memory=StepMemory(0.0, 0.0, 0, per_row=768 << 10))
+        assert bound_memory(tmp_path, args, batch) == 3 << 20
+        assert mx.set_cache_limit(old) == 3 << 20
     finally:
         mx.set_cache_limit(old)
+
+
+def test_a_decode_step_frees_what_the_next_one_allocates(tiny_loaded):
+    """`StepMemory.freed`: a decode step's buffers, more at a wider batch (its logits
+    alone are rows x vocab floats), and the cache limit of the process is left as it was."""
+    model = tiny_loaded.model
+    old = mx.set_cache_limit(12345)
+    try:
+        one, eight = StepMemory.freed(model, 1), StepMemory.freed(model, 8)
+        assert mx.set_cache_limit(old) == 12345
+    finally:
+        mx.set_cache_limit(old)
+    assert one >= tiny_loaded.vocab_size * 4  # (the logits of its one row, at least)
+    assert eight >= 8 * tiny_loaded.vocab_size * 4 and eight > one
 
 
 def test_a_prefill_chunk_may_borrow_the_devices_free_memory_less_a_margin(monkeypatch):

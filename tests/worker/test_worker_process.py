@@ -30,12 +30,30 @@ def long_gen(rid: str, prompt: str = "Hello") -> Generate:
 @pytest.fixture(scope="module")
 def worker(tiny_model, tmp_path_factory):
     """One worker for the tests that leave it serving (each consumes its own events).
-    One sequence at a time, so a second request waits (batching: test_worker_batching)."""
+    One sequence at a time, so a second request waits (batching: test_worker_batching).
+    Admitted at its weights alone (memory factor 1): nothing left for MLX's buffer cache
+    beyond what `cache_limit` keeps for a decode step."""
     w = WorkerProc(tiny_model, tmp_path_factory.mktemp("state"), "--name", "tiny-test",
-                   "--heartbeat-interval", "0.2", "--max-batch-size", "1", epoch=5)
+                   "--heartbeat-interval", "0.2", "--max-batch-size", "1",
+                   "--memory-factor", "1", epoch=5)
     w.ready, w.before_ready = w.wait_for("ready", timeout=60)
     yield w
     w.close()
+
+
+def test_mlxs_buffer_cache_keeps_a_decode_steps_buffers(worker, tiny_loaded):
+    """worker/loading/startup.py `cache_limit`: admitted at its weights and KV budget, the
+    worker has no leftover for the cache, and a cache limit of 0 handed every freed
+    buffer back to the system each token; the limit it sets holds at least what one
+    decode step (of its one row) frees."""
+    import re
+
+    from worker.loop.sizing import StepMemory
+
+    found = re.search(r"MLX buffer cache limited to .* \((\d+) bytes\)",
+                      worker.stderr_text())
+    assert found, worker.stderr_text()
+    assert int(found.group(1)) >= StepMemory.freed(tiny_loaded.model, 1) > 0
 
 
 def deltas_of(events):

@@ -63,7 +63,8 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
                  # (Not a group's rank: each would measure its own shard, and every rank
                  # must run the chunk the leader chose: worker/group/follower.py.)
                  step_memory=None if shard else StepMemory.measure(
-                     engine.model, engine.vocab_size or 0, kv_format=kv_format))
+                     engine.model, engine.vocab_size or 0, kv_format=kv_format,
+                     rows=max(1, args.max_batch_size)))
     if draft is not None and (mtp_head is not None or batch.speculation is None):
         raise LoadError("--draft-model cannot draft with --speculative mtp, --max-kv-size, "
                         "--kv-bits or --max-draft-tokens 0")
@@ -163,29 +164,53 @@ def set_wired_limit() -> None:
         log.warning("could not set the wired memory limit", exc_info=True)
 
 
-def cache_limit(admitted: int, resident: int, kv_budget: int) -> int:
+def cache_limit(admitted: int, resident: int, kv_budget: int, floor: int = 0) -> int:
     """MLX's buffer cache may hold what the admitted size leaves once the resident
     memory (the weights, as loaded) and the KV budget (the batch's KV, its transients and
-    the prompt cache: worker/loop/batch.py) are counted; none when nothing is left."""
-    return max(0, admitted - resident - kv_budget)
+    the prompt cache: worker/loop/batch.py) are counted, and never less than `floor`:
+    what one decode step at the batch's full width frees (worker/loop/sizing.py
+    `StepMemory.freed`), nor more than the admitted size less the resident memory.
+
+    Why the floor: MLX returns a freed buffer to the system when the cache is at its
+    limit (its allocators: the CPU's frees it, CUDA's cudaFreeAsync-s it), and the next
+    step allocates it again; for a small model the leftover is near 0 (the tiny model's
+    was 0 bytes), and on an H200 the 0.5B shape's MLX thread spent 99 us a token more
+    than raw mlx-lm with it against 21 with three times the cache (issue 36).
+    Why it still fits what the gate admitted: those buffers are a step's transients, which
+    the KV budget already counts at the batch's full width (`StepMemory.decode`, at least
+    the measured freed bytes). While a step runs they are live and come out of the cache,
+    which is then empty of them; between steps they sit in the cache and are not live. So
+    live memory plus the cache stays within the weights, the KV budget and the leftover;
+    only a floor above the leftover may hold buffers of another kind (a prefill chunk's)
+    instead, and the cap keeps even that within the admitted size."""
+    return min(max(floor, admitted - resident - kv_budget), max(0, admitted - resident))
 
 
-def bound_memory(path, args, kv_budget: int) -> int:
+def bound_memory(path, args, batch) -> int:
     """Keep the process within what the memory gate admitted it at (protocol/models.py
     `need_bytes`, from the same settings): MLX keeps freed buffers for reuse, up to a
     cache limit that by default is the device's whole memory limit (on a Mac, 1.5 x the
     recommended working set), memory the user's other programs then do not have. Call
-    once loaded and warmed, before anything is cached; `kv_budget`: what the engine's
-    batch may hold beyond the weights (0 for an engine without one: its activations are
-    then what the cache serves). Returns the limit set."""
+    once loaded and warmed, before anything is cached; `batch`: the engine's (None for an
+    engine without one: its activations are then what the cache serves), whose KV budget
+    is what it may hold beyond the weights and whose decode step at full width is the
+    floor (`cache_limit`; none where the step was not measured: a group's rank, a serial
+    batch). Returns the limit set."""
     import mlx.core as mx
 
     from protocol.models import need_bytes
 
+    kv_budget = getattr(batch, "kv_budget", 0)
+    step = getattr(batch, "step_memory", None)
+    floor = step.decode(batch.max_size) if step is not None else 0
+
     admitted = need_bytes(path, args.memory_factor, args.kv_budget)
-    limit = cache_limit(admitted, mx.get_active_memory(), kv_budget)
+    resident = mx.get_active_memory()
+    limit = cache_limit(admitted, resident, kv_budget, floor)
     mx.set_cache_limit(limit)
     mx.clear_cache()
-    log.info("MLX buffer cache limited to %d MiB (admitted %d MiB, %d MiB resident)",
-             limit >> 20, admitted >> 20, mx.get_active_memory() >> 20)
+    log.info("MLX buffer cache limited to %.1f MiB (%d bytes): the admitted %.1f MiB less "
+             "%.1f MiB resident and the %.1f MiB KV budget, at least a decode step's "
+             "%d bytes at %d rows", limit / 2**20, limit, admitted / 2**20,
+             resident / 2**20, kv_budget / 2**20, floor, getattr(batch, "max_size", 0))
     return limit

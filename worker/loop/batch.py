@@ -189,7 +189,7 @@ class Batch:
             return 0
         step = BatchKVCache.step
         longest = -(-max(tokens) // step) * step
-        return len(tokens) * self.kv.of(longest) + self.step_memory.logits(len(tokens))
+        return len(tokens) * self.kv.of(longest) + self.step_memory.decode(len(tokens))
 
     def fits(self, prep) -> bool:
         """Room for `prep` now: a free slot, and what the batch holds with it within the

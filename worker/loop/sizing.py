@@ -66,10 +66,14 @@ class StepMemory:
     tokens after o cached ones takes `per_token` x c (the layers' activations) plus
     `per_pair` x c x (c + o) (attention scores, where the backend materializes them: a
     long chunk's scores outweigh its KV); a decode step, three float32 rows of the
-    vocabulary per sequence (logits, log-probabilities, processed logits)."""
+    vocabulary per sequence (logits, log-probabilities, processed logits), or what one
+    decode step was measured to free per row (`per_row`, at the batch's full width), if
+    more: the buffers MLX's cache must hold between steps (worker/loading/startup.py
+    `cache_limit`) are then inside the KV budget."""
     per_token: float
     per_pair: float
     vocab: int
+    per_row: float = 0.0
 
     def prefill(self, rows: int, chunk: int, offset: int = 0) -> int:
         return int(rows * chunk * (self.per_token + self.per_pair * (chunk + offset)))
@@ -77,19 +81,68 @@ class StepMemory:
     def logits(self, rows: int) -> int:
         return rows * self.vocab * 4 * 3
 
+    def decode(self, rows: int) -> int:
+        """A decode step's working memory at `rows` rows."""
+        return max(self.logits(rows), int(rows * self.per_row))
+
     @classmethod
     def measure(cls, model, vocab: int, short: int = 32, long: int = 128,
-                kv_format: KVFormat = KVFormat(), readings: int = 3) -> "StepMemory":
+                kv_format: KVFormat = KVFormat(), readings: int = 3,
+                rows: int = 0) -> "StepMemory":
         """From MLX's peak over prefills of two lengths, less the KV they leave: the
         linear and the quadratic part of a chunk's working memory. The largest of a few
         readings: where the backend frees buffers on its own thread (MLX's CPU stream),
         a busy machine frees some early and the peak reads low (a 32-token prefill's
         working memory read 8 KB to 98 KB on two busy cores), which the difference
-        of the two lengths turned into a per-token cost of 0."""
+        of the two lengths turned into a per-token cost of 0. `rows`: also what a decode
+        step of that many rows frees (`freed`), per row; 0: not measured."""
         w_short = max(cls.working(model, short, kv_format) for _ in range(readings)) / short
         w_long = max(cls.working(model, long, kv_format) for _ in range(readings)) / long
         per_pair = max(0.0, (w_long - w_short) / (long - short))
-        return cls(max(0.0, w_short - per_pair * short), per_pair, vocab)
+        per_row = cls.freed(model, rows, kv_format) / rows if rows > 0 else 0.0
+        return cls(max(0.0, w_short - per_pair * short), per_pair, vocab, per_row)
+
+    @staticmethod
+    def freed(model, rows: int, kv_format: KVFormat = KVFormat(), context: int = 16) -> int:
+        """The bytes one decode step of `rows` rows (after `context` tokens each) frees:
+        what MLX's buffer cache holds after the step, from empty and with no limit, once
+        everything but the KV is dropped. That is what the next step allocates again
+        (its activations, logits, log-probabilities, the sampled tokens and the ids fed
+        in), so a cache limit below it sends buffers back to the system every token and
+        the next step asks for them again (on CUDA a cudaMallocAsync, or for host-made
+        arrays a cudaMallocManaged, each; on the CPU a malloc that maps fresh pages).
+        At least peak minus active: at the step's peak its live transients came from the
+        cache or the system, and at its end they are all in the cache. The second of two
+        steps (the first pays one-time costs). Attention scores grow with the context where
+        the backend materializes them (MLX's CPU); at 16 tokens they are small, as they
+        are at any length where attention is fused (Metal, CUDA)."""
+        gc.collect()
+        collecting = gc.isenabled()
+        gc.disable()
+        old = mx.set_cache_limit(1 << 50)
+        try:
+            cache = kv_format.make(model)
+            mx.eval(model(mx.zeros((rows, context), dtype=mx.int32), cache=cache))
+            mx.eval([c.state for c in cache])
+
+            def step() -> None:
+                logits = model(mx.zeros((rows, 1), dtype=mx.int32), cache=cache)[:, -1, :]
+                logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+                mx.eval(mx.argmax(logprobs, axis=-1), logprobs)
+
+            step()
+            mx.synchronize()
+            mx.clear_cache()
+            step()
+            mx.synchronize()  # (the CPU stream frees a step's buffers on its own thread)
+            held = mx.get_cache_memory()
+            del cache
+        finally:
+            mx.set_cache_limit(old)
+            if collecting:
+                gc.enable()
+        mx.clear_cache()
+        return held
 
     @staticmethod
     def working(model, n: int, kv_format: KVFormat = KVFormat()) -> int:
