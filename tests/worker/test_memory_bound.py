@@ -28,10 +28,11 @@ def test_the_cache_keeps_at_least_a_decode_steps_buffers_within_the_admitted_siz
 
 
 def test_a_decode_steps_working_memory_is_what_it_frees_if_more_than_its_logits():
-    """The KV budget counts a step at the larger of its logits and its measured freed
-    buffers (`per_row`), so the floor of the cache is inside the budget."""
+    """The KV budget counts a step at the larger of its logits and twice its measured
+    freed buffers (`per_row`: room for MLX's loose fit), so the floor of the cache is
+    inside the budget."""
     assert StepMemory(0.0, 0.0, 100).decode(4) == 4 * 100 * 12
-    assert StepMemory(0.0, 0.0, 100, per_row=5000.0).decode(4) == 20000
+    assert StepMemory(0.0, 0.0, 100, per_row=5000.0).decode(4) == 40000
 
 
 def test_the_admitted_size_is_the_gates_own_figure(tmp_path):
@@ -52,10 +53,10 @@ def test_bound_memory_sets_mlxs_cache_limit(tmp_path):
         assert limit == cache_limit(1000 + args.kv_budget, mx.get_active_memory(), 0)
         assert 0 < limit <= (64 << 20) + 1000
         assert mx.set_cache_limit(old) == limit
-        # A batch whose KV budget takes all but 1 MiB, and whose decode step frees 3 MiB
-        # at its 4 rows: the step's buffers are the limit.
+        # A batch whose KV budget takes all but 1 MiB, and whose decode step frees 1.5 MiB
+        # at its 4 rows: twice the step's buffers are the limit.
         batch = SimpleNamespace(kv_budget=args.kv_budget - (1 << 20), max_size=4,
-                                step_memory=StepMemory(0.0, 0.0, 0, per_row=768 << 10))
+                                step_memory=StepMemory(0.0, 0.0, 0, per_row=384 << 10))
         assert bound_memory(tmp_path, args, batch) == 3 << 20
         assert mx.set_cache_limit(old) == 3 << 20
     finally:
@@ -91,3 +92,37 @@ def test_a_prefill_chunk_may_borrow_the_devices_free_memory_less_a_margin(monkey
     assert spare() == (51 << 30) - int((80 << 30) * SPARE_MARGIN)
     free[0] = 1 << 30  # read again at each call: another process took the rest
     assert spare() == 0
+
+
+def test_the_first_decode_step_after_a_prefill_makes_room_in_the_cache():
+    """worker/loop/sizing.py `CacheRoom`: buffers a prefill left in MLX's cache (here 800 KB
+    of one array) are dropped at the first decode-only step when the cache has not room
+    for a step's buffers under its limit, kept when it has, and never touched between
+    decode steps."""
+    from worker.loop.sizing import CacheRoom
+
+    def stale(n: int) -> None:
+        a = mx.zeros((n // 4,))
+        mx.eval(a)
+        del a
+        mx.synchronize()
+
+    old = mx.set_cache_limit(1 << 20)
+    try:
+        mx.clear_cache()
+        room = CacheRoom()
+        room.limit, room.need = 1 << 20, 300_000
+        stale(800_000)
+        assert mx.get_cache_memory() >= 800_000
+        room.decoding()  # no prefill since the last decode step: nothing to make room for
+        assert mx.get_cache_memory() >= 800_000
+        room.prefilling()
+        room.decoding()
+        assert mx.get_cache_memory() == 0
+        stale(400_000)
+        room.prefilling()
+        room.decoding()  # 400 KB + a 300 KB step fit under 1 MiB: the prefill's stay
+        assert mx.get_cache_memory() >= 400_000
+    finally:
+        mx.set_cache_limit(old)
+        mx.clear_cache()

@@ -209,6 +209,9 @@ def bound_memory(path, args, batch) -> int:
     limit = cache_limit(admitted, resident, kv_budget, floor)
     mx.set_cache_limit(limit)
     mx.clear_cache()
+    room = getattr(batch, "cache_room", None)
+    if room is not None:
+        room.limit, room.need = limit, floor
     log.info("MLX buffer cache limited to %.1f MiB (%d bytes): the admitted %.1f MiB less "
              "%.1f MiB resident and the %.1f MiB KV budget, at least a decode step's "
              "%d bytes at %d rows", limit / 2**20, limit, admitted / 2**20,

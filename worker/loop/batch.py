@@ -46,7 +46,7 @@ from protocol.messages import (CacheStats, Generate, KVStats, PromptCache, Sampl
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
 from worker.loop import mlx_lm_patches
-from worker.loop.sizing import MIN_CHUNK, ChunkSizer, KVSize, StepMemory
+from worker.loop.sizing import MIN_CHUNK, CacheRoom, ChunkSizer, KVSize, StepMemory
 from worker.speculative import mtp, recurrent, verify
 from worker.speculative.adaptive import Pace, Speculation, Track
 from worker.speculative.drafters import Prediction, PromptLookup
@@ -124,6 +124,7 @@ class Batch:
         self.kvcache = kvcache   # None: no prompt cache
         self.kv = kv
         self.step_memory = step_memory or StepMemory(0.0, 0.0, 0)
+        self.cache_room = CacheRoom()  # (its limit: worker/loading/startup.py bound_memory)
         self.max_kv_size = max_kv_size
         self.kv_format = kv_format  # (quantized: worker/kvcache/quantized.py)
         self.chunks = chunks or ChunkSizer(prefill_step, prefill_step)  # default: fixed
@@ -295,7 +296,9 @@ class Batch:
         gen = self.gen
         waiting = len(gen._prompt_batch) + len(gen._unprocessed_sequences)
         if not waiting:
+            self.cache_room.decoding()
             return  # only decoding: no chunk, and the prompt cache keeps its room
+        self.cache_room.prefilling()
         rows = min(self.prefill_batch, waiting)  # (the prompts this step prefills)
         room = self.kv_budget - self.reserved
         # A chunk attends to at most its prompt's tokens: the longest prompt's last chunk.

@@ -82,8 +82,12 @@ class StepMemory:
         return rows * self.vocab * 4 * 3
 
     def decode(self, rows: int) -> int:
-        """A decode step's working memory at `rows` rows."""
-        return max(self.logits(rows), int(rows * self.per_row))
+        """A decode step's working memory at `rows` rows, and what MLX's buffer cache must
+        be able to hold for it: twice what it frees, because MLX serves a request from a
+        cached buffer up to twice its size, so a cache in use holds more than one step
+        from empty frees (with a limit of exactly the freed bytes, one buffer of six
+        still went back to the system each step; with 1.5 x, none)."""
+        return max(self.logits(rows), int(2 * rows * self.per_row))
 
     @classmethod
     def measure(cls, model, vocab: int, short: int = 32, long: int = 128,
@@ -169,6 +173,36 @@ class StepMemory:
                 gc.enable()
         mx.clear_cache()
         return max(0, held)
+
+
+class CacheRoom:
+    """Room in MLX's buffer cache for the decode steps that follow a prefill.
+
+    MLX caches a freed buffer only while the cache is under its limit, evicts nothing to
+    make room, and reuses a cached buffer only for a request of at least half its size
+    (mlx/backend/common/buffer_cache.h, the CPU and CUDA allocators). A prefill's freed
+    buffers (its chunk's activations, of other sizes) can fill the cache and stay: the
+    decode steps' own then go back to the system each step, however large the floor
+    (worker/loading/startup.py `cache_limit`). Measured on the CPU with the floor and a
+    16-token prefill before: 2 buffers of 16 KB or more allocated anew each decode step;
+    with the cache cleared at the first decode-only step, none. So the first step with
+    no prompt left to prefill clears the cache if it has not room for `need` (a step's
+    buffers at full width); a prefill that left room keeps its buffers for the next one.
+    `limit`: the cache limit set (None: not bounded by the worker, nothing done)."""
+
+    def __init__(self) -> None:
+        self.limit: Optional[int] = None
+        self.need = 0
+        self._prefilled = False
+
+    def prefilling(self) -> None:
+        self._prefilled = True
+
+    def decoding(self) -> None:
+        if self._prefilled:
+            self._prefilled = False
+            if self.limit is not None and mx.get_cache_memory() + self.need > self.limit:
+                mx.clear_cache()
 
 
 def _flat(cache):
