@@ -70,7 +70,10 @@ def main() -> None:
             servers[name] = s.__enter__()
             s.wait_healthy(600)
             server_stream(s.port, str(path), prompt(), 16)  # compiles
-            print(f"started {name} in {time.perf_counter() - t:.0f} s", flush=True)
+            said = "MLX buffer cache limited"  # (worker/loading/startup.py bound_memory)
+            limit = [line[line.index(said):] for line in s.log().splitlines() if said in line]
+            print(f"started {name} in {time.perf_counter() - t:.0f} s"
+                  + (f"; {limit[-1]}" if limit else ""), flush=True)
         raw.stream(prompt(), 16)
         run_batch(eng, batch, [prompt()], 16, False)
         ids = [prompt() for _ in range(a.rounds)]

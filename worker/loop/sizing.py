@@ -129,15 +129,15 @@ class StepMemory:
             mx.eval(model(mx.zeros((rows, context), dtype=mx.int32), cache=cache))
             mx.eval([c.state for c in cache])
 
-            def step() -> None:
+            def step(cache) -> None:
                 logits = model(mx.zeros((rows, 1), dtype=mx.int32), cache=cache)[:, -1, :]
                 logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
                 mx.eval(mx.argmax(logprobs, axis=-1), logprobs)
 
-            step()
+            step(cache)
             mx.synchronize()
             mx.clear_cache()
-            step()
+            step(cache)
             mx.synchronize()  # (the CPU stream frees a step's buffers on its own thread)
             held = mx.get_cache_memory()
             del cache
