@@ -3,16 +3,22 @@
 
 Random weights cannot show what a real model does: end on its own EOS, stream multi-byte
 text from a 49K-token byte-level BPE, follow a chat template's system default, answer a
-question. These fixtures give the tests one real server per session (its worker converts
-the GGUF, as `mlxd --model demo` does) and the converted directory for in-process mlx-lm.
-Skipped, with the command to run, where the package is not installed.
+question. These fixtures give the tests one real server per session and the converted
+directory for in-process mlx-lm. The first real server of a test run converts the GGUF in
+its worker, as `mlxd --model demo` does on a newcomer's machine; the conversion (about
+18 s) is then shared, linked into each later server's fresh state directory, so the two
+xdist processes of `make test` do not both pay for it. Skipped, with the command to run,
+where the package is not installed.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from protocol.model_ref import DEMO, DEMO_INSTALL, demo_dir, demo_gguf
 from tests.serverproc import ServerProcess
@@ -29,11 +35,39 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def real_server(smollm2_gguf, tmp_path_factory) -> ServerProcess:
-    """mlxd serving `demo` from a fresh state directory: the worker converts the GGUF on
-    this first load, exactly as on a newcomer's machine."""
-    with ServerProcess(["demo"], state_dir=tmp_path_factory.mktemp("real-state")) as srv:
-        srv.wait_healthy(timeout=300)
-        yield srv
+    """mlxd serving `demo` from a fresh state directory. The run's first one converts the
+    GGUF in its worker and publishes the result (`shared_conversion`); later ones, in
+    either xdist process, start with it hard-linked in, and their worker checks its
+    marker (source hash, converter version, options) before using it."""
+    state = tmp_path_factory.mktemp("real-state")
+    shared = shared_conversion(smollm2_gguf, tmp_path_factory)
+    lock = FileLock(f"{shared}.lock")
+    lock.acquire()   # held until this server is healthy: one conversion, not two at once
+    try:
+        converted = shared.is_dir()
+        if converted:
+            shutil.copytree(shared, demo_dir(state, DEMO), copy_function=os.link)
+        with ServerProcess(["demo"], state_dir=state) as srv:
+            srv.wait_healthy(timeout=300)
+            if not converted:
+                publish = shared.with_name(f".{shared.name}.{os.getpid()}")
+                shutil.copytree(demo_dir(state, DEMO), publish, copy_function=os.link)
+                publish.rename(shared)
+            lock.release()
+            yield srv
+    finally:
+        lock.release()
+
+
+def shared_conversion(gguf: Path, tmp_path_factory) -> Path:
+    """Where this test run keeps `gguf` converted, keyed by its hash: in the directory the
+    xdist processes' temporary roots share (under plain pytest, this run's own root)."""
+    from worker.loading.gguf import sha256
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    return root / f"demo-converted-{sha256(gguf)[:16]}"
 
 
 @pytest.fixture(scope="session")
