@@ -49,7 +49,7 @@ def stats(srv, **want) -> dict:
 
 def ask(client, model, question, previous=None, **kw):
     return client.responses.create(model=model, input=question, previous_response_id=previous,
-                                   max_output_tokens=24, temperature=0, **kw)
+                                   max_output_tokens=8, temperature=0, **kw)
 
 
 def assert_resumed(before, after):
@@ -98,7 +98,7 @@ def test_a_chain_resumes_from_memory_from_disk_and_after_a_restart(real_model_di
             items += [{"role": "user", "content": question},
                       {"role": "assistant", "content": t.output_text}]
         cold = client.responses.create(model=model, input=items + [
-            {"role": "user", "content": QUESTIONS[4]}], max_output_tokens=24, temperature=0,
+            {"role": "user", "content": QUESTIONS[4]}], max_output_tokens=8, temperature=0,
             store=False, extra_body={"prompt_cache_key": "cold"})
         assert cold.usage.input_tokens_details.cached_tokens == 0
         assert cold.usage.input_tokens == resumed.usage.input_tokens
@@ -123,7 +123,7 @@ def test_an_edited_snapshot_file_is_not_resumed_and_the_answer_is_the_cold_one(
         cold = client.responses.create(model=model, input=[
             {"role": "user", "content": QUESTIONS[0]},
             {"role": "assistant", "content": first.output_text},
-            {"role": "user", "content": QUESTIONS[1]}], max_output_tokens=24, temperature=0,
+            {"role": "user", "content": QUESTIONS[1]}], max_output_tokens=8, temperature=0,
             store=False, extra_body={"prompt_cache_key": "cold"})
         assert cold.usage.input_tokens_details.cached_tokens == 0
         assert cold.usage.input_tokens == second.usage.input_tokens
@@ -146,7 +146,7 @@ def test_a_history_rewriting_template_falls_back_counted(family_model, tmp_path)
         items = [{"role": "user", "content": "hello"},
                  *[o.model_dump(exclude_none=True) for o in first.output],
                  {"role": "user", "content": "more"}]
-        cold = client.responses.create(model=model, input=items, max_output_tokens=24,
+        cold = client.responses.create(model=model, input=items, max_output_tokens=8,
                                        temperature=0, store=False,
                                        extra_body={"prompt_cache_key": "cold"})
         assert cold.usage.input_tokens_details.cached_tokens == 0
