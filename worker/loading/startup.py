@@ -173,9 +173,11 @@ def cache_limit(admitted: int, resident: int, kv_budget: int, floor: int = 0) ->
 
     Why the floor: MLX returns a freed buffer to the system when the cache is at its
     limit (its allocators: the CPU's frees it, CUDA's cudaFreeAsync-s it), and the next
-    step allocates it again; for a small model the leftover is near 0 (the tiny model's
-    was 0 bytes), and on an H200 the 0.5B shape's MLX thread spent 99 us a token more
-    than raw mlx-lm with it against 21 with three times the cache (issue 36).
+    step allocates it again. The leftover is near 0 for a small model or a memory factor
+    near 1 (the tiny model's was 0 bytes: on the CPU a malloc counter saw a step's large
+    allocations go from 6 to 0 with the floor); a 0.5B's at the default factor is already
+    ~190 MiB against a 16 MB step, and there neither the floor nor a 3 x cache changed
+    its decode rate on an H200 (docs/benchmarks.md, session 7).
     Why it still fits what the gate admitted: those buffers are a step's transients, which
     the KV budget already counts at the batch's full width (`StepMemory.decode`, at least
     the measured freed bytes). While a step runs they are live and come out of the cache,
