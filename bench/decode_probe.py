@@ -2,6 +2,7 @@
 in-process (no HTTP, no worker process), and the server, on one model in one run.
 
     python -m bench.decode_probe [--shape 0.5b] [--streams 8] [--rounds 3] [--profile] [--where]
+    python -m bench.decode_probe --model bench/models/2b-vision-gemma4-bfloat16-as-text
 
 With `--streams 1` every figure is one stream's decode rate after its first token, raw
 being `stream_generate` (mlx-lm's single-sequence path, not its batch).
@@ -22,12 +23,14 @@ Figures are aggregate tokens/s, medians of rounds (the first dropped: compiles).
 from __future__ import annotations
 
 import argparse
+import json
 import collections
 import cProfile
 import importlib
 import pstats
 import random
 import statistics
+from pathlib import Path
 import time
 
 from bench.gpu import (Raw, Seq, build, default_dtype, greedy, in_process, server_many,
@@ -118,6 +121,8 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.decode_probe", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="0.5b")
+    p.add_argument("--model", default=None, help="a text model's directory instead of a "
+                   "shape (e.g. a vision checkpoint's text copy: bench/vision_throughput.py)")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tokens", type=int, default=256)
@@ -131,11 +136,14 @@ def main() -> None:
     import mlx.core as mx
 
     dtype = default_dtype(a.dtype)
-    path = build(a.shape, dtype)
+    path = Path(a.model) if a.model else build(a.shape, dtype)
+    vocab = json.loads((path / "config.json").read_text())
+    vocab = vocab.get("vocab_size") or vocab.get("text_config", {}).get("vocab_size", 4096)
     rng = random.Random(0)
 
     def prompts():
-        return [[rng.randrange(10, 4000) for _ in range(32)] for _ in range(a.streams)]
+        return [[rng.randrange(10, min(4000, vocab)) for _ in range(32)]
+                for _ in range(a.streams)]
 
     raw = Raw(path)
     eng, batch = in_process(path, max_size=32)
@@ -153,7 +161,7 @@ def main() -> None:
                                  if one else server_many(srv.port, str(path), prompts(), a.tokens))
 
     base = statistics.median(got["raw"][1:])
-    print(f"{a.shape} {dtype} on {mx.default_device()}: {a.streams} streams x {a.tokens} "
+    print(f"{path.name if a.model else a.shape} {dtype} on {mx.default_device()}: {a.streams} streams x {a.tokens} "
           f"tokens, aggregate tok/s (median of {a.rounds} [min-max])")
     for name, xs in got.items():
         m = statistics.median(xs[1:])
