@@ -162,3 +162,20 @@ def test_a_seeded_request_reproduces_and_temperature_zero_is_greedy(engine):
     drafted, _, _ = run(engine, greedy, draft=DraftModel(draft, 64))
     assert run.totals.drafted > 0
     assert ids(drafted["g"]) == ids(plain["g"])
+
+
+def test_q_gets_the_logit_bias_and_keeps_more_of_the_draft(engine, monkeypatch):
+    """The target drafting for itself with a strong logit_bias: with the bias on q too, q
+    is p and every draft is kept; without it (the bias only on p) far fewer are. (That
+    the text stays the target's distribution with a bias: the chi-squared test above.)"""
+    reqs = {str(i): dict(prompt="Hello there " * 4, max_tokens=16, temperature=1.0,
+                         seed=i, logit_bias=((17, 6.0), (29, 6.0)))
+            for i in range(4)}
+    rates = {}
+    for on in (True, False):
+        if not on:
+            monkeypatch.setattr(rejection.RowSampling, "bias",
+                                lambda self, vocab: mx.zeros((vocab,)))
+        run(engine, reqs, max_size=4, draft=DraftModel(engine.model, 64))
+        rates[on] = run.totals.accepted / run.totals.drafted
+    assert rates[True] > 0.95 and rates[False] < rates[True] - 0.1, rates

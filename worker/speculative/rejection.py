@@ -18,9 +18,10 @@ takes the filters and temperature from the sampler mlxd builds for those paramet
 is the draft model's (or the MTP head's) distribution after the SAME chain, and the
 draft is drawn from that very q and kept with it, which is all the rule needs to be
 exact. The chain makes q close to p (a draft from a token top_k drops would be rejected
-anyway). q does NOT get the sequence's penalties or logit_bias: they are functions of
-each row's text that the draft's batch does not keep, and the rule is exact for any q
-(a biased p only lowers acceptance where the bias matters).
+anyway), and so does the sequence's logit_bias, which q gets too (it does not depend on
+the text). q does NOT get the sequence's penalties: they are functions of each row's
+text that the draft's batch does not keep, and the rule is exact for any q (penalties on
+p only lower acceptance where they matter).
 
 No processor or transform mlxd offers makes the rule unsound: p is always the
 distribution the sequence's own sampler would draw from at that position (both are built
@@ -78,6 +79,18 @@ class RowSampling:
         self.key = self.chain.key if seeded else None
         # (rows with equal settings share one application of the chain: `distribution`)
         self.settings = (sp.temperature, sp.top_p, sp.min_p, sp.top_k)
+        self.logit_bias = dict(sp.logit_bias or ())
+        self._bias = None  # (vocab,): the bias q gets too (`bias`)
+
+    def bias(self, vocab: int) -> mx.array:
+        """Its logit_bias as a (vocab,) row of additions (zeros without one)."""
+        if self._bias is None or self._bias.shape[0] != vocab:
+            row = [0.0] * vocab
+            for tok, b in self.logit_bias.items():
+                if tok < vocab:
+                    row[tok] = b
+            self._bias = mx.array(row)
+        return self._bias
 
 
 def of(sp, vocab_size: int) -> RowSampling | None:
@@ -141,6 +154,9 @@ def draft_tokens(rows: list, logits: mx.array, keys: mx.array | None):
         return tokens, None
     if len(sampling) < len(rows):
         logits = logits[mx.array(sampling)]
+    if any(rows[i].logit_bias for i in sampling):  # (q as close to p as is cheap)
+        vocab = logits.shape[-1]
+        logits = logits + mx.stack([rows[i].bias(vocab) for i in sampling])
     q = distribution([rows[i] for i in sampling],
                      logits - mx.logsumexp(logits, axis=-1, keepdims=True))
     drawn = sample(q, keys).astype(tokens.dtype)
