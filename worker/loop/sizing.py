@@ -107,7 +107,7 @@ class StepMemory:
         return cls(max(0.0, w_short - per_pair * short), per_pair, vocab, per_row)
 
     @staticmethod
-    def freed(model, rows: int, kv_format: KVFormat = KVFormat(), context: int = 16) -> int:
+    def freed(model, rows: int, kv_format: KVFormat = KVFormat(), context: int = 4) -> int:
         """The bytes one decode step of `rows` rows (after `context` tokens each) frees:
         what MLX's buffer cache holds after the step, from empty and with no limit, once
         everything but the KV is dropped. That is what the next step allocates again
@@ -118,7 +118,7 @@ class StepMemory:
         At least peak minus active: at the step's peak its live transients came from the
         cache or the system, and at its end they are all in the cache. The second of two
         steps (the first pays one-time costs). Attention scores grow with the context where
-        the backend materializes them (MLX's CPU); at 16 tokens they are small, as they
+        the backend materializes them (MLX's CPU); at a few tokens they are small, as they
         are at any length where attention is fused (Metal, CUDA)."""
         gc.collect()
         collecting = gc.isenabled()
