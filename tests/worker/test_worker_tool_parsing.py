@@ -128,6 +128,11 @@ def test_reasoning_is_split_from_the_answer_at_every_position():
     # A template that opened the think block: the output starts as reasoning.
     content, reasoning, _ = run(fmt, ["plan", " more</think>answer"], initial="reasoning")
     assert (reasoning, content) == ("plan more", "answer")
+    # ...and the model writes its own opening tag as well: markup, not reasoning.
+    text = "<think>\nplan</think>answer"
+    for i in range(len(text)):
+        content, reasoning, _ = run(fmt, [text[:i], text[i:]], initial="reasoning")
+        assert (reasoning, content) == ("\nplan", "answer"), i
 
 
 def test_without_a_format_markup_is_plain_text():

@@ -4,7 +4,8 @@ Text moves between states on the family's markers, matched on decoded text by ml
 own `TextStateMachine` (robust to how a marker happens to be tokenized; it holds back a
 possible partial marker and strips the markers it matches):
 
-    normal --think_start--> reasoning --think_end--> normal
+    normal --think_start--> reasoning --think_end--> normal   (a repeated think_start
+                                                                is stripped in reasoning)
     normal/reasoning --tool_call_start--> tool --tool_call_end--> normal
 
 Text in "tool" is collected per call and parsed, when the call's end marker arrives,
@@ -53,7 +54,11 @@ class OutputSplitter:
         transitions: dict[str, list] = {}
         if tokenizer.has_thinking:
             transitions[NORMAL] = [(tokenizer.think_start, REASONING)]
-            transitions[REASONING] = [(tokenizer.think_end, NORMAL)]
+            # A second opening tag inside reasoning is markup too: a template that opens
+            # the block itself and a model that writes its own tag as well (Qwen3's
+            # thinking checkpoints do) would show "<think>" to the reader.
+            transitions[REASONING] = [(tokenizer.think_end, NORMAL),
+                                      (tokenizer.think_start, REASONING)]
         self._markerless = fmt is not None and not fmt.start
         if fmt is not None and fmt.start:
             transitions.setdefault(NORMAL, []).append((fmt.start, TOOL))
