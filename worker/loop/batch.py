@@ -41,11 +41,10 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
 from mlx_lm.models.cache import BatchKVCache
 
-from protocol.messages import (CacheStats, Generate, KVStats, PromptCache, SamplingParams,
-                               SpeculationStats, pack_ids)
+from protocol.messages import CacheStats, KVStats, PromptCache, SpeculationStats
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
-from worker.loop import mlx_lm_patches
+from worker.loop import mlx_lm_patches, warmup
 from worker.loop.sizing import MIN_CHUNK, CacheRoom, ChunkSizer, KVSize, StepMemory
 from worker.speculative import mtp, recurrent, verify
 from worker.speculative.adaptive import Pace, Speculation, Track
@@ -57,13 +56,6 @@ log = logging.getLogger("worker.loop.batch")
 
 mlx_lm_patches.apply()
 verify.install()
-
-
-class _Warm:
-    """A stand-in for the scheduler's Sequence, for `Batch.warm`."""
-
-    def __init__(self, rid: str):
-        self.rid, self.uid = rid, None
 
 
 def _materialized(cache: list) -> list:
@@ -462,27 +454,14 @@ class Batch:
         self.gen = self._new_generator()
         return seqs
 
-    def warm(self, prompt_tokens: int = 48) -> None:
-        """Run two short requests through the batch (chunked prefill, batched decode, the
-        move between them) before the worker says it is ready, so the first request pays
-        no kernel compile (seconds on a GPU). Nothing of it is cached."""
-        vocab = self.engine.vocab_size
-        ids = [1 + i % (vocab - 1) for i in range(prompt_tokens)]
-        self.run_uncached([Generate(rid=f"warm-{n}", prompt_ids=pack_ids(ids_),
-                                    sampling=SamplingParams(max_tokens=2, temperature=0.0))
-                           for n, ids_ in enumerate((ids, ids[: prompt_tokens // 2]))])
+    def warm(self, prompt_tokens: int = 48, widths: Optional[int] = None) -> None:
+        """Short requests through the batch before the worker says it is ready, so the
+        first requests pay no kernel compile (worker/loop/warmup.py)."""
+        warmup.warm(self, prompt_tokens, widths)
 
     def run_uncached(self, gens: list) -> None:
         """Run `gens` through the batch together to their end, nothing of them cached."""
-        kvcache, self.kvcache = self.kvcache, None
-        try:
-            for gen in gens:
-                self.add(_Warm(gen.rid), self.engine.prepare(gen))
-            while len(self):
-                self.step()
-        finally:
-            self.kvcache = kvcache
-        mx.clear_cache()
+        warmup.run_uncached(self, gens)
 
     def idle(self) -> None:
         """Called between requests (a worker group's leader keeps in touch with its
