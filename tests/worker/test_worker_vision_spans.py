@@ -12,7 +12,8 @@ import pytest
 from tests.worker.batchrun import Seq
 from tests.worker.test_worker_vision import png
 from tests.worker.test_worker_vision import run as mlx_vlms  # mlx-vlm's own step, serially
-from tests.worker.test_worker_vision_batch import ask, same, vbatch
+from tests.worker.test_worker_vision_batch import ask, one, same, vbatch
+from worker.kvcache.prefix import PrefixCache
 from worker.vision.spans import spans
 
 
@@ -64,6 +65,26 @@ def test_an_image_prompt_prefills_in_chunks_that_keep_each_image_whole(engines, 
     assert all(any(a <= s and e <= b for a, b in cuts) for s, e in images)
     assert all((s, e) in cuts for s, e in images if e - s > chunk)
     assert same(out, whole) and same(out, mlx_vlms(serial, gen))
+
+
+def test_a_long_preamble_is_reused_before_another_image(engines):
+    # Its sliding windows cannot be trimmed: the state before the first image is kept on
+    # the way (worker/vision/batch.py `_keep_points`); the next image's prefill then
+    # starts after a cached prefix, where the two-way attention within it must hold
+    # (spans.install), in chunks that keep it whole.
+    engine, serial = engines
+    batch = vbatch(engine, PrefixCache(1 << 28), prefill_step=5)
+    text = "A long preamble that an agent sends with every request, then a picture:"
+    first = ask(text, (png(seed=5),), rid="a", max_tokens=4)
+    start = min(i for i, t in enumerate(engine.prepare(first).ids) if t in batch.media_tokens)
+    assert one(batch, engine, first)[1] == 0
+    other = ask(text, (png(120, 80, seed=6),), rid="b", max_tokens=6, logprobs=True)
+    seq, out = Seq("b"), []
+    cached = batch.add(seq, engine.prepare(other))
+    while len(batch):
+        out += [o for _, o in batch.step()]
+    assert cached == start > 10
+    assert same(out, chunked(engine, other, 4096)[0]) and same(out, mlx_vlms(serial, other))
 
 
 def test_the_spans_are_the_runs_of_image_and_video_tokens():

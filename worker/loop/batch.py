@@ -58,7 +58,7 @@ mlx_lm_patches.apply()
 verify.install()
 
 
-def _materialized(cache: list) -> list:
+def materialized(cache: list) -> list:
     """`cache` computed now. A sequence's cache extracted from the batch is a lazy copy
     of its row (worker/loop/mlx_lm_patches.py): kept unevaluated, it would hold the whole batch's
     arrays alive, every layer of every row, while the prompt cache counts one row's
@@ -401,7 +401,7 @@ class Batch:
             return
         m.checkpoints.pop(0)
         for cache, tokens in self.gen.extract_cache([uid]).values():
-            self.kvcache.keep(m.cache, m.keyed(list(tokens)), _materialized(cache))
+            self.kvcache.keep(m.cache, m.keyed(list(tokens)), materialized(cache))
         self._bound_prefix()
 
     def _store(self, m: Member, tokens, cache) -> None:
@@ -424,7 +424,7 @@ class Batch:
             return
         ended, self._ended = self._ended, []
         for kvcache, spec, tokens, cache in ended:
-            kvcache.finish(spec, tokens, _materialized(cache))
+            kvcache.finish(spec, tokens, materialized(cache))
         self._bound_prefix()
 
     def remove(self, seq) -> None:

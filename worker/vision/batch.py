@@ -47,7 +47,7 @@ from mlx_vlm.generate.common import _chunked_prefill_enabled as chunked_prefill_
 from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
 from worker.kvcache.manager import Start, Tier
-from worker.loop.batch import Batch
+from worker.loop.batch import Batch, materialized
 from worker.vision import spans
 from worker.vision.engine import KEY, encoded, media_tokens, model_inputs, warm_requests
 
@@ -135,6 +135,8 @@ class _Prefill:
     extra: dict = field(default_factory=dict)
     whole: list = field(default_factory=list)  # the image spans no chunk may cut, where
     # the model's step attends within them both ways (none: chunked anywhere, causal)
+    keep: list = field(default_factory=list)  # prompt lengths whose state the KV cache
+    # keeps on the way (`_keep_points`)
 
 
 class VisionBatch(Batch):
@@ -173,11 +175,25 @@ class VisionBatch(Batch):
             self._join(seq, prep, hit, self._rope_delta(ids, media))
             return cached
         job = _Prefill(seq, prep, hit, mx.array(ids)[None], *model_inputs(media), end, cached)
+        job.keep = self._keep_points(ids, cached, end)
         seq.uid = None
         self.prefilling.append(job)
         self._reserve()
         self._bound_prefix()
         return cached
+
+    def _keep_points(self, ids: list[int], cached: int, end: int) -> list[int]:
+        """Where an image prompt's prefill hands its state to the KV cache on the way,
+        for a cache that cannot be trimmed (a sliding window, recurrent layers): the
+        prompt before its first image, so that the same text (an agent's system prompt,
+        the turns before) with another image resumes there, as a trimmable cache's final
+        state would be trimmed to it; and the KV cache's own checkpoints before the last
+        image (worker/kvcache/manager.py `checkpoints`)."""
+        if self.kvcache is None or self.kvcache.trimmable:
+            return []
+        first = min(i for i, t in enumerate(ids) if t in self.media_tokens)
+        points = {first} | {p for p in self.kvcache.checkpoints(cached, end) if p < end}
+        return sorted(p for p in points if p > cached)
 
     def step(self) -> list:
         """One chunk of the first image prompt's prefill (the vision tower with its first
@@ -202,12 +218,19 @@ class VisionBatch(Batch):
                 types = next((v for k, v in job.kwargs.items() if k in _TYPES), None)
                 job.whole = spans.spans(types) if types is not None else [(0, job.end)]
         a = job.pos
-        b = spans.cut(a, min(job.end, a + max(1, self.chunks.size)), job.whole)
+        b = min(job.end, a + max(1, self.chunks.size), *job.keep[:1])
+        b = spans.cut(a, b, job.whole)
         types = {k: v[:, a:b] for k, v in job.kwargs.items() if k in _TYPES and job.whole}
         vlm.language_model(job.inputs[:, a:b], inputs_embeds=job.embeds[:, a:b],
                            cache=job.cache, n_to_process=b - a, **job.extra, **types)
         mx.eval([c.state for c in job.cache])
         job.pos = b
+        if job.keep and job.keep[0] == b:
+            job.keep.pop(0)
+            state = _carry(job.cache, self.kv_format.make(self.engine.model, self.max_kv_size))
+            self.kvcache.keep(job.prep.gen.cache, self.cache_key(job.prep)[:b],
+                              materialized(state))
+            self._bound_prefix()
         if b == job.end:
             self.prefilling.remove(job)
             deltas = job.extra.get("rope_deltas")
