@@ -222,9 +222,10 @@ def test_what_cannot_work_is_a_load_error(engine, tiny_model, tmp_path, flags, w
         startup_batch(engine, worker_args(tmp_path, *flags), tiny_model)
 
 
-def test_a_rotating_cache_cannot_be_quantized_yet(kvq, tmp_path):
+def test_a_model_whose_every_layer_is_a_window_has_nothing_to_quantize(kvq, tmp_path):
+    # (--max-kv-size: every layer a rotating cache, which stays at full precision.)
     engine, path = kvq
-    with pytest.raises(LoadError, match="RotatingKVCache"):
+    with pytest.raises(LoadError, match="no attention KV cache to quantize"):
         startup_batch(engine, worker_args(tmp_path, "--kv-bits", "8", "--kv-group-size",
                                           "32", "--max-kv-size", "64"), path)
 

@@ -56,7 +56,16 @@ PRESETS["small-hybrid"] = dict(
     linear_num_key_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
     shared_expert_intermediate_size=1536, moe_intermediate_size=512)
 
-_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
+# Sliding-window attention between global layers, as in Gemma 3 (mlx-lm `gemma3_text`):
+# a 16-token window every other layer (its rotating cache cannot be trimmed or
+# quantized), heads of 32 for a quantized KV cache on the global ones.
+PRESETS["tiny-sliding-kvq"] = dict(
+    model_type="gemma3_text", hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
+    num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, intermediate_size=128,
+    vocab_size=1024, sliding_window=16, sliding_window_pattern=2)
+
+_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM",
+                  "gemma3_text": "Gemma3ForCausalLM"}
 MARKER = "mlxd-random-weights.json"  # written into the model dir: these are not real weights
 
 

@@ -14,9 +14,11 @@ BatchKVCache); this module adds what mlx-lm's BatchGenerator needs around it: a 
 (and `size`) on mlx-lm's QuantizedKVCache, an `extract` that gives mlx-lm's
 QuantizedKVCache back (so a sequence's state in the prefix cache, a snapshot and its file
 are mlx-lm's own class: `load_prompt_cache` reads them), and `KVFormat`: which layers of a
-model's cache are quantized (its attention layers; a recurrent layer's state stays at
-full precision), checked once at load so that a model whose cache or attention cannot
-hold quantized keys is a load error, never silently full precision.
+model's cache are quantized (its attention layers; a recurrent layer's state and a
+sliding window's rotating cache stay at full precision: each holds a bounded amount, so
+a long context's KV is the global layers', Gemma 3's one layer in six), checked once at
+load so that a model whose cache or attention cannot hold quantized keys is a load
+error, never silently full precision.
 
 4 bits are stored rotated (`KVFormat.rotate`, QuaRot-style): keys after RoPE and values are
 multiplied by a fixed orthonormal matrix (random signs and a Hadamard transform) before
@@ -45,8 +47,7 @@ from typing import Optional
 
 import mlx.core as mx
 from mlx_lm.models.cache import (BatchKVCache, CacheList, ChunkedKVCache, KVCache,
-                                 QuantizedKVCache, RotatingKVCache, create_attention_mask,
-                                 make_prompt_cache)
+                                 QuantizedKVCache, create_attention_mask, make_prompt_cache)
 
 from worker.kvcache import attention
 
@@ -141,13 +142,16 @@ class KVFormat:
     def _layer(self, c):
         if isinstance(c, CacheList):
             return CacheList(*(self._layer(x) for x in c.caches))
-        if isinstance(c, (RotatingKVCache, ChunkedKVCache)):
-            raise FormatError(f"--kv-bits: this model's {type(c).__name__} layers (a "
-                              "sliding window, or --max-kv-size) cannot hold a quantized KV "
-                              "cache yet; leave --kv-bits unset")
+        if isinstance(c, ChunkedKVCache):
+            raise FormatError(f"--kv-bits: this model's {type(c).__name__} layers (chunked "
+                              "attention) cannot hold a quantized KV cache yet; leave "
+                              "--kv-bits unset")
         if type(c) is KVCache:
             return to_quantized(c, self.group_size, self.bits)
-        return c  # a recurrent layer's state (ArraysCache): full precision
+        # A sliding window's rotating cache (Gemma 3 and 4, gpt-oss: every layer but the
+        # global ones) stays at full precision, as a recurrent layer's state does: it
+        # holds its window at most, so a long context's KV is the global layers'.
+        return c
 
     def check(self, model, max_kv_size: Optional[int] = None, model_type: str = "") -> None:
         """Raise FormatError unless `model` can run on this format: valid bits and group
@@ -182,7 +186,9 @@ class KVFormat:
         if not any(isinstance(c, QuantizedKVCache)
                    for c in _flat(self.from_the_first.make(model, max_kv_size))):
             raise FormatError(f"--kv-bits: this model ({model_type or 'its family'}) has no "
-                              "attention KV cache to quantize; leave --kv-bits unset")
+                              "attention KV cache to quantize (recurrent layers and rotating "
+                              "ones, a sliding window or --max-kv-size, stay at full "
+                              "precision); leave --kv-bits unset")
 
         def probe():  # (a prefill of 8 tokens, then a decode step, as the batch runs)
             cache = self.from_the_first.make(model, max_kv_size)
