@@ -64,3 +64,23 @@ def test_prefix_reuse_and_a_snapshot_resume_give_the_cold_text(sliding, tmp_path
     assert cached == len(SYSTEM) + len(said)
     assert warm == run_one(make_batch(engine, kv_format=Q8), engine, ids_gen(turn2, "c"))[1]
     again.close()
+
+
+def test_the_budget_counts_a_window_once_and_the_global_layers_per_token(sliding, tmp_path):
+    from worker.loop.sizing import KVSize
+
+    engine, path = sliding
+    full, q8 = KVSize.measure(engine.model), KVSize.measure(engine.model, kv_format=Q8)
+    assert [size for _, size in full.windows] == [16, 16] and full.per_token > 0
+    assert q8.windows == full.windows and q8.per_token == full.per_token * 10 / 32
+    # Past the window a token costs the global layers' bytes alone.
+    assert full.of(1000) - full.of(999) == pytest.approx(full.per_token, abs=1)
+    for kv in (full, q8):
+        for budget in (10_000, 1 << 20, 123_457):
+            n = kv.tokens_within(budget)
+            assert kv.of(n) <= budget < kv.of(n + 1)
+    # A worker's context within its budget: what the windows take is counted once.
+    budget = full.of(3000)
+    batch = startup_batch(engine, worker_args(tmp_path, "--kv-budget", str(budget),
+                                              "--prompt-cache-bytes", "0"), path)
+    assert batch.engine.context_length == 3000

@@ -130,7 +130,7 @@ def kv_size(model, window, kv_format):
         return kv
     plain = KVSize.measure(model, window)
     return KVSize(kv.per_token, int(kv.per_sequence + (plain.per_token - kv.per_token)
-                                    * kv_format.start), window)
+                                    * kv_format.start), window, kv.windows)
 
 
 def _kvcache(engine, args, path, shard: str = "", kv_format=None):

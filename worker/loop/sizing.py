@@ -1,7 +1,7 @@
 """What a batch's sequences and steps take: the sizes worker/loop/batch.py admits by.
 
 `KVSize` is one sequence's KV memory (a fixed part for recurrent state and a part per
-token, up to a rotating cache's window); `StepMemory` a step's working memory (a prefill
+token, a sliding window's up to its size); `StepMemory` a step's working memory (a prefill
 chunk's activations, measured on the device at load, and the logits at the batch's
 width); `ChunkSizer` the prefill chunk by time. Apart from the batch, which only reads
 them, so that a benchmark or a test sizes a sequence without a generator.
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import mlx.core as mx
+from mlx_lm.models.cache import RotatingKVCache
 
 from worker.kvcache.quantized import KVFormat
 
@@ -24,40 +25,63 @@ MIN_CHUNK = 32
 @dataclass
 class KVSize:
     """KV memory of one sequence: a fixed part (recurrent state) plus a part per token
-    (attention keys and values), up to `window` tokens for a rotating cache."""
+    (attention keys and values), up to `window` tokens for a rotating cache
+    (--max-kv-size: every layer), and each sliding-window layer's part per token up to
+    its own window (`windows`: Gemma 3 and 4, gpt-oss, whose windows would otherwise be
+    counted as if they grew with the context: on Gemma 3, five layers in six)."""
     per_token: float
     per_sequence: int = 0
     window: Optional[int] = None
+    windows: tuple = ()   # (bytes per token, window in tokens) of each sliding layer
 
     def of(self, tokens: int) -> int:
         if self.window is not None:
             tokens = min(tokens, self.window)
-        return int(self.per_sequence + self.per_token * tokens)
+        return int(self.per_sequence + self.per_token * tokens
+                   + sum(per * min(tokens, size) for per, size in self.windows))
 
     def tokens_within(self, nbytes: int) -> int:
-        """The longest sequence whose KV fits in `nbytes` (any, for a rotating cache)."""
-        if self.per_token <= 0 or (self.window is not None and self.of(self.window) <= nbytes):
-            return 1 << 62 if nbytes >= self.per_sequence else 0
-        return max(0, int((nbytes - self.per_sequence) // self.per_token))
+        """The longest sequence whose KV fits in `nbytes` (any, where nothing grows past
+        a window)."""
+        bound = self.window if self.window is not None else \
+            max((size for _, size in self.windows), default=0) if self.per_token <= 0 else None
+        if bound is not None:
+            return 1 << 62 if self.of(bound) <= nbytes else self._search(nbytes, bound)
+        return self._search(nbytes, max(0, int((nbytes - self.per_sequence) // self.per_token)))
+
+    def _search(self, nbytes: int, hi: int) -> int:
+        """The largest t <= hi with of(t) <= nbytes (of grows with t)."""
+        lo = 0
+        if self.of(0) > nbytes:
+            return 0
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.of(mid) <= nbytes else (lo, mid - 1)
+        return lo
 
     @classmethod
     def measure(cls, model, window: Optional[int] = None,
                 kv_format: KVFormat = KVFormat(), tokens: int = 1) -> "KVSize":
         """From the shapes of a cache after a forward pass of `tokens`: attention layers
         hold (batch, heads, allocated tokens, dim) keys and values (quantized: packed
-        integers, scales and biases); anything else (recurrent state) is per sequence."""
+        integers, scales and biases), a sliding window's up to its size; anything else
+        (recurrent state) is per sequence."""
         cache = kv_format.make(model)
         model(mx.zeros((1, tokens), dtype=mx.int32), cache=cache)
         mx.eval([c.state for c in cache])
-        per_token, fixed = 0.0, 0
+        per_token, fixed, windows = 0.0, 0, []
         for layer in _flat(cache):
             keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
             if keys is not None and values is not None:
                 arrays = [*keys, *values] if isinstance(keys, (tuple, list)) else [keys, values]
-                per_token += sum(a.nbytes for a in arrays) / arrays[0].shape[2]
+                per = sum(a.nbytes for a in arrays) / arrays[0].shape[2]
+                if isinstance(layer, RotatingKVCache):
+                    windows.append((per, layer.max_size))
+                else:
+                    per_token += per
             else:
                 fixed += layer.nbytes
-        return cls(per_token, fixed, window)
+        return cls(per_token, fixed, window, tuple(windows))
 
 
 @dataclass
