@@ -52,6 +52,20 @@ def load(args):
     """(model, token ids of the text or None, description)."""
     import mlx.core as mx
 
+    if args.shape == "gemma3-4b":
+        from mlx_lm.models import gemma3_text
+
+        # Gemma 3 4B's attention (34 layers, a 1,024-token window in five layers of six, 4
+        # KV heads of 256) around tiny MLPs and vocabulary: its KV, not its weights.
+        config = {"model_type": "gemma3_text", "hidden_size": 64, "intermediate_size": 64,
+                  "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+                  "head_dim": 256, "query_pre_attn_scalar": 256, "vocab_size": 256,
+                  "sliding_window": 1024, "sliding_window_pattern": 6}
+        mx.random.seed(0)
+        model = gemma3_text.Model(gemma3_text.ModelArgs.from_dict(config))
+        model.set_dtype(mx.bfloat16)
+        mx.eval(model.parameters())
+        return model, None, "Gemma 3 4B's KV layout"
     if args.shape:
         from mlx_lm.models import qwen2
 
@@ -215,8 +229,9 @@ def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.kv_quant", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="a model directory (default: demo, SmolLM2-135M)")
-    p.add_argument("--shape", choices=("0.5b", "7b"), help="a random bf16 Qwen2.5 shape "
-                   "instead: bytes and speed only")
+    p.add_argument("--shape", choices=("0.5b", "7b", "gemma3-4b"),
+                   help="a random bf16 Qwen2.5 shape instead: bytes and speed only; "
+                   "gemma3-4b: Gemma 3 4B's attention layout (sliding windows), bytes only")
     p.add_argument("--text", type=Path, default=TEXT)
     p.add_argument("--group-size", type=int, default=64)
     p.add_argument("--formats", default="full,8,4r,4,4g32r",
@@ -261,6 +276,14 @@ def main() -> None:
                      goal(ratio, "<=", target) if target else ""))
         rows.append((f"{name}: longest context in a 1 GiB budget",
                      f"{kv.tokens_within(GIB):,} tokens", ""))
+        if getattr(kv, "windows", ()):  # (sliding layers: counted once, up to the window)
+            every = KVSize(kv.per_token + sum(per for per, _ in kv.windows), kv.per_sequence)
+            rows.append((f"{name}:   every layer counted per token (before)",
+                         f"{every.per_token:,.0f} bytes, {every.tokens_within(GIB):,} tokens",
+                         ""))
+    if args.shape == "gemma3-4b":
+        print_table(f"bench.kv_quant: {what}, groups of {args.group_size}", rows)
+        return
     if ids is not None:
         for name, fmt in formats.items():
             progress(f"perplexity, {name}")
