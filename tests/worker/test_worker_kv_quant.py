@@ -230,16 +230,10 @@ def test_a_model_whose_every_layer_is_a_window_has_nothing_to_quantize(kvq, tmp_
                                           "32", "--max-kv-size", "64"), path)
 
 
-def test_kv_bits_0_is_full_precision_and_a_vision_model_refuses_kv_bits(kvq, tmp_path):
-    """0 lets one model opt out of a server-wide --kv-bits (--model-setting M:kv_bits=0);
-    a vision model, whose image prefill hands over a full-precision cache, refuses to load
-    with --kv-bits rather than run at full precision unasked."""
-    from worker.loading.kinds import _start_vision
-
+def test_kv_bits_0_is_full_precision(kvq, tmp_path):
+    """0 lets one model opt out of a server-wide --kv-bits (--model-setting M:kv_bits=0).
+    (A vision checkpoint's batch takes --kv-bits: tests/worker/test_worker_vision_kv_quant.py.)"""
     engine, path = kvq
     batch = startup_batch(engine, worker_args(tmp_path, "--kv-bits", "0",
                                               "--prompt-cache-bytes", "0"), path)
     assert not batch.kv_format.quantized
-    with pytest.raises(LoadError, match="vision model cannot hold a quantized KV cache.*"
-                                        "kv_bits=0"):
-        _start_vision(None, worker_args(tmp_path, "--kv-bits", "8"))

@@ -72,6 +72,10 @@ MIN_PIXELS = 56 * 56
 SIZES = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128, mrope=[2, 3, 3],
                  mrope_half=[2, 1, 1], depth=2, embed=32, vision_heads=2, max_pixels=112 * 112),
+    # `tiny` with heads of 32, which MLX can quantize (--kv-bits: its smallest group).
+    "tiny-kvq": dict(hidden=64, layers=2, heads=2, kv_heads=1, mlp=128, mrope=[4, 6, 6],
+                     mrope_half=[4, 2, 2], depth=2, embed=32, vision_heads=2,
+                     max_pixels=112 * 112, head_dim=32),
     "small": dict(hidden=512, layers=8, heads=8, kv_heads=2, mlp=1536, mrope=[8, 12, 12],
                   mrope_half=[8, 4, 4], depth=4, embed=256, vision_heads=4, max_pixels=448 * 448),
     # Qwen2-VL-2B's language model (hidden 1536, 28 layers, MLP 8960: 1.3B parameters

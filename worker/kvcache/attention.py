@@ -49,11 +49,31 @@ def install() -> None:
     through `base.scaled_dot_product_attention`, which looks it up at each call).
     Idempotent."""
     global _QUANTIZED
-    from mlx_lm.models import base
+    from mlx_lm.models import base, gemma4_text
 
     if _QUANTIZED is None:
         _QUANTIZED = base.quantized_scaled_dot_product_attention
         base.quantized_scaled_dot_product_attention = attention
+        gemma4_text.scaled_dot_product_attention = _shared_kv(
+            gemma4_text.scaled_dot_product_attention)
+
+
+def _shared_kv(sdpa):
+    """Gemma 4's small checkpoints' last layers attend to an earlier layer's keys and
+    values with no cache of their own (`num_kv_shared_layers`): with a quantized cache
+    those arrive packed, and mlx-lm's attention, told by the layer's cache (None) that
+    they are not, hands them to MLX's plain attention, which refuses them. Packed keys
+    read as what they are: the format is in their shapes (the packed words and the
+    scales per head dimension)."""
+    @functools.wraps(sdpa)
+    def call(queries, keys, values, cache, scale, mask, *args, **kwargs):
+        if isinstance(keys, tuple) and not hasattr(cache, "bits"):
+            d = queries.shape[-1]
+            return attention(queries, keys, values, scale, mask,
+                             group_size=d // keys[1].shape[-1], bits=keys[0].shape[-1] * 32 // d)
+        return sdpa(queries, keys, values, cache, scale, mask, *args, **kwargs)
+
+    return call
 
 
 def attention(queries, q_keys, q_values, scale: float, mask, group_size: int = 64,
@@ -89,6 +109,13 @@ def quantize(x, group_size: int, bits: int) -> tuple:
     """Keys or values as the cache of this format stores them (rotated, if it rotates)."""
     x = rotate(x) if (bits, group_size) in _ROTATED else x
     return mx.quantize(x, group_size=group_size, bits=bits)
+
+
+def dequantize(q: tuple, group_size: int, bits: int):
+    """The full-precision keys or values a cache of this format stores as `q` (rotated
+    back, if it rotates): `quantize`'s inverse, up to its rounding."""
+    x = mx.dequantize(*q, group_size=group_size, bits=bits)
+    return unrotate(x) if (bits, group_size) in _ROTATED else x
 
 
 def rotate(x):

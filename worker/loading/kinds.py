@@ -111,16 +111,17 @@ def _start_vision(loaded, args):
     from worker.vision.engine import VisionEngine
     from worker.vision.language import shared_language_model
 
-    if args.kv_bits:  # (never silently full precision: the model opts out by its own 0)
-        from worker.errors import LoadError
-
-        raise LoadError("--kv-bits: a vision model cannot hold a quantized KV cache yet (an "
-                        "image's prefill hands over mlx-vlm's full-precision cache); give "
-                        "this model full precision: --model-setting MODEL:kv_bits=0")
     lm = shared_language_model(loaded.model, loaded.path)
     engine = VisionEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                           args.prefill_step, loaded.vocab_size, lm=lm)
     if lm is None:
+        if args.kv_bits:  # (never silently full precision: the model opts out by its own 0)
+            from worker.errors import LoadError
+
+            raise LoadError("--kv-bits: this vision model runs one request at a time on "
+                            "mlx-vlm's own step (mlx-lm has no text class for it), with no "
+                            "quantized KV cache; give it full precision: --model-setting "
+                            "MODEL:kv_bits=0")
         from worker.vision.serial import SerialBatch
 
         batch = SerialBatch(engine)

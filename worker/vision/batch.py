@@ -44,8 +44,10 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
 from mlx_vlm.generate.common import _chunked_prefill_enabled as chunked_prefill_enabled
+from mlx_lm.models.cache import QuantizedKVCache
 from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
+from worker.kvcache.attention import dequantize, quantize
 from worker.kvcache.manager import Start, Tier
 from worker.loop.batch import Batch, materialized
 from worker.vision import spans
@@ -99,7 +101,9 @@ def _carry(source: list, target: list) -> list:
     it stands, where it wraps, what it keeps). Only these kinds of cache
     (worker/vision/language.py `CARRIED`)."""
     for s, t in zip(source, target, strict=True):
-        if isinstance(getattr(t, "cache", None), list):  # recurrent: its arrays
+        if isinstance(s, QuantizedKVCache) or isinstance(t, QuantizedKVCache):
+            _carry_quantized(s, t)  # (--kv-bits: worker/kvcache/quantized.py)
+        elif isinstance(getattr(t, "cache", None), list):  # recurrent: its arrays
             t.cache = list(s.cache)
         elif hasattr(t, "_idx"):  # rotating: the buffer whole (new array objects: each
             # cache writes its own in place), with its write position and bounds
@@ -109,6 +113,23 @@ def _carry(source: list, target: list) -> list:
             keys, values = s.keys[..., :s.offset, :], s.values[..., :s.offset, :]
             t.keys, t.values, t.offset = keys, values, s.offset
     return target
+
+
+def _carry_quantized(s, t) -> None:
+    """An attention layer's state between a quantized cache (--kv-bits: the batch's, the
+    KV cache's) and a full-precision one (mlx-vlm's, which the image prefill runs on):
+    quantized on the way to the batch, dequantized on the way to an image's prefill (the
+    prompt before it then reads what a quantized cache holds, as a text chunk after it
+    does)."""
+    if s.keys is None:
+        return
+    if isinstance(t, QuantizedKVCache):
+        t.keys, t.values = (quantize(x[..., :s.offset, :], t.group_size, t.bits)
+                            for x in (s.keys, s.values))
+    else:
+        t.keys, t.values = (dequantize(tuple(a[..., :s.offset, :] for a in x), s.group_size,
+                                       s.bits) for x in (s.keys, s.values))
+    t.offset = s.offset
 
 
 def _grids(media: dict) -> tuple:
