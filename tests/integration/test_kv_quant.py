@@ -59,3 +59,33 @@ def test_an_8_bit_kv_worker_serves_batches_and_shows_its_bytes_per_token(kvq_mod
         metrics = httpx.get(srv.url + "/metrics", timeout=30).text
         assert f'mlxd_kv_bytes_per_token{{bits="8",model="{model}"}} 320.0' in metrics
         assert "mlxd_kv_tokens_held{" in metrics
+
+
+def test_a_vision_checkpoint_serves_images_on_an_8_bit_kv_cache(models_dir):
+    # (Gemma 3's layout with heads of 32: its global layers quantized, its windows not;
+    # worker/vision/batch.py `_carry` hands an image's prefill over quantized.)
+    from tests.integration.test_vision import ask, data_url
+    from tests.integration.test_vision_cache import cached
+    from worker.demos.vision import build_vision_model
+
+    path = build_vision_model(models_dir / "tiny-kvq-vision-gemma3", "tiny-kvq",
+                              family="gemma3").path
+    model = str(path)
+    with ServerProcess([model], "--kv-bits", "8", "--kv-group-size", "32") as srv:
+        srv.wait_healthy(timeout=120)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+        def chat(url, text):
+            return client.chat.completions.create(
+                model=model, messages=ask(url, text), max_tokens=6, temperature=0,
+                extra_body={"prompt_cache_key": "k"})
+
+        words = "Describe this picture in detail, please: " * 3
+        first = chat(data_url(seed=1), words)
+        again, other = chat(data_url(seed=1), words), chat(data_url(seed=2), words)
+        assert first.usage.completion_tokens == 6 and cached(first) == 0
+        assert cached(again) >= first.usage.prompt_tokens - 1
+        assert again.choices[0].message.content == first.choices[0].message.content
+        assert 0 < cached(other) < first.usage.prompt_tokens - 4  # (the words before it)
+        (w,) = json.loads(ok(mlxctl(srv, "status", "--json")).stdout)["workers"]
+        assert w["kv"]["bits"] == 8
