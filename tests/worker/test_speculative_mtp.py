@@ -118,13 +118,45 @@ def test_greedy_text_is_identical_with_mtp_alone_and_in_a_batch_of_four(mtp):
     assert steps < 40 * 2 / 3
 
 
-def test_a_seeded_sampled_request_gives_the_same_text_twice_with_mtp(mtp):
+def test_a_seeded_sampled_request_gives_the_same_text_twice_and_in_a_batch_with_mtp(mtp):
+    """Its drafts (sampled from the head's q, drawn with its own keys) and their
+    verification do not depend on its batch-mates: a greedy MTP row, one that does not
+    speculate and another seeded one, drafting in the same passes of the head."""
     engine, head, _ = mtp
-    req = {"s": dict(prompt="Hello there " * 4, max_tokens=30, temperature=0.9, seed=7)}
-    first, _, _ = run(engine, req, speculative="mtp", mtp_head=head)
+    req = dict(prompt="Hello there " * 4, max_tokens=30, temperature=0.9, seed=7)
+    first, _, _ = run(engine, {"s": req}, speculative="mtp", mtp_head=head)
     assert run.totals.drafted > 0
-    second, _, _ = run(engine, req, speculative="mtp", mtp_head=head)
+    second, _, _ = run(engine, {"s": req}, speculative="mtp", mtp_head=head)
     assert ids(first["s"]) == ids(second["s"])
+    mixed, _, _ = run(engine, {"story": FOUR["story"], "s": req, "biased": FOUR["biased"],
+                               "other": dict(req, prompt="Write a story", seed=8)},
+                      speculative="mtp", mtp_head=head)
+    assert ids(mixed["s"]) == ids(first["s"])
+    assert run.totals.accepted > 0
+
+
+def test_the_head_drafts_for_every_row_in_one_pass_a_step(mtp, monkeypatch):
+    """Four streams draft in the head's passes of one: each pass (the new positions, then
+    each chained token) reads the head's layer and the LM head once for all four rows."""
+    from worker.speculative.mtp import MTPHead
+    engine, head, _ = mtp
+    calls = []
+    original = MTPHead.__call__
+
+    def counted(self, embedded, hidden, cache):
+        calls.append(embedded.shape[0])
+        return original(self, embedded, hidden, cache)
+
+    monkeypatch.setattr(MTPHead, "__call__", counted)
+    req = dict(FOUR["mtp"], max_tokens=24)
+    one, _, _ = run(engine, {"a": req}, speculative="mtp", mtp_head=head)
+    alone, calls[:] = list(calls), []
+    four, _, _ = run(engine, {n: req for n in "abcd"}, speculative="mtp", mtp_head=head)
+    assert run.totals.accepted > 0
+    for name in "abcd":
+        assert ids(four[name]) == ids(one["a"]), name
+    assert len(alone) > 2 and set(alone) == {1}
+    assert len(calls) == len(alone) and set(calls) == {4}
 
 
 def test_cancelling_a_sequence_mid_draft_leaves_the_others_and_the_next_untouched(mtp):

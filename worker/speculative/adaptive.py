@@ -194,6 +194,10 @@ class Speculation:
         seq.draft_accepted = getattr(seq, "draft_accepted", 0) + accepted
         seq.draft_rejected = getattr(seq, "draft_rejected", 0) + len(draft) - accepted
 
+    def stepped(self) -> None:
+        """A verify step has `verified` every row (the MTP head drafts for all of them in
+        one pass: worker/speculative/mtp.py)."""
+
     def reported(self, responses, fed: bool = False) -> None:
         """A plain step's tokens (mlx-lm's own step): the drafters follow the text
         (`fed`: `propose` already gave them these tokens and counted the step)."""

@@ -9,31 +9,37 @@ own LM head. Its draft costs one small layer, not a second model.
 
 Why not mlx-vlm's `Qwen3_5MTPDraftModel`: its decoder layer is mlx-vlm's (another
 attention signature), and its state is one batch whose rows are the rounds of its own
-generate loop; here sequences join and leave mlx-lm's batch at any step, so each keeps
-its own MTP cache (`MTPDrafter`), and the layer is mlx-lm's `DecoderLayer` of the same
-family as the target (the weights load by the same names). The weights are read from the
+generate loop; here sequences join and leave mlx-lm's batch at any step. So the head's
+cache is mlxd's own batch (`MTPSpeculation`: one mlx-lm BatchKVCache per head layer, a
+row per sequence drafting with it, kept by its `MTPDrafter`, as draft_model.py keeps a
+draft model's rows), and the layer is mlx-lm's `DecoderLayer` of the same family as the
+target (the weights load by the same names). The weights are read from the
 checkpoint's safetensors by their `mtp.` names, the Hugging Face layout's zero-centred
 norms shifted as mlx-vlm's sanitize does.
 
 Inside the batch (worker/speculative/verify.py) the verify forward runs the target's body
 and head as two calls (`MTPSpeculation.forward`): the same computation as the model's own
 call, whose hidden states are then at hand for every row at no second forward. As the
-step accepts each row's tokens (`observe`), the row's kept positions' hidden states go
-through the head with the tokens that followed them (the accepted drafts and the token
-sampled next), appending those positions to its MTP cache, and its next draft follows,
-chained from the head's own output where the sequence's pace asks for more than one
-token (greedy, or at temperature > 0 sampled from the head's distribution under the
-sequence's sampling chain, for verify.py's rejection sampling: rejection.py); those
-speculative positions are trimmed from its MTP cache at the next step;
-every row's draft is evaluated at once when the next step asks for the first. A step
-where the row took no hidden state (a plain mlx-lm step while every sequence rested)
-leaves a gap: it drafts again after one verify step without a draft.
+step accepts each row's tokens (`verified`), the row's kept positions' hidden states and
+the tokens that followed them (the accepted drafts and the token sampled next) are noted;
+once every row is verified (`stepped`), ONE pass of the head reads all rows' new
+positions (right-padded to the longest, the padding rolled into the left padding after,
+as draft_model.py does), appending them to each row's cache, and each chained draft
+token is one more pass for all rows, where some sequence's pace asks for more than one
+token (greedy, or at temperature > 0 sampled from the head's distribution under each
+sequence's sampling chain, with its own keys, for verify.py's rejection sampling:
+rejection.py). So a step reads the head's layer and the LM head once per pass whatever
+the number of rows: measured with `python -m bench.speculative --mtp` (docs/
+benchmarks.md). The chain's speculative positions are trimmed off every row at the next
+step, so a rejected guess leaves no trace in the head's cache; the drafts are evaluated
+with the next step's first ask. A row whose sequence left (finished, cancelled, a failed
+step's reset) is filtered out; a sequence joins the cache the first step it drafts. A
+step where the row took no hidden state (a plain mlx-lm step while every sequence
+rested) leaves a gap: it drafts again after one verify step without a draft.
 
-Not yet: each row runs the head by itself, so a step reads the head's layer and the LM
-head once per drafting row and chained token; on a large model with many streams that
-costs more than it saves (one batched pass over every row's positions, with only the
-attention per row, is the next step). A sequence resumed from the prompt cache starts
-its head cache empty.
+Not yet: a sequence resumed from the prompt cache starts its head cache empty (its
+prompt's hidden states are not kept), and the head's cache keeps the rows' padding as
+the batch cache does until a row leaves.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from worker.errors import LoadError
 from worker.speculative import rejection
@@ -167,48 +173,22 @@ def _shards(path: Path) -> list:
 
 
 class MTPDrafter:
-    """One sequence's MTP state: its head's cache, and its next draft, computed (lazily)
-    as soon as a verify step has the hidden states and the token that follows them."""
+    """One sequence's MTP state: its next draft (computed, lazily, with every other row's
+    by `MTPSpeculation`'s batched pass as soon as a verify step has the hidden states and
+    the token that follows them); its head cache is a row of that batch cache."""
 
-    def __init__(self, head: MTPHead, embed, lm_head):
-        self.head, self.embed, self.lm_head = head, embed, lm_head
-        self.cache = [KVCache() for _ in head.layers]
+    def __init__(self, owner: "MTPSpeculation"):
+        self.owner = owner
+        self.joined = False     # a row of the owner's head cache
         self.guess = None       # (k,) the draft that follows the pending token
         self.sampling = None    # rejection.RowSampling: it samples the draft (None: greedy)
         self.q = None           # that draft's q log-probabilities (k, vocab), if sampled
-        self.chained = 0        # MTP cache positions of that draft's chain
 
     def extend(self, tokens) -> None:
         pass  # (the head reads the tokens with their hidden states: `observe`)
 
     def ready(self) -> bool:
         return True  # (a step without a guess verifies to compute one)
-
-    def observe(self, hidden: mx.array, accepted: list, following: int, k: int):
-        """A verify step kept the pending token and `accepted` drafts (hidden: their
-        target hidden states, (1, n, H)), then sampled `following`: the head's entries for
-        those positions (each hidden state with the token after it), and a draft of up to
-        `k` tokens to follow `following` (returned unevaluated)."""
-        if self.chained:
-            for c in self.cache:
-                c.trim(self.chained)
-            self.chained = 0
-        tokens = mx.array([list(accepted) + [following]], dtype=mx.int32)
-        h = self.head(self.embed(tokens), hidden, self.cache)[:, -1:]
-        count = max(1, min(k, MAX_DRAFT))
-        keys = rejection.keys([self.sampling]) if self.sampling is not None else None
-        draft, qs = [], []
-        for n in range(count):
-            if n:
-                h = self.head(self.embed(draft[-1]), h, self.cache)
-                self.chained += 1
-            token, q = rejection.draft_tokens([self.sampling], self.lm_head(h)[:, -1],
-                                              keys[:, n] if keys is not None else None)
-            draft.append(token[:, None])
-            qs.append(q)
-        self.guess = mx.concatenate(draft, axis=1).reshape(-1)
-        self.q = mx.concatenate(qs) if self.sampling is not None else None
-        return self.guess
 
     def forget(self) -> None:
         self.guess = None
@@ -219,23 +199,32 @@ class MTPDrafter:
         guess, self.guess = self.guess, None
         return guess[:k].tolist()
 
+    def close(self) -> None:
+        self.owner.leave(self)
+
 
 class MTPSpeculation(Speculation):
     """Speculation whose verify forward also keeps the target's hidden states for the
-    sequences drafting with the MTP head."""
+    sequences drafting with the MTP head, and the head's batch cache: one row (one
+    BatchKVCache per head layer, mlx-lm's) per sequence drafting with it, in `order`."""
 
     always_verify = True  # (a step without drafts still gives the hidden states)
 
     def __init__(self, model, head: MTPHead):
         super().__init__()
         self.body, self.lm_head = body_and_head(model)
+        self.embed = self.body.embed_tokens
         self.head = head
         self.hidden = None
-        self.rows: dict = {}
+        self.rows: dict = {}      # uid -> its row of the verify step (of `hidden`)
+        self.seen: dict = {}      # MTPDrafter -> (its verify row, tokens, draft length)
+        self.order: list = []     # the MTPDrafters of the head cache's rows, in order
+        self.cache: list = []     # one BatchKVCache per head layer ([]: no rows)
+        self.chained = 0          # speculative positions the last chain left in it
         self.lazy: list = []
 
     def drafter(self) -> MTPDrafter:
-        return MTPDrafter(self.head, self.body.embed_tokens, self.lm_head)
+        return MTPDrafter(self)
 
     def forward(self, gb, inputs):
         self.hidden = self.body(inputs, cache=gb.prompt_cache)
@@ -254,13 +243,23 @@ class MTPSpeculation(Speculation):
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
                  following: int | None = None) -> None:
+        """The row kept the pending token and `tokens` (their hidden states are at its
+        row of the verify forward), then sampled `following`: the head reads them (each
+        hidden state with the token after it) in `stepped`, with every other row's."""
         super().verified(uid, draft, accepted, tokens)
         t = self.tracks.get(uid)
         if t is not None and isinstance(t.drafter, MTPDrafter) and uid in self.rows \
                 and following is not None:
-            i = self.rows[uid]
-            self.lazy.append(t.drafter.observe(self.hidden[i:i + 1, :len(tokens) + 1],
-                                               tokens, following, t.pace.length))
+            self.seen[t.drafter] = (self.rows[uid], list(tokens) + [following],
+                                    max(1, min(t.pace.length, MAX_DRAFT)))
+
+    def stepped(self) -> None:
+        """Every row of the verify step is verified: one batched pass of the head over
+        all their new positions, then each chained draft token in one pass for all."""
+        seen, self.seen = self.seen, {}
+        if seen:
+            self.lazy = self._draft(seen)
+            mx.async_eval(self.lazy)
 
     def reported(self, responses, fed: bool = False) -> None:
         super().reported(responses, fed)
@@ -268,3 +267,94 @@ class MTPSpeculation(Speculation):
             t = self.tracks.get(r.uid)
             if t is not None and isinstance(t.drafter, MTPDrafter):
                 t.drafter.forget()
+
+    def leave(self, drafter: MTPDrafter) -> None:
+        if drafter in self.order:
+            self._keep([d for d in self.order if d is not drafter])
+
+    def _keep(self, drafters: list) -> None:
+        """Only these rows stay in the head cache (in their order)."""
+        keep = [i for i, d in enumerate(self.order) if d in drafters]
+        for i, d in enumerate(self.order):
+            if d not in drafters:
+                d.joined = False
+        self.order = [self.order[i] for i in keep]
+        if not keep:
+            self.cache, self.chained = [], 0
+            return
+        for c in self.cache:
+            c.filter(keep)
+
+    def _draft(self, seen: dict) -> list:
+        """The head's pass over every row's new positions (right-padded to the longest,
+        each row's last one read), its chain, and each seen row's draft: the arrays to
+        evaluate. A row the batch dropped (a failed step's reset) leaves first; rows not
+        seen this step read nothing (their padding rolled left, as draft_model.py's)."""
+        live = {id(t.drafter) for t in self.tracks.values()}
+        if any(id(d) not in live for d in self.order):
+            self._keep([d for d in self.order if id(d) in live])
+        if self.chained:  # (the last chain's guesses: never the text's)
+            for c in self.cache:
+                c.trim(self.chained)
+            self.chained = 0
+        joining = [d for d in seen if not d.joined]
+        if joining:
+            self._join(joining)
+        rows = self.order
+        lengths = [len(seen[d][1]) if d in seen else 0 for d in rows]
+        width = max(lengths)
+        tokens = mx.array([(seen[d][1] if d in seen else []) + [0] * (width - n)
+                           for d, n in zip(rows, lengths)], dtype=mx.int32)
+        at = mx.array([seen[d][0] if d in seen else 0 for d in rows])
+        hidden = self.hidden[at, :width]
+        pad = [width - n for n in lengths]
+        if any(pad):
+            for c in self.cache:
+                c.prepare(right_padding=pad)
+        h = self.head(self.embed(tokens), hidden, self.cache)
+        if any(pad):
+            for c in self.cache:
+                c.finalize()
+            last = mx.array([max(0, n - 1) for n in lengths])
+            h = mx.take_along_axis(h, last[:, None, None], axis=1)
+        else:
+            h = h[:, -1:]
+        count = max(k for _, _, k in seen.values())
+        samplings = [d.sampling for d in rows]
+        sampling = [i for i, s in enumerate(samplings) if s is not None]
+        # (a row not seen drafts with throwaway keys: its own key moves only when it
+        # drafts, so a seeded row draws the same keys alone or in any batch)
+        keys = rejection.keys([samplings[i] for i in sampling],
+                              [rows[i] in seen for i in sampling]) if sampling else None
+        draft, qs = [], []
+        for n in range(count):
+            if n:
+                h = self.head(self.embed(draft[-1][:, None]), h, self.cache)
+                self.chained += 1
+            token, q = rejection.draft_tokens(samplings, self.lm_head(h)[:, -1],
+                                              keys[:, n] if keys is not None else None)
+            draft.append(token)
+            qs.append(q)
+        guesses = mx.stack(draft, axis=1)
+        q = mx.stack(qs, axis=1) if sampling else None  # (sampling rows, count, vocab)
+        j = 0
+        for i, d in enumerate(rows):
+            if d in seen:
+                k = seen[d][2]
+                d.guess = guesses[i, :k]
+                d.q = q[j, :k] if d.sampling is not None else None
+            j += d.sampling is not None
+        return [guesses] + ([q] if q is not None else [])
+
+    def _join(self, drafters: list) -> None:
+        """Rows for sequences that draft for the first time (their head caches empty,
+        left-padded to the others' length by BatchKVCache.extend)."""
+        new = [BatchKVCache([0] * len(drafters)) for _ in self.head.layers]
+        if self.cache:
+            for mine, c in zip(self.cache, new):
+                mine.extend(c)
+        else:
+            self.cache = new
+        self.order.extend(drafters)
+        for d in drafters:
+            d.joined = True

@@ -172,6 +172,7 @@ def verify(gb, spec) -> list | None:
     gb._next_tokens = mx.array(next_tokens, dtype=current.dtype)
     gb._next_logprobs = next_logprobs
     mx.async_eval(gb._next_tokens, gb._next_logprobs)
+    spec.stepped()
 
     out = []
     for i, tok, lp, finish in responses:
