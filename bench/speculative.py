@@ -21,13 +21,20 @@ then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` 
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
                                 [--cases edit,prediction,prose,edit-draft,prose-draft]
                                 [--step-cost] [--gguf PATH] [--draft-bits 4] [--servers]
-                                [--sampled 0.7]
+                                [--sampled 0.7] [--mtp tiny|small|PATH]
 
 `--sampled T` adds open prose sampled at temperature T (stream i seeded i) with the draft
 model: no speculation, greedy match (a draft token kept where the target's own sample
 equals it) and rejection sampling (drafts sampled from the draft's q, kept with
 probability min(1, p/q): worker/speculative/rejection.py), side by side, tokens/s and
 acceptance (`--cases ""` runs it alone).
+
+`--mtp tiny|small|PATH` instead runs `--speculative mtp` (the checkpoint's own MTP head:
+worker/speculative/mtp.py) against no speculation on that checkpoint, the edit and the
+prose, at each `--streams`: `tiny` and `small` are tests/mtp_model.py's random
+Qwen3.5-style models whose head guesses well (built under bench/models), PATH a
+Qwen3.5/3.6 checkpoint with its `mtp.*` weights (the original, not an MLX conversion,
+which drops them).
 
 `--step-cost` first times the forward pass that verifies a draft of d tokens (1 + d
 positions, one sequence, a 200-token context) against the one-token step: the tokens
@@ -152,6 +159,65 @@ def sampled(eng, batch_for, streams: list[int], tokens: int, rounds: int,
             print(f"  {n} streams, {side}: {parts}; {total}")
 
 
+def mtp_engine(spec: str):
+    """(engine, MTP head, a fresh batch for a side: "none" or "mtp") of the checkpoint
+    `--mtp` names: `tiny` or `small`, tests/mtp_model.py's Qwen3.5-style model with a
+    head that guesses well, built once under bench/models; else a checkpoint's path."""
+    from worker.loading import models
+    from worker.loop.batch import Batch
+    from worker.loop.sizing import KVSize
+    from worker.speculative.mtp import load_head
+    from worker.text.engine import TextEngine
+
+    if spec in ("tiny", "small"):
+        from tests.mtp_model import SMALL, build_mtp_model
+        path = build_mtp_model(MODELS_DIR / f"qwen3_5-mtp-{spec}", predictable=True,
+                               sizes=SMALL if spec == "small" else None)
+    else:
+        path = Path(spec)
+    loaded = models.load(str(path), path.parent)
+    eng = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 2048,
+                     loaded.vocab_size)
+    head = load_head(eng.model, path)
+    kv = KVSize.measure(eng.model, None)
+
+    def batch_for(side: str):
+        return Batch(eng, max_size=32, prefill_step=2048, prefill_batch=8,
+                     kv_budget=32 << 30, kvcache=None, kv=kv, speculative=side,
+                     mtp_head=head if side == "mtp" else None)
+    return eng, head, batch_for
+
+
+def mtp_table(eng, batch_for, sides: list[str], streams: list[int], tokens: int,
+              rounds: int) -> None:
+    """Each side's tokens/s (the best of `rounds`, sides alternating), over the first
+    side's, with its acceptance and tokens per verification; texts compared with the
+    first side's."""
+    print(f"{'workload':8} {'streams':>7} " + " ".join(
+        f"{s + ' tok/s':>12} {'ratio':>6} {'accept':>6} {'tok/ver':>7} same"
+        for s in sides[1:]) + f" {sides[0] + ' tok/s':>12}")
+    for n in streams:
+        for work, messages in (("edit", EDIT), ("prose", PROSE)):
+            best, texts, stats = {}, {}, {}
+            for _ in range(rounds):
+                for side in sides:
+                    b = batch_for(side)
+                    rate, texts[side] = run(eng, b, messages, n, tokens, None)
+                    best[side] = max(best.get(side, 0.0), rate)
+                    stats[side] = b.speculation.totals if b.speculation else None
+            cols = []
+            for side in sides[1:]:
+                t = stats[side]
+                accept = t.accepted / t.drafted if t and t.drafted else 0.0
+                per = (t.accepted + t.verifications) / t.verifications \
+                    if t and t.verifications else 1.0
+                same = texts[side] == texts[sides[0]]
+                cols.append(f"{best[side]:12.1f} {best[side] / best[sides[0]]:6.2f} "
+                            f"{accept:6.2f} {per:7.2f} {same!s:4}")
+            print(f"{work:8} {n:7d} " + " ".join(cols) + f" {best[sides[0]]:12.1f}",
+                  flush=True)
+
+
 def models(gguf_path: str | None, bits: str) -> tuple[Path, Path]:
     """(the target, its draft): the GGUF as mlxd converts it, and quantized to `bits`."""
     from protocol.model_ref import DEMO_INSTALL, demo_gguf
@@ -233,7 +299,15 @@ def main() -> None:
     p.add_argument("--sampled", type=float, default=None, metavar="TEMPERATURE",
                    help="also prose sampled at TEMPERATURE (seeded) with the draft model: "
                         "greedy match vs rejection sampling")
+    p.add_argument("--mtp", default=None, metavar="tiny|small|PATH",
+                   help="instead: --speculative mtp against none on a checkpoint with an "
+                        "MTP head (tiny, small: tests/mtp_model.py's, built here)")
     a = p.parse_args()
+    streams = [int(s) for s in a.streams.split(",")]
+    if a.mtp:
+        eng, _, batch_for = mtp_engine(a.mtp)
+        mtp_table(eng, batch_for, ["none", "mtp"], streams, a.tokens, a.rounds)
+        return
     import mlx_lm
 
     from bench.gpu import in_process
@@ -268,7 +342,6 @@ def main() -> None:
              "edit-draft": ("edit", EDIT, "draft", None),
              "prose-draft": ("prose", PROSE, "draft", None)}
     cases = [cases[c] for c in a.cases.split(",") if c]
-    streams = [int(s) for s in a.streams.split(",")]
     if cases:
         print(f"{'workload':8} {'drafter':18} {'streams':>7} {'none tok/s':>10} "
               f"{'spec tok/s':>10} {'ratio':>6} {'accept':>7} {'tok/verify':>10} same")

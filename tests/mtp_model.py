@@ -23,6 +23,14 @@ TEXT = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
             linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
             linear_value_head_dim=16, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
             mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False)
+# bench/speculative.py's `--mtp small`: the engine's work, not Python's, dominates a step
+# (hidden 512, 8 layers, ~18M parameters in the layers, the head's layer ~3M), and the
+# LM head is the largest matrix, as a real Qwen3.5's is (2B: 0.5B of its parameters): a
+# vocabulary of 32768, the rows past the tokenizer's zero (greedy text never picks them).
+SMALL = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+             num_key_value_heads=2, head_dim=64, intermediate_size=1536,
+             linear_num_value_heads=8, linear_num_key_heads=4, linear_key_head_dim=64,
+             linear_value_head_dim=64, vocab_size=32768)
 _CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight", "norm.weight",
             ".q_norm.weight", ".k_norm.weight", "pre_fc_norm_embedding.weight",
             "pre_fc_norm_hidden.weight")
@@ -30,8 +38,9 @@ _CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight", "norm
 
 def build_mtp_model(path: Path, *, full_attention_interval: int = 4, seed: int = 0,
                     context_length: int = 4096, mtp: bool = True,
-                    predictable: bool = False) -> Path:
-    """Build (once) the checkpoint at `path`; `mtp=False`: the same without its head.
+                    predictable: bool = False, sizes: dict | None = None) -> Path:
+    """Build (once) the checkpoint at `path`; `mtp=False`: the same without its head;
+    `sizes`: TEXT's sizes replaced (SMALL).
 
     `predictable`: a head that guesses well, so that drafts are accepted (a random head
     almost never is). The model's layers write back a twentieth of the usual (each next
@@ -51,10 +60,11 @@ def build_mtp_model(path: Path, *, full_attention_interval: int = 4, seed: int =
     if (path / MARKER).exists():
         return path
     tokenizer = _train_tokenizer(1024, CHATML)
-    vocab = max(1024, len(tokenizer))
+    sizes = dict(TEXT, **(sizes or {}))
+    vocab = sizes.pop("vocab_size", None) or max(1024, len(tokenizer))
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    layers = TEXT["num_hidden_layers"]
-    text = dict(TEXT, model_type="qwen3_5_text", vocab_size=vocab, eos_token_id=eos,
+    layers = sizes["num_hidden_layers"]
+    text = dict(sizes, model_type="qwen3_5_text", vocab_size=vocab, eos_token_id=eos,
                 full_attention_interval=full_attention_interval,
                 layer_types=["full_attention" if (i + 1) % full_attention_interval == 0
                              else "linear_attention" for i in range(layers)],
@@ -74,6 +84,8 @@ def build_mtp_model(path: Path, *, full_attention_interval: int = 4, seed: int =
     # varies and runs to max_tokens.
     head = lm.lm_head.weight * 4
     head[eos] = 0.0
+    if vocab > max(1024, len(tokenizer)):
+        head[len(tokenizer):] = 0.0
     lm.update({"model": {"embed_tokens": {"weight": lm.model.embed_tokens.weight * 4}},
                "lm_head": {"weight": head}})
     if predictable:
@@ -107,6 +119,7 @@ def build_mtp_model(path: Path, *, full_attention_interval: int = 4, seed: int =
             weights[key] = value - 1.0
     mx.eval(weights)
     save_model_dir(path, weights, config, tokenizer,
-                   {"preset": "qwen3_5-mtp", "seed": seed, "context_length": context_length,
-                    "vocab_size": vocab}, weights_format="pt")
+                   {"preset": "qwen3_5-mtp", "seed": seed, "sizes": sizes,
+                    "context_length": context_length, "vocab_size": vocab},
+                   weights_format="pt")
     return path
