@@ -159,6 +159,65 @@ def test_the_head_drafts_for_every_row_in_one_pass_a_step(mtp, monkeypatch):
     assert len(calls) == len(alone) and set(calls) == {4}
 
 
+def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatch):
+    """Beside rows that keep other lengths of their drafts (the head's batch right-padded
+    and the padding rolled away), that join later and that leave earlier, each MTP row
+    drafts what it drafts alone, step by step (none resting); and its head cache holds
+    exactly the positions it kept (the last chain's guesses trimmed before the next
+    pass). The head's attention and the hidden state count here (the `predictable` head
+    ignores both)."""
+    import mlx.core as mx
+
+    from worker.speculative.mtp import MTPSpeculation, load_head
+    engine, _, path = mtp
+    head = load_head(engine.model, path)
+    attn = head.layers[0].self_attn
+    attn.o_proj.weight = mx.random.normal(attn.o_proj.weight.shape,
+                                          key=mx.random.key(3)) * 0.2
+    size = head.fc.weight.shape[0]  # (and the target's hidden state counts: fc's half)
+    head.fc.weight = mx.concatenate([head.fc.weight[:, :size], mx.random.normal(
+        (size, size), key=mx.random.key(4)) * 0.2], axis=1)
+    drafts, kept = {}, {}
+    verified, stepped = MTPSpeculation.verified, MTPSpeculation.stepped
+
+    def recorded(self, uid, draft, accepted, tokens, following=None):
+        t = self.tracks.get(uid)
+        if t is not None and draft:
+            drafts.setdefault(t.seq.rid, []).append((list(draft), accepted))
+        if t is not None and following is not None:
+            kept[t.drafter] = kept.get(t.drafter, 0) + len(tokens) + 1
+        return verified(self, uid, draft, accepted, tokens, following)
+
+    def checked(self):
+        stepped(self)
+        offsets = self.cache[0].offset.tolist() if self.cache else []
+        assert offsets == [kept[d] + self.chained for d in self.order]
+
+    monkeypatch.setattr(MTPSpeculation, "verified", recorded)
+    monkeypatch.setattr(MTPSpeculation, "stepped", checked)
+    # (No row rests: a resting row alone takes mlx-lm's plain steps, whose positions its
+    # head never reads, where in a batch its mates' verify steps give it them.)
+    monkeypatch.setattr("worker.speculative.adaptive.MIN_GAIN", -1.0)
+    reqs = {"mtp": FOUR["mtp"], "story": FOUR["story"],
+            "short": dict(prompt="Write a story about", max_tokens=9, temperature=0.0)}
+    alone = {}
+    for name, kw in reqs.items():
+        run(engine, {name: kw}, speculative="mtp", mtp_head=head)
+        alone[name], drafts = drafts.pop(name), {}
+    b = make_batch(engine, speculative="mtp", mtp_head=head)
+    for name in ("mtp", "short"):
+        b.add(Seq(name), engine.prepare(generate(rid=name, **reqs[name])))
+    for _ in range(3):
+        b.step()
+    b.add(Seq("story"), engine.prepare(generate(rid="story", **reqs["story"])))
+    while b.members:
+        b.step()
+    for name in reqs:
+        assert drafts[name] == alone[name], name
+    every = alone["mtp"] + alone["story"]
+    assert any(a < len(d) for d, a in every) and any(a for _, a in every)
+
+
 def test_cancelling_a_sequence_mid_draft_leaves_the_others_and_the_next_untouched(mtp):
     engine, head, _ = mtp
     reqs = {"mtp": FOUR["mtp"], "story": FOUR["story"]}
