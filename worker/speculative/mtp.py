@@ -37,9 +37,11 @@ step's reset) is filtered out; a sequence joins the cache the first step it draf
 step where the row took no hidden state (a plain mlx-lm step while every sequence
 rested) leaves a gap: it drafts again after one verify step without a draft.
 
-Not yet: a sequence resumed from the prompt cache starts its head cache empty (its
-prompt's hidden states are not kept), and the head's cache keeps the rows' padding as
-the batch cache does until a row leaves.
+Not yet: the head never reads a prompt (mlx-lm's prefill keeps no hidden states), so
+its cache starts at a sequence's first decoded position, and a sequence resumed from
+the prompt cache starts it empty; and every row's head cache grows by the step's widest
+row (a narrower row's padding rolled left and kept, as the target's batch cache keeps
+it: verify.py), which admission (`kv_per_token`) does not count.
 """
 
 from __future__ import annotations
