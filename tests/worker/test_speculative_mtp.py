@@ -198,6 +198,13 @@ def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatc
     # (No row rests: a resting row alone takes mlx-lm's plain steps, whose positions its
     # head never reads, where in a batch its mates' verify steps give it them.)
     monkeypatch.setattr("worker.speculative.adaptive.MIN_GAIN", -1.0)
+    # (Its rows laid out again at every pass where it has padding: they draft the same.)
+    compacted = []
+    compact = MTPSpeculation._compact
+    monkeypatch.setattr("worker.speculative.mtp.COMPACT_EVERY", 1)
+    monkeypatch.setattr("worker.speculative.mtp.COMPACT_AT", 0.0)
+    monkeypatch.setattr(MTPSpeculation, "_compact",
+                        lambda self: compacted.append(compact(self)) or compacted[-1])
     reqs = {"mtp": FOUR["mtp"], "story": FOUR["story"],
             "short": dict(prompt="Write a story about", max_tokens=9, temperature=0.0)}
     alone = {}
@@ -216,6 +223,7 @@ def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatc
         assert drafts[name] == alone[name], name
     every = alone["mtp"] + alone["story"]
     assert any(a < len(d) for d, a in every) and any(a for _, a in every)
+    assert any(compacted)
 
 
 def test_cancelling_a_sequence_mid_draft_leaves_the_others_and_the_next_untouched(mtp):

@@ -41,7 +41,8 @@ Not yet: the head never reads a prompt (mlx-lm's prefill keeps no hidden states)
 its cache starts at a sequence's first decoded position, and a sequence resumed from
 the prompt cache starts it empty; and every row's head cache grows by the step's widest
 row (a narrower row's padding rolled left and kept, as the target's batch cache keeps
-it: verify.py), which admission (`kv_per_token`) does not count.
+it: verify.py) until padding is most of it (`_compact`), which admission
+(`kv_per_token`) does not count.
 """
 
 from __future__ import annotations
@@ -66,6 +67,11 @@ _CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight",
 # A chained draft (the head fed its own output) degrades fast: mlx-vlm drafts
 # mtp_num_hidden_layers + 1 tokens a round by default.
 MAX_DRAFT = 3
+# Passes of the head between looks at how much of its batch cache is padding (a read
+# back from the device each): where more than COMPACT_AT of it is, the rows are laid out
+# again (`_compact`).
+COMPACT_EVERY = 64
+COMPACT_AT = 0.5
 
 
 def _text(model):
@@ -223,6 +229,7 @@ class MTPSpeculation(Speculation):
         self.order: list = []     # the MTPDrafters of the head cache's rows, in order
         self.cache: list = []     # one BatchKVCache per head layer ([]: no rows)
         self.chained = 0          # speculative positions the last chain left in it
+        self.passes = 0           # batched passes (of the new positions) so far
         self.lazy: list = []
 
     def drafter(self) -> MTPDrafter:
@@ -299,6 +306,9 @@ class MTPSpeculation(Speculation):
             for c in self.cache:
                 c.trim(self.chained)
             self.chained = 0
+        self.passes += 1
+        if self.cache and self.passes % COMPACT_EVERY == 0:
+            self._compact()
         joining = [d for d in seen if not d.joined]
         if joining:
             self._join(joining)
@@ -347,6 +357,18 @@ class MTPSpeculation(Speculation):
                 d.q = q[j, :k] if d.sampling is not None else None
             j += d.sampling is not None
         return [guesses] + ([q] if q is not None else [])
+
+    def _compact(self) -> bool:
+        """Where padding is most of the head's cache (each pass grows every row by the
+        widest row's new positions, a narrower row's padding rolled left), each row's
+        positions laid out again, left-padded to the longest (BatchKVCache.merge)."""
+        first = self.cache[0]
+        padding = first.left_padding.tolist()
+        if sum(padding) <= COMPACT_AT * len(padding) * first._idx:
+            return False
+        self.cache = [BatchKVCache.merge([c.extract(i) for i in range(len(padding))])
+                      for c in self.cache]
+        return True
 
     def _join(self, drafters: list) -> None:
         """Rows for sequences that draft for the first time (their head caches empty,
