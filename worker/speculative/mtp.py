@@ -39,10 +39,11 @@ rested) leaves a gap: it drafts again after one verify step without a draft.
 
 Not yet: the head never reads a prompt (mlx-lm's prefill keeps no hidden states), so
 its cache starts at a sequence's first decoded position, and a sequence resumed from
-the prompt cache starts it empty; and every row's head cache grows by the step's widest
-row (a narrower row's padding rolled left and kept, as the target's batch cache keeps
-it: verify.py) until padding is most of it (`_compact`), which admission
-(`kv_per_token`) does not count.
+the prompt cache starts it empty. And each pass grows every row's head cache by the
+widest row's new positions (a narrower row's padding rolled left and kept, as the
+target's batch cache keeps it: verify.py) until padding is more than half of it, when
+the rows are laid out again (`_compact`): admission (`kv_per_token`) does not count that
+padding.
 """
 
 from __future__ import annotations
