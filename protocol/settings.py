@@ -387,8 +387,9 @@ SETTINGS: tuple[Setting, ...] = (
     # 4 bits, in the batch, the prompt cache and the snapshots alike.
     S("kv_bits", INT, None, "store attention keys and values quantized to 8 or 4 bits "
       "(about 0.53 or 0.28 x half precision's bytes: --kv-budget holds that many more "
-      "tokens; 4 bits stored rotated, which loses less; default, or 0: full precision); a "
-      "model that cannot refuses to load",
+      "tokens; 4 bits stored rotated, which loses less; default, or 0: full precision; a "
+      "sliding window's layers and recurrent state stay at full precision); a model that "
+      "cannot refuses to load",
       worker=True),
     S("kv_group_size", INT, 64, "values per scale and bias of a quantized KV cache (32, 64 "
       "or 128; must divide the model's head dimension)", worker=True),
