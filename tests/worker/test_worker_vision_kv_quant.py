@@ -1,8 +1,9 @@
 """--kv-bits on a vision-language checkpoint's batch (worker/vision/batch.py `_carry`
 between mlx-vlm's full-precision caches, which an image's prefill runs on, and the
 batch's quantized ones): tiny Qwen2-VL, Qwen3.5 (its recurrent layers at full precision),
-Gemma 3 and Gemma 4 (whose last layers read an earlier layer's packed keys:
-worker/kvcache/attention.py `_shared_kv`) with heads of 32 (worker/demos/vision.py
+Gemma 3, Gemma 4 (whose last layers read an earlier layer's packed keys:
+worker/kvcache/attention.py `_shared_kv`) and the large Gemma 4's layout (an image's
+tokens attending each other both ways, keys doubling as values) with heads of 32 (worker/demos/vision.py
 `tiny-kvq`), at 8 bits: text and image requests batched equal each alone in the same
 format and move off full precision; the same words about another image, and the next turn
 about an image, resume from the quantized prefix cache with the cold run's tokens; a
@@ -20,7 +21,7 @@ from tests.worker.test_worker_vision_batch import ask, asks, tokens
 from worker.kvcache.prefix import PrefixCache
 
 
-@pytest.fixture(scope="module", params=["qwen2-vl", "qwen3.5", "gemma3", "gemma4"])
+@pytest.fixture(scope="module", params=["qwen2-vl", "qwen3.5", "gemma3", "gemma4", "gemma4-31b"])
 def engine(request, models_dir):
     from mlx_vlm import load
 
