@@ -41,6 +41,41 @@ def test_the_target_drafting_for_itself_has_every_draft_accepted(engine):
     assert steps < plain_steps / 3
 
 
+def test_the_next_turn_prefills_only_what_is_new_in_the_draft_model(engine):
+    """The draft model's prompt cache: the next turn (the last prompt, its answer, a new
+    question) starts its draft row from the last prompt's state and prefills the rest;
+    from that state the target drafting for itself still has every draft accepted (a
+    wrong state would not be), and the text is decoding's own."""
+    from worker.kvcache.prefix import PrefixCache
+
+    class Counting:  # the draft model, counting the positions each call reads
+        def __init__(self, model):
+            self.model, self.read = model, []
+
+        def __call__(self, inputs, cache=None):
+            self.read.append(inputs.shape[1])
+            return self.model(inputs, cache=cache)
+
+        def __getattr__(self, name):  # (its layers, for its caches)
+            return getattr(self.model, name)
+
+    draft = Counting(engine.model)
+    group = DraftModel(draft, 64, prefix=PrefixCache(1 << 26))
+    first = dict(prompt="Hello there, my friend " * 6, max_tokens=12, temperature=0.0)
+    prep1 = engine.prepare(generate(**first))
+    said, _, _ = run(engine, {"t1": first}, draft=group)
+    ids2 = list(prep1.ids) + ids(said["t1"]) + [5, 6, 7, 8]
+    from protocol.messages import pack_ids
+
+    draft.read.clear()
+    req = {"t2": dict(prompt_ids=pack_ids(ids2), max_tokens=16, temperature=0.0)}
+    with_, _, _ = run(engine, req, draft=group)
+    t = run.totals
+    assert draft.read[0] == len(ids2) - 1 - (len(prep1.ids) - 1)  # (its prefill: the new)
+    assert group.prefix.hits == 1 and t.drafted > 8 and t.accepted == t.drafted
+    assert text(with_["t2"]) == text(run(engine, req)[0]["t2"])
+
+
 def test_greedy_text_is_identical_with_a_draft_model_alone_and_in_a_batch_of_four(
         engine, other_model):
     without, _, _ = run(engine, FOUR)
@@ -111,7 +146,11 @@ def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_d
                               prefill_step=64)
     monkeypatch.setattr(draft, "step_cost", lambda d, t: 0.3)  # (a pass: 0.3 of a step)
     loaded = load_draft(str(tiny_model), args, engine)
-    assert isinstance(loaded, DraftModel) and loaded.cost == 0.3
+    assert isinstance(loaded, DraftModel) and loaded.cost == 0.3 and loaded.prefix is None
+    # With a prompt cache, the draft has its own, as many tokens (the same model here).
+    cached = load_draft(str(tiny_model), argparse.Namespace(
+        **{**vars(args), "prompt_cache_bytes": 1 << 20}), engine)
+    assert cached.prefix.max_bytes == 1 << 20
     for cost in (1.1, 0.87, 0.81):  # (cannot pay: off; 0.87 the 4-bit demo on an H200)
         monkeypatch.setattr(draft, "step_cost", lambda d, t: cost)
         assert load_draft(str(tiny_model), args, engine) is None

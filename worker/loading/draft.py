@@ -9,6 +9,7 @@ from typing import Optional
 
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from worker.kvcache.prefix import PrefixCache
 from worker.speculative.cost import ACCEPTANCE, best_draft
 from worker.speculative.draft_model import DraftModel, step_cost
 
@@ -57,4 +58,16 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[Dr
     log.info("draft model %s loaded: a pass costs %.2f of the model's step; at %.0f%% "
              "acceptance a draft of %d brings %.2f tokens per step", spec, cost,
              ACCEPTANCE * 100, k, rate)
-    return DraftModel(model, args.prefill_step, cost)
+    return DraftModel(model, args.prefill_step, cost, prefix=_prefix(model, engine, args))
+
+
+def _prefix(draft, engine, args) -> Optional[PrefixCache]:
+    """The draft model's prompt cache: as many tokens as the model's own holds
+    (--prompt-cache-bytes, in the draft's bytes per token; none where the model has
+    none)."""
+    if not getattr(args, "prompt_cache_bytes", 0):
+        return None
+    from worker.loop.sizing import KVSize
+
+    ratio = KVSize.measure(draft).per_token / max(1.0, KVSize.measure(engine.model).per_token)
+    return PrefixCache(int(args.prompt_cache_bytes * ratio))

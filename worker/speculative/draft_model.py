@@ -11,9 +11,12 @@ worker/speculative/adaptive.py's `Speculation.propose_all`).
 
 Its rows follow the target's sequences by their uid, not by position: a sequence that
 joins the target's batch gets a row (`DraftRow`) whose prompt the draft model prefills
-when it first drafts, with the others joining then (no prefix cache of its own yet), and
-it is appended to the batch cache; one that leaves (finished, cancelled, a failed step's
-reset) is filtered out.
+when it first drafts, and it is appended to the batch cache; one that leaves (finished,
+cancelled, a failed step's reset) is filtered out. The draft model keeps its own prompt
+cache (`prefix`, worker/kvcache/prefix.py: its states by their tokens, LRU within its
+bytes): a row starts from the longest prefix of its prompt held there, and the state of
+its prompt is kept there, so an agent's next turn, whose prompt is the last one and more,
+prefills only what is new, in the draft model as in the target.
 A row's text is what the target reported (the drafter protocol's `extend`, as for prompt
 lookup); what the draft model has not read yet waits in the row's backlog and is read in
 the next draft's first pass (rows right-padded to the longest backlog, as mlx-lm's
@@ -32,11 +35,12 @@ matching the target's own sample would and gives the target's distribution all t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Optional, Sequence
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
+from worker.kvcache.prefix import PrefixCache
 from worker.speculative import rejection
 from worker.speculative.verify import _keep_only
 
@@ -88,10 +92,12 @@ class DraftRow:
 class DraftModel:
     """The draft model and the batch KV cache of the rows drafting with it."""
 
-    def __init__(self, model, prefill_step: int = 512, cost: float = 0.0):
+    def __init__(self, model, prefill_step: int = 512, cost: float = 0.0,
+                 prefix: Optional[PrefixCache] = None):
         self.model = model
         self.cost = cost  # one pass, in target steps (`step_cost`): a draft's price
         self.prefill_step = max(1, prefill_step)
+        self.prefix = prefix  # its prompt cache (None: every row prefills its prompt)
         self.rows: dict[int, DraftRow] = {}
         self.order: list[int] = []   # uids of the batch cache's rows, in order
         self.cache: list = []        # one BatchKVCache per layer ([]: no rows)
@@ -119,20 +125,25 @@ class DraftModel:
         self.order, self.cache = [], []
 
     def _join(self, rows: list) -> None:
-        """The rows' texts but their last tokens read by the draft model together (left-
-        padded to the longest, as mlx-lm's batch prefills), in chunks, then appended to
-        the batch cache: sequences that join at once cost one prefill, not one each."""
-        texts = []
+        """The rows' texts but their last tokens read by the draft model, each from the
+        longest prefix its prompt cache holds (in chunks; the state of the text kept
+        there), then appended to the batch cache together (mlx-lm's merge: left-padded to
+        the longest)."""
+        singles = []
         for r in rows:
-            texts.append(r.backlog[:-1])
-            r.backlog = r.backlog[-1:]
-        longest = max(len(t) for t in texts)
-        pad = [longest - len(t) for t in texts]
-        cache = [BatchKVCache(pad) for _ in make_prompt_cache(self.model)]
-        inputs = mx.array([[0] * p + t for p, t in zip(pad, texts)])
-        for at in range(0, longest, self.prefill_step):
-            self.model(inputs[:, at:at + self.prefill_step], cache=cache)
-            mx.eval([c.state for c in cache])
+            text, r.backlog = r.backlog[:-1], r.backlog[-1:]
+            hit = self.prefix.fetch("", text + r.backlog) if self.prefix and text else None
+            cache = hit.cache if hit is not None else make_prompt_cache(self.model)
+            start = hit.tokens if hit is not None else 0
+            for at in range(start, len(text), self.prefill_step):
+                self.model(mx.array([text[at:at + self.prefill_step]]), cache=cache)
+                if at + self.prefill_step < len(text):  # (the last chunks: one read for all)
+                    mx.eval([c.state for c in cache])
+            if self.prefix is not None and len(text) > start:
+                self.prefix.store("", text, cache)
+            singles.append(cache)
+        mx.eval([c.state for cache in singles for c in cache if c.keys is not None])
+        cache = [layers[0].merge(list(layers)) for layers in zip(*singles)]
         if self.cache:
             for mine, new in zip(self.cache, cache):
                 mine.extend(new)
