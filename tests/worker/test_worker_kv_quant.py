@@ -17,7 +17,7 @@ from worker.errors import LoadError
 from worker.kvcache.prefix import PrefixCache
 from worker.kvcache.quantized import KVFormat
 from worker.loading.startup import make_batch as startup_batch
-from worker.loop.sizing import KVSize
+from worker.loop.sizing import KVSize, StepMemory
 from worker.loop.preparer import prepare
 
 PROMPTS = {
@@ -39,6 +39,25 @@ def _engine(models_dir, preset):
     loaded = models.load(str(path), path.parent)
     return TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 64,
                       loaded.vocab_size), path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def step_memory_once():
+    """`startup_batch` measures StepMemory (prefills and decode steps, seconds on this
+    CPU) at each call, and these tests build eight batches of three KV formats on one
+    model: each (model, format, rows) is measured once here and its reading reused. What
+    these tests prove is the KV format; the measurement is test_memory_bound's."""
+    measure, measured = StepMemory.measure, {}
+
+    def once(model, vocab, **kw):
+        key = (id(model), vocab, tuple(sorted(kw.items())))
+        if key not in measured:
+            measured[key] = measure(model, vocab, **kw)
+        return measured[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StepMemory, "measure", staticmethod(once))
+        yield
 
 
 @pytest.fixture(scope="session")
