@@ -7,8 +7,9 @@ resumes from the compacted response's KV snapshot;
 another mlxd instance refuses the item.
 
 Lean: one compaction and one compacted chain for the module (this CPU runs the model at
-a few tokens a second), and the two summaries (demo writes up to 160 tokens each) are
-asked for at once, so the worker decodes them in one batch instead of one after the other.
+a few tokens a second), and the two summaries (demo may write up to 160 tokens each; these
+conversations' take about 70 and 30) are asked for at once, so the worker decodes them in
+one batch instead of one after the other.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def managed_turn(client) -> list:
                {"type": "function_call", "call_id": "c1", "name": "read_file",
                 "arguments": '{"path": "utils/helpers.py"}'},
                {"type": "function_call_output", "call_id": "c1", "output": long_file},
+               # (With the assistant's reading of the file, demo's notes end in about 30
+               # tokens; without it they repeat one sentence to the summary's 160.)
+               {"type": "message", "role": "assistant", "content": "I read utils/helpers.py:"
+                " it defines helper_0 to helper_119, each adding its number to value."},
                {"role": "user", "content": "Which helper adds 7?"}]))
 
 
