@@ -123,19 +123,20 @@ class StepMemory:
         a busy machine frees some early and the peak reads low (a 32-token prefill's
         working memory read 8 KB to 98 KB on two busy cores), which the difference
         of the two lengths turned into a per-token cost of 0. `rows`: also what a decode
-        step of that many rows frees (`freed`), per row; 0: not measured. One collection,
-        then the collector held off through every reading: a full collection before each
-        of the seven took 0.13 s on a worker's heap (90% of a tiny model's measurement)
-        and 0.6 s on a test process's."""
+        step of that many rows frees (`freed`), per row; 0: not measured. One full
+        collection, then the collector held off through every reading and each reading
+        preceded by a collection of the young generation only (what the readings left): a
+        full collection before each of the seven took 0.13 s on a worker's heap (90% of a
+        tiny model's measurement) and 0.6 s on a test process's."""
         gc.collect()
         collecting = gc.isenabled()
         gc.disable()
         try:
-            w_short = max(cls.working(model, short, kv_format, collect=False)
+            w_short = max(cls.working(model, short, kv_format, collect=1)
                           for _ in range(readings)) / short
-            w_long = max(cls.working(model, long, kv_format, collect=False)
+            w_long = max(cls.working(model, long, kv_format, collect=1)
                          for _ in range(readings)) / long
-            per_row = cls.freed(model, rows, kv_format, collect=False) / rows if rows > 0 else 0.0
+            per_row = cls.freed(model, rows, kv_format, collect=1) / rows if rows > 0 else 0.0
         finally:
             if collecting:
                 gc.enable()
@@ -144,7 +145,7 @@ class StepMemory:
 
     @staticmethod
     def freed(model, rows: int, kv_format: KVFormat = KVFormat(), context: int = 4,
-              collect: bool = True) -> int:
+              collect: int = 2) -> int:
         """The bytes one decode step of `rows` rows (after `context` tokens each) frees:
         what MLX's buffer cache holds after the step, from empty and with no limit, once
         everything but the KV is dropped. That is what the next step allocates again
@@ -156,10 +157,9 @@ class StepMemory:
         cache or the system, and at its end they are all in the cache. The second of two
         steps (the first pays one-time costs). Attention scores grow with the context where
         the backend materializes them (MLX's CPU); at a few tokens they are small, as they
-        are at any length where attention is fused (Metal, CUDA). `collect` False: the
-        caller collected and holds the collector off (measure)."""
-        if collect:
-            gc.collect()
+        are at any length where attention is fused (Metal, CUDA). `collect`: the oldest
+        generation collected first (measure collects all once, then the young)."""
+        gc.collect(collect)
         collecting = gc.isenabled()
         gc.disable()
         old = mx.set_cache_limit(1 << 50)
@@ -188,7 +188,7 @@ class StepMemory:
         return held
 
     @staticmethod
-    def working(model, n: int, kv_format: KVFormat = KVFormat(), collect: bool = True) -> int:
+    def working(model, n: int, kv_format: KVFormat = KVFormat(), collect: int = 2) -> int:
         """MLX's peak over a prefill of `n` tokens from scratch, less the KV it leaves.
         From an empty buffer cache: a cached buffer bigger than an allocation asks for
         counts whole, so a reading after other work depended on what the cache held
@@ -196,8 +196,7 @@ class StepMemory:
         With Python's cycle collector held off: arrays it freed mid-reading lowered the
         active memory the peak is taken against (per-token 0, or 200 x, after other work
         left cyclic garbage holding arrays). `collect` as freed's."""
-        if collect:
-            gc.collect()
+        gc.collect(collect)
         mx.clear_cache()
         collecting = gc.isenabled()
         gc.disable()
