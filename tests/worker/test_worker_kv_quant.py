@@ -43,10 +43,10 @@ def _engine(models_dir, preset):
 
 @pytest.fixture(scope="module", autouse=True)
 def step_memory_once():
-    """`startup_batch` measures StepMemory (prefills and decode steps, seconds on this
-    CPU) at each call, and these tests build eight batches of three KV formats on one
-    model: each (model, format, rows) is measured once here and its reading reused. What
-    these tests prove is the KV format; the measurement is test_memory_bound's."""
+    """`startup_batch` measures StepMemory (seven prefills and decode steps) at each call,
+    and these tests build eight batches of three KV formats on one model: each (model,
+    format, rows) is measured once here and its reading reused. What these tests prove
+    is the KV format; the measurement is test_worker_batching's and test_memory_bound's."""
     measure, measured = StepMemory.measure, {}
 
     def once(model, vocab, **kw):
