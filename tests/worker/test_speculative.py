@@ -34,6 +34,26 @@ def test_prediction_follows_the_client_text_and_finds_its_place_again():
     assert d.propose(3) == [15, 16]
 
 
+def test_a_resting_prediction_drafts_again_once_the_output_is_back_on_it():
+    """A prediction's rest ends when the output agrees with it again by a whole n-gram
+    (its departures are edits, its drafts cost nothing to make); prompt lookup rests on."""
+    from worker.speculative.adaptive import RESYNC, Pace, Track
+
+    text = list(range(10, 40))
+    pred = Track(Prediction(text), Pace(8), seq=None, prediction=True)
+    look = Track(PromptLookup(text), Pace(8), seq=None)
+    for t in (pred, look):
+        t.pace.rest = 16                 # (drafts failed: resting)
+        t.drafter.extend([10, 11, 99])   # the output departs
+    assert not pred.wants() and not look.wants()
+    pred.drafter.extend([13])            # one token found again: not yet
+    assert not pred.wants()
+    for t in (pred, look):
+        t.drafter.extend(list(range(14, 14 + RESYNC)))
+    assert pred.wants() and pred.drafter.propose(2) == [17, 18]
+    assert not look.wants() and look.pace.rest == 16
+
+
 def test_a_rejected_suffix_leaves_no_trace_in_a_batch_cache():
     c = BatchKVCache([0, 0])
     keys = mx.arange(2 * 6, dtype=mx.float32).reshape(2, 1, 6, 1)

@@ -102,6 +102,7 @@ class Prediction:
         self._index.extend(self.predicted)
         self._recent: list[int] = []
         self.at = 0  # where the output goes on in the prediction, if it agrees
+        self.synced = 0  # the output's last tokens that the prediction holds there
 
     def extend(self, tokens: Sequence[int]) -> None:
         for tok in tokens:
@@ -109,8 +110,9 @@ class Prediction:
             if self.at is not None and self.at < len(self.predicted) \
                     and self.predicted[self.at] == tok:
                 self.at += 1
+                self.synced += 1
             else:
-                self.at = self._find()
+                self.at, self.synced = self._find()
 
     def _find(self):
         last = self.at or 0
@@ -120,8 +122,8 @@ class Prediction:
             ends = self._index.ends.get(tuple(self._recent[-n:]))
             if ends:
                 later = [e for e in ends if e >= last]
-                return later[0] if later else ends[0]
-        return None
+                return (later[0] if later else ends[0]), n
+        return None, 0
 
     def ready(self) -> bool:
         return self.at is not None and self.at < len(self.predicted)
