@@ -87,6 +87,27 @@ def test_a_long_preamble_is_reused_before_another_image(engines):
     assert same(out, chunked(engine, other, 4096)[0]) and same(out, mlx_vlms(serial, other))
 
 
+def test_a_checkpoint_inside_an_image_kept_whole_is_passed_not_waited_for(engines):
+    # The KV cache's checkpoints every 3 tokens: some fall inside an image's span, which
+    # no chunk may cut; the prefill goes past them (a chunk never ends inside, and never
+    # goes back) and keeps the states at the others.
+    engine, serial = engines
+    batch = vbatch(engine, PrefixCache(1 << 28), prefill_step=5)
+    batch.kvcache.every = 3
+    gen = ask("A preamble before the pictures: compare them", (png(seed=5), png(seed=6)),
+              rid="g", max_tokens=4, logprobs=True)
+    batch.add(Seq("g"), engine.prepare(gen))
+    job, out = batch.prefilling[0], []
+    points = list(job.keep)
+    for _ in range(200):
+        out += [o for _, o in batch.step()]
+        if not len(batch):
+            break
+    inside = [p for p in points if any(s < p < e for s, e in job.whole)]
+    assert inside and not len(batch) and same(out, mlx_vlms(serial, gen))
+    assert len(batch.kvcache.prefix) > 3  # (the states at the points outside the images)
+
+
 def test_the_spans_are_the_runs_of_image_and_video_tokens():
     assert spans([[0, 1, 1, 0, 2, 2, 2, 3, 1]]) == [(1, 3), (4, 7), (8, 9)]
     assert spans([[0, 3, 0]]) == []

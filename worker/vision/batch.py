@@ -246,6 +246,8 @@ class VisionBatch(Batch):
                            cache=job.cache, n_to_process=b - a, **job.extra, **types)
         mx.eval([c.state for c in job.cache])
         job.pos = b
+        while job.keep and job.keep[0] < b:  # (inside an image kept whole: passed)
+            job.keep.pop(0)
         if job.keep and job.keep[0] == b:
             job.keep.pop(0)
             state = _carry(job.cache, self.kv_format.make(self.engine.model, self.max_kv_size))
