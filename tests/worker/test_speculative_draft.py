@@ -159,6 +159,10 @@ def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_d
     with pytest.raises(LoadError, match="--kv-bits"):
         load_draft(str(tiny_model), argparse.Namespace(**{**vars(args), "kv_bits": 8}),
                          engine)
+    # (0 is full precision: a model's own kv_bits=0 under a server-wide --kv-bits)
+    monkeypatch.setattr(draft, "step_cost", lambda d, t: 0.3)
+    assert load_draft(str(tiny_model), argparse.Namespace(**{**vars(args), "kv_bits": 0}),
+                      engine) is not None
     from worker.demos.text import build_model
     other = build_model(models_dir / "tiny-other-vocab", "tiny",  # (more merges learnt)
                         corpus=("a quokka and a zebra",) * 50).path

@@ -33,8 +33,8 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[Dr
         log.warning("--draft-model %s: off for this worker (%s)", spec,
                     f"a {batch_kind}" if batch_kind != "text" else "--max-draft-tokens 0")
         return None
-    if args.kv_bits is not None or args.max_kv_size is not None:
-        flag = "--kv-bits" if args.kv_bits is not None else "--max-kv-size"
+    if args.kv_bits or args.max_kv_size is not None:  # (kv_bits 0: full precision)
+        flag = "--kv-bits" if args.kv_bits else "--max-kv-size"
         raise LoadError(f"--draft-model does not work with {flag} yet (a quantized or "
                         "rotating KV cache cannot give back a rejected draft)")
     try:  # (`spec` is a directory: worker/__main__.py resolved it as it does MODEL)
