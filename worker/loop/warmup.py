@@ -15,6 +15,7 @@ Nothing of it is cached: the prompt cache is set aside while it runs.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 import mlx.core as mx
@@ -59,8 +60,7 @@ def warm_widths(batch, n: int, prompt_tokens: int = 8) -> None:
     it skips on the way up are run on the way down). No more join than the KV budget
     admits."""
     vocab = batch.engine.vocab_size
-    kvcache, batch.kvcache = batch.kvcache, None
-    try:
+    with _uncached(batch):
         for i in range(n):
             gen = _request(f"warm-width-{i}",
                            [1 + (7 * i + j) % (vocab - 1) for j in range(prompt_tokens)], n + 1)
@@ -69,19 +69,22 @@ def warm_widths(batch, n: int, prompt_tokens: int = 8) -> None:
                 break
             batch.add(_Warm(gen.rid), prep)
             batch.step()
-        while len(batch):
-            batch.step()
-    finally:
-        batch.kvcache = kvcache
-    mx.clear_cache()
 
 
 def run_uncached(batch, gens: list) -> None:
     """Run `gens` through `batch` together to their end, nothing of them cached."""
-    kvcache, batch.kvcache = batch.kvcache, None
-    try:
+    with _uncached(batch):
         for gen in gens:
             batch.add(_Warm(gen.rid), batch.engine.prepare(gen))
+
+
+@contextlib.contextmanager
+def _uncached(batch):
+    """The prompt cache set aside while requests are added; then they run to their end,
+    and the cache comes back, MLX's buffer cache emptied of their buffers."""
+    kvcache, batch.kvcache = batch.kvcache, None
+    try:
+        yield
         while len(batch):
             batch.step()
     finally:
