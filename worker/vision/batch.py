@@ -47,8 +47,9 @@ from mlx_vlm.generate.common import _chunked_prefill_enabled as chunked_prefill_
 from mlx_lm.models.cache import QuantizedKVCache
 from mlx_vlm.models.cache import make_prompt_cache as make_vlm_cache
 
-from worker.kvcache.attention import dequantize, quantize
+from worker.kvcache.attention import dequantize
 from worker.kvcache.manager import Start, Tier
+from worker.kvcache.quantized import to_quantized
 from worker.loop.batch import Batch, materialized
 from worker.vision import spans
 from worker.vision.engine import KEY, encoded, media_tokens, model_inputs, warm_requests
@@ -124,8 +125,8 @@ def _carry_quantized(s, t) -> None:
     if s.keys is None:
         return
     if isinstance(t, QuantizedKVCache):
-        t.keys, t.values = (quantize(x[..., :s.offset, :], t.group_size, t.bits)
-                            for x in (s.keys, s.values))
+        q = to_quantized(s, t.group_size, t.bits)
+        t.keys, t.values = q.keys, q.values
     else:
         t.keys, t.values = (dequantize(tuple(a[..., :s.offset, :] for a in x), s.group_size,
                                        s.bits) for x in (s.keys, s.values))
