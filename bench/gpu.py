@@ -193,9 +193,10 @@ class Seq:
 
 
 def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
-               prompt_cache: int = 8 << 30, prefill_step: int = 2048):
+               prompt_cache: int = 8 << 30, prefill_step: int = 2048, max_draft: int = 8):
     """mlxd's text engine and a batch on the model at `path`, as a worker builds them
-    (the prefix cache included, `prompt_cache` bytes; 0: none)."""
+    (the prefix cache included, `prompt_cache` bytes; 0: none; `max_draft` 0: no
+    speculation at all, as `--max-draft-tokens 0`)."""
     from worker.loading import models
     from worker.loop.batch import Batch
     from worker.loop.sizing import KVSize
@@ -210,7 +211,7 @@ def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
                   prefill_batch=prefill_batch, kv_budget=32 << 30,
                   kvcache=KVCache(PrefixCache(prompt_cache),
                                   trimmable=trimmable(eng.model, None)) if prompt_cache else None,
-                  kv=KVSize.measure(eng.model, None))
+                  kv=KVSize.measure(eng.model, None), max_draft=max_draft)
     return eng, batch
 
 

@@ -5,7 +5,9 @@ process, on the real `demo` model (SmolLM2-135M-Instruct), temperature 0, texts 
     (prompt lookup; Predicted Outputs with the original file as the prediction; a draft
     model);
 (b) open prose (prompt lookup and a draft model: adaptive drafting must cost nothing
-    where it finds little).
+    where it finds little);
+(c) `json`: a record under a JSON schema, the grammar's forced tokens drafted, against
+    no speculation at all (`--max-draft-tokens 0`).
 
 One stream and 8 streams (the same request 8 times, no prefix cache), completion tokens
 per second over the whole run (prefill included, the same in every variant), the best of
@@ -19,7 +21,7 @@ then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` 
 `mlx_lm.server` with and without the same `--draft-model`, both on the chat path.
 
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
-                                [--cases edit,prediction,prose,edit-draft,prose-draft]
+                                [--cases edit,prediction,prose,edit-draft,prose-draft,json]
                                 [--step-cost] [--gguf PATH] [--draft-bits 4] [--servers]
                                 [--sampled 0.7] [--mtp tiny|small|PATH]
 
@@ -58,13 +60,27 @@ EDIT = [{"role": "user", "content": "Here is a Python file:\n\n" + SOURCE + "\n\
          "the code."}]
 PROSE = [{"role": "user", "content": "Write a short story about a lighthouse keeper who "
           "finds a message in a bottle."}]
+# (c) structured output: a record extracted under a JSON schema, most of whose text (keys,
+# quotes, punctuation) the schema fixes: drafted by the grammar (worker/speculative/
+# grammar.py) against --max-draft-tokens 0.
+RECORD = {"type": "object", "additionalProperties": False, "properties": {
+    "full_name": {"type": "string"}, "year_of_birth": {"type": "integer"},
+    "place_of_birth": {"type": "string"}, "occupation": {"type": "string"},
+    "known_for": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+    "is_historical_figure": {"type": "boolean"}},
+    "required": ["full_name", "year_of_birth", "place_of_birth", "occupation", "known_for",
+                 "is_historical_figure"]}
+JSON = [{"role": "user", "content": "Ada Lovelace (1815-1852), born in London, was an "
+         "English mathematician and writer, chiefly known for her work on Charles "
+         "Babbage's Analytical Engine and for the first published computer program. "
+         "Give this person's record as JSON."}]
 
 
 def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None,
-        temperature: float = 0.0, seed: int = 0):
+        temperature: float = 0.0, seed: int = 0, schema: dict | None = None):
     """(completion tokens/s, texts); sampled (`temperature` > 0) stream i has seed
-    `seed` + i."""
-    from protocol import Generate, SamplingParams
+    `seed` + i; `schema`: a json_schema response format."""
+    from protocol import Generate, OutputSpec, SamplingParams
 
     class Seq:
         def __init__(self, rid):
@@ -75,7 +91,9 @@ def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None,
     for i, rid in enumerate(texts):
         gen = Generate(rid=rid, messages=messages, prediction=prediction,
                        sampling=SamplingParams(max_tokens=tokens, temperature=temperature,
-                                               seed=seed + i if temperature else None))
+                                               seed=seed + i if temperature else None),
+                       output=OutputSpec(response_format="json_schema", json_schema=schema)
+                       if schema else OutputSpec())
         batch.add(Seq(rid), eng.prepare(gen))
     n = 0
     while batch.members:
@@ -288,7 +306,7 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", default="1,8")
-    p.add_argument("--cases", default="edit,prediction,prose,edit-draft,prose-draft")
+    p.add_argument("--cases", default="edit,prediction,prose,edit-draft,prose-draft,json")
     p.add_argument("--step-cost", action="store_true")
     p.add_argument("--gguf", default=None, help="the target's GGUF (default: the demo's)")
     p.add_argument("--draft-bits", choices=("4", "8"), default="4")
@@ -330,7 +348,7 @@ def main() -> None:
              else ""))
 
     def batch_for(spec: str):
-        _, b = in_process(path, prompt_cache=0)
+        _, b = in_process(path, prompt_cache=0, max_draft=0 if spec == "off" else 8)
         b.prompt_lookup = spec == "prompt-lookup"
         if spec == "draft":
             b.draft = DraftModel(draft_model, b.prefill_step) if a.force_draft else loaded
@@ -340,7 +358,8 @@ def main() -> None:
              "prediction": ("edit", EDIT, "none", SOURCE),
              "prose": ("prose", PROSE, "prompt-lookup", None),
              "edit-draft": ("edit", EDIT, "draft", None),
-             "prose-draft": ("prose", PROSE, "draft", None)}
+             "prose-draft": ("prose", PROSE, "draft", None),
+             "json": ("json", JSON, "grammar", None)}
     cases = [cases[c] for c in a.cases.split(",") if c]
     if cases:
         print(f"{'workload':8} {'drafter':18} {'streams':>7} {'none tok/s':>10} "
@@ -351,11 +370,13 @@ def main() -> None:
             texts = {}
             stats = None
             for _ in range(a.rounds):
-                b = batch_for("none")
-                rate, texts["none"] = run(eng, b, messages, n, a.tokens, None)
+                schema = RECORD if spec == "grammar" else None
+                b = batch_for("off" if schema else "none")
+                rate, texts["none"] = run(eng, b, messages, n, a.tokens, None, schema=schema)
                 best["none"] = max(best["none"], rate)
                 b = batch_for(spec)
-                rate, texts["spec"] = run(eng, b, messages, n, a.tokens, prediction)
+                rate, texts["spec"] = run(eng, b, messages, n, a.tokens, prediction,
+                                          schema=schema)
                 best["spec"] = max(best["spec"], rate)
                 stats = b.speculation.totals if b.speculation else None
             drafter = "prediction" if prediction else \

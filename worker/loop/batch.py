@@ -48,7 +48,8 @@ from worker.loop import mlx_lm_patches, warmup
 from worker.loop.sizing import MIN_CHUNK, CacheRoom, ChunkSizer, KVSize, StepMemory
 from worker.speculative import mtp, recurrent, verify
 from worker.speculative.adaptive import Pace, Speculation, Track
-from worker.speculative.drafters import Prediction, PromptLookup
+from worker.speculative.drafters import NoGuess, Prediction, PromptLookup
+from worker.speculative.grammar import GrammarDraft
 from worker.text.decoding import Decoding
 
 log = logging.getLogger("worker.loop.batch")
@@ -253,13 +254,17 @@ class Batch:
 
     def _speculate(self, uid: int, seq, prep) -> None:
         """A drafter for the sequence: the client's prediction, else prompt lookup where
-        the model has it on. Not for a sequence with a grammar (it consumes one token at a
-        time; penalties and logit_bias process each drafted position: verify.py)."""
-        if self.speculation is None or self.members[uid].decoding.grammar is not None:
+        the model has it on. A sequence with a grammar drafts what it forces, and prompt
+        lookup's or a prediction's guesses cut to what it allows (worker/speculative/
+        grammar.py); penalties and logit_bias process each drafted position: verify.py."""
+        if self.speculation is None:
             return
+        grammar = self.members[uid].decoding.grammar
         predicted = getattr(prep, "prediction", None)
         if predicted:
             drafter = Prediction(predicted)
+        elif grammar is not None:
+            drafter = PromptLookup(prep.ids) if self.prompt_lookup else NoGuess()
         elif self.draft is not None:
             drafter = self.draft.row(uid, prep.ids)
         elif self.prompt_lookup:
@@ -271,7 +276,8 @@ class Batch:
         pace = Pace(self.max_draft, cost=getattr(drafter, "cost", 0.0))
         self.speculation.add(uid, Track(drafter, pace, seq, prediction=bool(predicted),
                                         sampling=prep.gen.sampling,
-                                        vocab=self.engine.vocab_size))
+                                        vocab=self.engine.vocab_size,
+                                        grammar=grammar and GrammarDraft(grammar)))
 
     def _fit_chunk(self) -> None:
         """The next prefill chunk within the memory the running sequences leave: halved

@@ -14,7 +14,10 @@ sequence whose drafts keep failing stops drafting for a while (doubling each tim
 client's text, `Track.wants`); and a step verifies only when some sequence's drafter
 has a guess for the text so far (`Drafter.ready`), so a step where none does is mlx-lm's
 own pipelined step: prose that does not repeat its prompt decodes as if nothing
-speculated.
+speculated. A sequence with a grammar drafts the tokens its grammar forces, pace or no
+pace (they are kept unless the model tokenizes the same bytes another way), and its
+drafter's guesses cut to what the grammar allows (`Track.grammar`: worker/speculative/
+grammar.py).
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ class Track:
     prediction: bool = False     # drafts from the client's prediction
     sampling: object = None      # its SamplingParams (rejection sampling: rejection.py)
     vocab: int = 0               # the target's vocabulary size (top_k's bound)
+    grammar: object = None       # its GrammarDraft (grammar.py), if it has a grammar
+    forced: bool = False         # its draft this step is what the grammar forces
 
     def wants(self) -> bool:
         """Whether it drafts at this step (its pace's rest over). A prediction's rest ends
@@ -141,10 +146,11 @@ class Speculation:
         """Whether this step verifies: some sequence is ready to draft and its drafter
         has a guess for the text so far (`Drafter.ready`, asked without the pending
         token, which is still being computed: a step where no sequence has one stays
-        mlx-lm's pipelined step, at no extra cost). (Only a sequence that may draft has
-        a track: worker/loop/batch.py gives none to one with a grammar.)"""
+        mlx-lm's pipelined step, at no extra cost), or its grammar forces tokens after
+        the pending one (`GrammarDraft.ahead`)."""
         return any((t := self.tracks.get(uid)) is not None
-                   and t.wants() and t.drafter.ready() for uid in uids)
+                   and (t.wants() and t.drafter.ready()
+                        or t.grammar is not None and t.grammar.ahead()) for uid in uids)
 
     def propose(self, uid: int, pending: int, room: int) -> list[int]:
         """The pending token joins the sequence's text; its draft (none for a sequence
@@ -153,10 +159,19 @@ class Speculation:
         if t is None:
             return []
         t.drafter.extend([pending])
+        g = t.grammar
+        if g is not None:
+            forced = g.forced(pending, min(room, t.pace.max_draft))
+            t.forced = bool(forced)
+            if forced:  # (not the drafter's: its pace neither earns nor pays for it)
+                t.pace.plain_step()
+                return forced
         if not t.wants() or room <= 0:
             t.pace.plain_step()
             return []
         draft = t.drafter.propose(min(room, t.pace.length))
+        if g is not None:
+            draft = g.valid(pending, draft)
         if not draft:  # a step verified for nothing: as costly as a draft rejected
             t.pace.update(1, 0)
         return draft
@@ -196,10 +211,14 @@ class Speculation:
             t.drafter.extend(tokens)
         if not draft:
             return
-        t.pace.update(len(draft), accepted)
+        if t.grammar is not None:  # (its mask consumed the whole draft: verify.py)
+            t.grammar.rollback(len(draft) - accepted)
         self.totals.verifications += 1
         self.totals.drafted += len(draft)
         self.totals.accepted += accepted
+        if t.forced:
+            return
+        t.pace.update(len(draft), accepted)
         if not t.prediction:
             return
         seq = t.seq

@@ -33,6 +33,20 @@ class Drafter(Protocol):
         before the pending token is known, to keep steps without drafts pipelined)."""
 
 
+class NoGuess:
+    """A drafter that never guesses: a grammar's sequence drafts only what its grammar
+    forces (worker/speculative/grammar.py)."""
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        pass
+
+    def ready(self) -> bool:
+        return False
+
+    def propose(self, k: int) -> list[int]:
+        return []
+
+
 class _Index:
     """Where each n-gram of a token list ended (its latest occurrence, or every one)."""
 

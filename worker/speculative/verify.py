@@ -7,12 +7,12 @@ sequence of the batch has a draft (`Speculation.wants`), `next` runs `verify` in
 
 - each row's input is its pending token (sampled at the previous step, not yet in the
   KV cache) followed by its draft, right-padded to the longest draft; a sequence without
-  a draft (not speculating, or one with a grammar, which consumes one token at a time)
-  takes its one token in the same forward;
-- a sequence's logits processors (penalties, logit_bias: functions of the tokens so
-  far) process each of its positions with the tokens before it, the draft's included,
-  as decoding the draft one token a step would (`_processed`); its token history keeps
-  only the tokens kept;
+  a draft (not speculating now) takes its one token in the same forward;
+- a sequence's logits processors (penalties, logit_bias, a grammar's mask: functions of
+  the tokens so far) process each of its positions with the tokens before it, the
+  draft's included, as decoding the draft one token a step would (`_processed`); its
+  token history keeps only the tokens kept, and its grammar gives back the rejected
+  tokens it consumed (grammar.py: a grammar's drafts are cut to what it allows);
 - every position is sampled with the sequence's own sampler, and a draft token is kept
   while it equals the token the target model sampled at its position. For a draft that is
   one fixed guess this IS rejection sampling (keep the guess d with probability p(d),
