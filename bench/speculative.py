@@ -6,8 +6,9 @@ process, on the real `demo` model (SmolLM2-135M-Instruct), temperature 0, texts 
     model);
 (b) open prose (prompt lookup and a draft model: adaptive drafting must cost nothing
     where it finds little);
-(c) `json`: a record under a JSON schema, the grammar's forced tokens drafted, against
-    no speculation at all (`--max-draft-tokens 0`).
+(c) `json`: a record under a JSON schema, the grammar's forced tokens drafted (and with
+    `json-lookup` prompt lookup's guesses, the values the prompt holds), against no
+    speculation at all (`--max-draft-tokens 0`).
 
 One stream and 8 streams (the same request 8 times, no prefix cache), completion tokens
 per second over the whole run (prefill included, the same in every variant), the best of
@@ -21,7 +22,7 @@ then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` 
 `mlx_lm.server` with and without the same `--draft-model`, both on the chat path.
 
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
-                                [--cases edit,prediction,prose,edit-draft,prose-draft,json]
+                                [--cases edit,prediction,prose,edit-draft,prose-draft,json,...]
                                 [--step-cost] [--gguf PATH] [--draft-bits 4] [--servers]
                                 [--sampled 0.7] [--mtp tiny|small|PATH]
 
@@ -306,7 +307,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", default="1,8")
-    p.add_argument("--cases", default="edit,prediction,prose,edit-draft,prose-draft,json")
+    p.add_argument("--cases",
+                   default="edit,prediction,prose,edit-draft,prose-draft,json,json-lookup")
     p.add_argument("--step-cost", action="store_true")
     p.add_argument("--gguf", default=None, help="the target's GGUF (default: the demo's)")
     p.add_argument("--draft-bits", choices=("4", "8"), default="4")
@@ -359,7 +361,8 @@ def main() -> None:
              "prose": ("prose", PROSE, "prompt-lookup", None),
              "edit-draft": ("edit", EDIT, "draft", None),
              "prose-draft": ("prose", PROSE, "draft", None),
-             "json": ("json", JSON, "grammar", None)}
+             "json": ("json", JSON, "grammar", None),
+             "json-lookup": ("json", JSON, "prompt-lookup", None)}
     cases = [cases[c] for c in a.cases.split(",") if c]
     if cases:
         print(f"{'workload':8} {'drafter':18} {'streams':>7} {'none tok/s':>10} "
@@ -370,7 +373,7 @@ def main() -> None:
             texts = {}
             stats = None
             for _ in range(a.rounds):
-                schema = RECORD if spec == "grammar" else None
+                schema = RECORD if work == "json" else None
                 b = batch_for("off" if schema else "none")
                 rate, texts["none"] = run(eng, b, messages, n, a.tokens, None, schema=schema)
                 best["none"] = max(best["none"], rate)
