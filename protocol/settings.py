@@ -352,17 +352,21 @@ SETTINGS: tuple[Setting, ...] = (
       "oldest tokens are dropped; default: the whole context)", worker=True),
     # Speculative decoding (worker/speculative/): drafts verified inside the batch.
     S("speculative", choice("none", "prompt-lookup", "mtp"), "none", "draft tokens for "
-      "every sequence that may (any without a grammar) and verify them in the batch's "
-      "step: prompt-lookup guesses from n-grams of the prompt and output so far (no "
-      "extra weights; pays on edits that repeat the prompt); mtp runs the checkpoint's "
-      "own multi-token-prediction head (Qwen3.5/3.6-style `mtp.*` weights; a load error "
-      "where it has none). Lossless. Predicted Outputs (a request's prediction) draft "
-      "whatever this says", worker=True),
+      "every sequence and verify them in the batch's step: prompt-lookup guesses from "
+      "n-grams of the prompt and output so far (no extra weights; pays on edits that "
+      "repeat the prompt); mtp runs the checkpoint's own multi-token-prediction head "
+      "(Qwen3.5/3.6-style `mtp.*` weights; a load error where it has none). Lossless. "
+      "Predicted Outputs (a request's prediction) draft whatever this says, and a "
+      "request with a grammar (response_format, a forced tool call) drafts the tokens its "
+      "grammar forces; a sliding-window model or --max-kv-size does not speculate",
+      worker=True),
     S("draft_model", STR, None, "a smaller model with the same tokenizer (a directory, a "
       "GGUF, an HF repo id in the local cache, demo) loaded beside each text model to draft "
       "for every sequence that may, in place of --speculative; its drafts verified in the "
-      "batch's step as any others (lossless). Not with --kv-bits or --max-kv-size (the "
-      "model refuses to load) nor for vision models or worker groups (off there)",
+      "batch's step as any others (lossless); its own KV cache stays full precision under "
+      "--kv-bits. Not with --max-kv-size or a sliding-window model (the model refuses to "
+      "load) nor for vision models or worker groups (off there); a request with a grammar "
+      "drafts its grammar's forced tokens instead",
       worker=True),
     S("max_draft_tokens", INT, 8, "longest draft a sequence proposes per step (each adapts "
       "its own below this; 0: no speculation, Predicted Outputs included)", worker=True),

@@ -57,6 +57,23 @@ def test_an_8_bit_kv_worker_serves_batches_and_shows_its_bytes_per_token(kvq_mod
             together = list(pool.map(ask, PROMPTS))
         assert together == alone and all(alone)
 
+        # Predicted Outputs on the quantized cache: drafts verified and kept, the text
+        # the same (tests/worker/test_speculative_kv_quant.py).
+        def chat(**kw):
+            return client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": PROMPTS[0]}],
+                max_tokens=24, temperature=0, **kw)
+
+        plain = chat()
+        predicted = chat(prediction={"type": "content",
+                                     "content": plain.choices[0].message.content})
+        assert predicted.choices[0].message.content == plain.choices[0].message.content
+        details = predicted.usage.completion_tokens_details
+        # (A random model's text does not tokenize back as it was generated, so only
+        # parts of it are found again: tests/integration/test_predicted_outputs.py has
+        # the trained model's whole counts.)
+        assert details.accepted_prediction_tokens > 0, details
+
         # Float32 keys and values of 2 layers x 2 heads x 32: 1024 bytes a token at full
         # precision; 8 bits in groups of 32 with a float32 scale and bias: 10/32 of it.
         stats = held_kv(srv)

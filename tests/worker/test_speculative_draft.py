@@ -17,6 +17,7 @@ from tests.worker.batchrun import Seq, make_batch
 from tests.worker.test_speculative import FOUR, REPEATING, ids, run, text
 from worker.errors import LoadError
 from worker.loading.draft import load_draft
+from worker.loop.sizing import KVSize
 from worker.speculative.adaptive import Pace
 from worker.speculative.draft_model import DraftModel
 
@@ -156,13 +157,19 @@ def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_d
         assert load_draft(str(tiny_model), args, engine) is None
     assert load_draft("", args, engine) is None
     assert load_draft(str(tiny_model), args, engine, "vision") is None
-    with pytest.raises(LoadError, match="--kv-bits"):
-        load_draft(str(tiny_model), argparse.Namespace(**{**vars(args), "kv_bits": 8}),
-                         engine)
-    # (0 is full precision: a model's own kv_bits=0 under a server-wide --kv-bits)
+    with pytest.raises(LoadError, match="--max-kv-size"):
+        load_draft(str(tiny_model), argparse.Namespace(**{**vars(args), "max_kv_size": 64}),
+                   engine)
+    # Under --kv-bits (0: full precision, a model's own kv_bits=0 under a server-wide
+    # one) the draft keeps its cache at full precision; its prompt cache holds as many
+    # tokens as the model's, whose bytes per token are the quantized ones.
     monkeypatch.setattr(draft, "step_cost", lambda d, t: 0.3)
-    assert load_draft(str(tiny_model), argparse.Namespace(**{**vars(args), "kv_bits": 0}),
-                      engine) is not None
+    for bits in (0, 8):
+        on = argparse.Namespace(**{**vars(args), "kv_bits": bits, "prompt_cache_bytes": 1 << 20})
+        assert load_draft(str(tiny_model), on, engine).prefix.max_bytes == 1 << 20
+    quarter = load_draft(str(tiny_model), on, engine,
+                         target_per_token=KVSize.measure(engine.model).per_token / 4)
+    assert quarter.prefix.max_bytes == 4 << 20
     from worker.demos.text import build_model
     other = build_model(models_dir / "tiny-other-vocab", "tiny",  # (more merges learnt)
                         corpus=("a quokka and a zebra",) * 50).path

@@ -16,13 +16,16 @@ from worker.speculative.draft_model import DraftModel, step_cost
 log = logging.getLogger("worker.loading.draft")
 
 
-def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[DraftModel]:
+def load_draft(spec: str, args, engine, batch_kind: str = "text",
+               target_per_token: Optional[float] = None) -> Optional[DraftModel]:
     """`--draft-model` for this worker's model: None where it does not apply (no draft
     asked, no speculation, a vision model or a worker group's rank, a draft whose passes
     cannot pay even at a generous acceptance (`best_draft`): said in the log; a group's
     ranks step together, and a draft is not a step the followers know); a LoadError where
     it cannot work (another vocabulary, a KV cache that cannot give back rejected
-    positions)."""
+    positions). The draft's own KV cache is full precision under --kv-bits too (it holds a
+    small model's positions); `target_per_token`: the model's KV bytes per token in its
+    format (default: full precision), which sizes the draft's prompt cache."""
     import mlx_lm
 
     from worker.errors import LoadError
@@ -33,10 +36,9 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[Dr
         log.warning("--draft-model %s: off for this worker (%s)", spec,
                     f"a {batch_kind}" if batch_kind != "text" else "--max-draft-tokens 0")
         return None
-    if args.kv_bits or args.max_kv_size is not None:  # (kv_bits 0: full precision)
-        flag = "--kv-bits" if args.kv_bits else "--max-kv-size"
-        raise LoadError(f"--draft-model does not work with {flag} yet (a quantized or "
-                        "rotating KV cache cannot give back a rejected draft)")
+    if args.max_kv_size is not None:
+        raise LoadError("--draft-model does not work with --max-kv-size yet (a rotating KV "
+                        "cache cannot give back a rejected draft)")
     try:  # (`spec` is a directory: worker/__main__.py resolved it as it does MODEL)
         model, tokenizer = mlx_lm.load(spec)
     except Exception as e:
@@ -58,10 +60,11 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text") -> Optional[Dr
     log.info("draft model %s loaded: a pass costs %.2f of the model's step; at %.0f%% "
              "acceptance a draft of %d brings %.2f tokens per step", spec, cost,
              ACCEPTANCE * 100, k, rate)
-    return DraftModel(model, args.prefill_step, cost, prefix=_prefix(model, engine, args))
+    return DraftModel(model, args.prefill_step, cost,
+                      prefix=_prefix(model, engine, args, target_per_token))
 
 
-def _prefix(draft, engine, args) -> Optional[PrefixCache]:
+def _prefix(draft, engine, args, target_per_token=None) -> Optional[PrefixCache]:
     """The draft model's prompt cache: as many tokens as the model's own holds
     (--prompt-cache-bytes, in the draft's bytes per token; none where the model has
     none)."""
@@ -69,5 +72,6 @@ def _prefix(draft, engine, args) -> Optional[PrefixCache]:
         return None
     from worker.loop.sizing import KVSize
 
-    ratio = KVSize.measure(draft).per_token / max(1.0, KVSize.measure(engine.model).per_token)
+    target = target_per_token or KVSize.measure(engine.model).per_token
+    ratio = KVSize.measure(draft).per_token / max(1.0, target)
     return PrefixCache(int(args.prompt_cache_bytes * ratio))

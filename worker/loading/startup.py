@@ -48,7 +48,8 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
     if getattr(args, "draft_model", None):
         from worker.loading.draft import load_draft
         draft = load_draft(args.draft_model, args, engine,
-                           "text" if cls is None and not shard else "vision or group")
+                           "text" if cls is None and not shard else "vision or group",
+                           target_per_token=kv.per_token)
     Batch = cls or Batch
     batch = Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
@@ -67,10 +68,11 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
                      rows=max(1, args.max_batch_size)))
     if draft is not None and (mtp_head is not None or batch.speculation is None):
         raise LoadError("--draft-model cannot draft with --speculative mtp, --max-kv-size, "
-                        "--kv-bits or --max-draft-tokens 0")
+                        "--max-draft-tokens 0 or a model with sliding-window layers")
     if mtp_head is not None and batch.speculation is None:
-        raise LoadError("--speculative mtp cannot draft with --max-kv-size, --kv-bits or "
-                        "--max-draft-tokens 0 (their caches are not rolled back yet)")
+        raise LoadError("--speculative mtp cannot draft with --max-kv-size, --max-draft-tokens "
+                        "0 or a model with sliding-window layers (their caches are not rolled "
+                        "back yet)")
     return batch
 
 

@@ -129,14 +129,14 @@ class Batch:
         self._held = False          # the caller settles after each step (`hold_stores`)
         # Speculative decoding (worker/speculative/): prompt lookup for every sequence
         # that may (`speculative`), a client's prediction whenever one comes; only where
-        # the cache can give back rejected positions (plain KVCaches and recurrent state:
-        # worker/speculative/recurrent.py; no rotating window, not quantized: its rows
-        # are not yet trimmed that way). `mtp_head`: --speculative mtp's (mtp.py).
+        # the cache can give back rejected positions (KV caches, quantized or not, and
+        # recurrent state: worker/speculative/recurrent.py; no rotating window: its
+        # rows are not trimmed that way). `mtp_head`: --speculative mtp's (mtp.py).
         self.prompt_lookup = speculative == "prompt-lookup"
         self.draft = draft  # a draft model drafts instead (worker/speculative/draft_model.py)
         self.max_draft = max(0, max_draft)
         self.speculation = Speculation() if self.max_draft and max_kv_size is None \
-            and not kv_format.quantized and recurrent.install(engine.model) else None
+            and recurrent.install(engine.model) else None
         if self.speculation is not None and mtp_head is not None:  # (--speculative mtp)
             self.speculation = mtp.MTPSpeculation(engine.model, mtp_head)
         self.gen = self._new_generator()
