@@ -121,3 +121,25 @@ def test_a_draft_model_drafts_for_a_quantized_model(kvq):
     for name in FOUR:
         assert ids(got[name]) == ids(without[name]), name
     assert run.totals.accepted > 40
+
+
+def test_the_mtp_head_drafts_for_a_quantized_hybrid_model(models_dir, trimmed):
+    """A Qwen3.5-style checkpoint (recurrent layers, attention with heads of 32 quantized)
+    drafting with its own MTP head, whose cache stays at full precision."""
+    from tests.mtp_model import build_mtp_model
+    from tests.worker.test_speculative_mtp import FOUR as MTP_FOUR
+    from worker.loading import models
+    from worker.speculative.mtp import load_head
+    from worker.text.engine import TextEngine
+
+    path = build_mtp_model(models_dir / "qwen3_5-mtp-kvq", predictable=True,
+                           sizes=dict(head_dim=32))
+    loaded = models.load(str(path), path.parent)
+    engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, 64,
+                        loaded.vocab_size)
+    without, _, plain_steps = run(engine, MTP_FOUR, kv_format=Q8, max_draft=0)
+    got, _, steps = run(engine, MTP_FOUR, kv_format=Q8,
+                        mtp_head=load_head(loaded.model, path))
+    for name in MTP_FOUR:
+        assert ids(got[name]) == ids(without[name]), name
+    assert quantized(trimmed) and run.totals.accepted > 40 and steps < plain_steps
