@@ -193,16 +193,18 @@ class Seq:
 
 
 def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
-               prompt_cache: int = 8 << 30, prefill_step: int = 2048, max_draft: int = 8):
+               prompt_cache: int = 8 << 30, prefill_step: int = 2048, max_draft: int = 8,
+               kv_bits: int | None = None):
     """mlxd's text engine and a batch on the model at `path`, as a worker builds them
     (the prefix cache included, `prompt_cache` bytes; 0: none; `max_draft` 0: no
-    speculation at all, as `--max-draft-tokens 0`)."""
+    speculation at all, as `--max-draft-tokens 0`; `kv_bits`: --kv-bits, groups of 64)."""
     from worker.loading import models
     from worker.loop.batch import Batch
     from worker.loop.sizing import KVSize
     from worker.text.engine import TextEngine
     from worker.kvcache.manager import KVCache, trimmable
     from worker.kvcache.prefix import PrefixCache
+    from worker.kvcache.quantized import KVFormat
 
     loaded = models.load(str(path), Path(path).parent)
     eng = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, prefill_step,
@@ -211,7 +213,8 @@ def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
                   prefill_batch=prefill_batch, kv_budget=32 << 30,
                   kvcache=KVCache(PrefixCache(prompt_cache),
                                   trimmable=trimmable(eng.model, None)) if prompt_cache else None,
-                  kv=KVSize.measure(eng.model, None), max_draft=max_draft)
+                  kv=KVSize.measure(eng.model, None, KVFormat.of(kv_bits)),
+                  kv_format=KVFormat.of(kv_bits), max_draft=max_draft)
     return eng, batch
 
 

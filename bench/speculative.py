@@ -24,7 +24,7 @@ then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` 
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
                                 [--cases edit,prediction,prose,edit-draft,prose-draft,json,...]
                                 [--step-cost] [--gguf PATH] [--draft-bits 4] [--servers]
-                                [--sampled 0.7] [--mtp tiny|small|PATH]
+                                [--sampled 0.7] [--mtp tiny|small|PATH] [--kv-bits 8]
 
 `--sampled T` adds open prose sampled at temperature T (stream i seeded i) with the draft
 model: no speculation, greedy match (a draft token kept where the target's own sample
@@ -38,6 +38,9 @@ prose, at each `--streams`: `tiny` and `small` are tests/mtp_model.py's random
 Qwen3.5-style models whose head guesses well (built under bench/models), PATH a
 Qwen3.5/3.6 checkpoint with its `mtp.*` weights (the original, not an MLX conversion,
 which drops them).
+
+`--kv-bits 8|4` runs every side on a quantized KV cache (groups of 64): speculation
+against none in that format.
 
 `--step-cost` first times the forward pass that verifies a draft of d tokens (1 + d
 positions, one sequence, a 200-token context) against the one-token step: the tokens
@@ -319,6 +322,8 @@ def main() -> None:
     p.add_argument("--sampled", type=float, default=None, metavar="TEMPERATURE",
                    help="also prose sampled at TEMPERATURE (seeded) with the draft model: "
                         "greedy match vs rejection sampling")
+    p.add_argument("--kv-bits", type=int, choices=(4, 8), default=None,
+                   help="every side on a quantized KV cache (groups of 64)")
     p.add_argument("--mtp", default=None, metavar="tiny|small|PATH",
                    help="instead: --speculative mtp against none on a checkpoint with an "
                         "MTP head (tiny, small: tests/mtp_model.py's, built here)")
@@ -350,7 +355,8 @@ def main() -> None:
              else ""))
 
     def batch_for(spec: str):
-        _, b = in_process(path, prompt_cache=0, max_draft=0 if spec == "off" else 8)
+        _, b = in_process(path, prompt_cache=0, max_draft=0 if spec == "off" else 8,
+                          kv_bits=a.kv_bits)
         b.prompt_lookup = spec == "prompt-lookup"
         if spec == "draft":
             b.draft = DraftModel(draft_model, b.prefill_step) if a.force_draft else loaded
