@@ -365,8 +365,7 @@ SETTINGS: tuple[Setting, ...] = (
       "for every sequence that may, in place of --speculative; its drafts verified in the "
       "batch's step as any others (lossless); its own KV cache stays full precision under "
       "--kv-bits. Not with --max-kv-size or a sliding-window model (the model refuses to "
-      "load) nor for vision models or worker groups (off there); a request with a grammar "
-      "drafts its grammar's forced tokens instead",
+      "load) nor for vision models or worker groups (off there)",
       worker=True),
     S("max_draft_tokens", INT, 8, "longest draft a sequence proposes per step (each adapts "
       "its own below this; 0: no speculation, Predicted Outputs included)", worker=True),

@@ -10,6 +10,7 @@ import pytest
 
 from tests.generates import generate
 from tests.worker.test_speculative import FOUR, ids, run, text
+from tests.worker.test_speculative_mtp import mtp  # noqa: F401
 from worker.speculative.grammar import GrammarDraft
 from worker.text.decoding import GrammarMask
 
@@ -138,3 +139,65 @@ def test_the_grammar_drafts_what_it_forces_and_cuts_what_it_forbids(grammar, eng
     assert g.ahead()
     m.consume_tokens(value[2:])
     assert g.mask.constraint.done and not g.ahead() and g.valid(eos, [eos]) == []
+
+
+def test_a_draft_models_guesses_are_cut_to_the_grammar(engine, monkeypatch):
+    """With a draft model (the same weights: its guesses are the target's own, which the
+    grammar allows), a grammar's sequence drafts its forced tokens and the draft model's
+    guesses; sampled, the draft model's q verifies its own drafts only (never the forced
+    ones), and a seed reproduces valid JSON."""
+    from worker.speculative.draft_model import DraftModel
+
+    # (A free string: where the unmasked model's guess is a character the grammar allows,
+    # it is the masked model's choice too.)
+    req = {"json": dict(json_request(), json_schema={
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})}
+    plain, _, plain_steps = run(engine, req, max_draft=0)
+    cut, forced = [], []
+    real_valid, real_forced = GrammarDraft.valid, GrammarDraft.forced
+    monkeypatch.setattr(GrammarDraft, "valid", lambda self, p, d: cut.append(
+        len(d) - len(r := real_valid(self, p, d))) or r)
+    monkeypatch.setattr(GrammarDraft, "forced", lambda self, p, k: forced.append(
+        len(r := real_forced(self, p, k))) or r)
+    got, _, steps = run(engine, req, draft=DraftModel(engine.model, 64))
+    assert ids(got["json"]) == ids(plain["json"])
+    # The draft model's guesses were drafted (and some cut where the unmasked model would
+    # leave the grammar), beside the forced tokens.
+    assert max(cut) > 0 and run.totals.accepted - sum(forced) > 5
+    sampled = {"s": json_request(temperature=0.9, seed=5)}
+    first, _, _ = run(engine, sampled, draft=DraftModel(engine.model, 64))
+    assert run.totals.accepted > 0
+    second, _, _ = run(engine, sampled, draft=DraftModel(engine.model, 64))
+    assert ids(first["s"]) == ids(second["s"]) and first["s"][-1][2] == "stop"
+    assert set(json.loads(text(first["s"]))) == set(SCHEMA["required"])
+
+
+def test_a_forced_draft_is_never_verified_against_a_drafters_q():
+    """A sampling drafter's q belongs to its own draft: where the grammar's forced tokens
+    are drafted instead, they are verified as one fixed guess (greedy match)."""
+    import mlx.core as mx
+
+    from worker.speculative.adaptive import Pace, Speculation, Track
+
+    class Sampling:  # (a drafter that sampled its last draft from q)
+        sampling, q = object(), mx.zeros((4, 8))
+
+        def extend(self, tokens):
+            pass
+
+    spec = Speculation()
+    spec.tracks[1] = t = Track(Sampling(), Pace(8), seq=None)
+    assert spec.sampled(1, 3)[1].shape == (3, 8)
+    t.forced = True
+    assert spec.sampled(1, 3) is None
+
+
+def test_the_mtp_heads_guesses_are_cut_to_the_grammar(mtp):
+    engine, head, _ = mtp
+    req = {"json": json_request(), "plain": dict(prompt="Once upon a time", max_tokens=30,
+                                                 temperature=0.0)}
+    plain, _, _ = run(engine, req, max_draft=0)
+    got, _, _ = run(engine, req, mtp_head=head)
+    for name in req:
+        assert ids(got[name]) == ids(plain[name]), name
+    assert got["json"][-1][2] == "stop" and run.totals.accepted > 10

@@ -254,23 +254,23 @@ class Batch:
 
     def _speculate(self, uid: int, seq, prep) -> None:
         """A drafter for the sequence: the client's prediction, else prompt lookup where
-        the model has it on. A sequence with a grammar drafts what it forces, and prompt
-        lookup's or a prediction's guesses cut to what it allows (worker/speculative/
-        grammar.py); penalties and logit_bias process each drafted position: verify.py."""
+        the model has it on. A sequence with a grammar drafts what it forces, and its
+        drafter's guesses cut to what it allows (worker/speculative/grammar.py);
+        penalties and logit_bias process each drafted position: verify.py."""
         if self.speculation is None:
             return
         grammar = self.members[uid].decoding.grammar
         predicted = getattr(prep, "prediction", None)
         if predicted:
             drafter = Prediction(predicted)
-        elif grammar is not None:
-            drafter = PromptLookup(prep.ids) if self.prompt_lookup else NoGuess()
         elif self.draft is not None:
             drafter = self.draft.row(uid, prep.ids)
         elif self.prompt_lookup:
             drafter = PromptLookup(prep.ids)
         elif isinstance(self.speculation, mtp.MTPSpeculation):
             drafter = self.speculation.drafter()
+        elif grammar is not None:  # (its forced tokens only)
+            drafter = NoGuess()
         else:
             return
         pace = Pace(self.max_draft, cost=getattr(drafter, "cost", 0.0))

@@ -130,9 +130,10 @@ class Speculation:
     def sampled(self, uid: int, n: int):
         """(the sequence's RowSampling, its draft's q log-probabilities (n, vocab)) where
         its draft of `n` tokens was sampled; None: verified by greedy match."""
-        d = getattr(self.tracks.get(uid), "drafter", None)
+        t = self.tracks.get(uid)
+        d = getattr(t, "drafter", None)
         rs, q = getattr(d, "sampling", None), getattr(d, "q", None)
-        if not n or rs is None or q is None:
+        if not n or rs is None or q is None or t.forced:  # (forced: not drawn from q)
             return None
         return rs, q[:n]
 
@@ -159,19 +160,14 @@ class Speculation:
         if t is None:
             return []
         t.drafter.extend([pending])
-        g = t.grammar
-        if g is not None:
-            forced = g.forced(pending, min(room, t.pace.max_draft))
-            t.forced = bool(forced)
-            if forced:  # (not the drafter's: its pace neither earns nor pays for it)
-                t.pace.plain_step()
-                return forced
+        if (forced := self._forced(t, pending, room)):
+            return forced
         if not t.wants() or room <= 0:
             t.pace.plain_step()
             return []
         draft = t.drafter.propose(min(room, t.pace.length))
-        if g is not None:
-            draft = g.valid(pending, draft)
+        if t.grammar is not None:
+            draft = t.grammar.valid(pending, draft)
         if not draft:  # a step verified for nothing: as costly as a draft rejected
             t.pace.update(1, 0)
         return draft
@@ -190,15 +186,34 @@ class Speculation:
                 continue
             t = self.tracks[uid]
             t.drafter.extend([p])
-            if not t.wants() or room <= 0:
+            if (forced := self._forced(t, p, room)):
+                drafts.append(forced)
+            elif not t.wants() or room <= 0:
                 t.pace.plain_step()
+                drafts.append([])
             else:
                 asks.setdefault(group, {})[uid] = min(room, t.pace.length)
-            drafts.append(uid)  # (filled below)
+                drafts.append(uid)  # (filled below)
         got = {}
         for group, ask in asks.items():
             got.update(group.draft(ask))
+        for uid, p in zip(uids, pending):
+            if uid in got and (g := self.tracks[uid].grammar) is not None:
+                got[uid] = g.valid(p, got[uid])
         return [got.get(d, []) if isinstance(d, int) else d for d in drafts]
+
+    @staticmethod
+    def _forced(t: Track, pending: int, room: int) -> list[int]:
+        """The tokens the sequence's grammar forces after `pending` (none: it has none,
+        or leaves a choice), drafted in place of its drafter's guess."""
+        t.forced = False
+        if t.grammar is None:
+            return []
+        forced = t.grammar.forced(pending, min(room, t.pace.max_draft))
+        if forced:  # (not the drafter's: its pace neither earns nor pays for it)
+            t.forced = True
+            t.pace.plain_step()
+        return forced
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
                  following: int | None = None) -> None:

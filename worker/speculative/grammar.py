@@ -35,9 +35,12 @@ where the grammar forces the pending token and one more (its fast-forward tokens
 state before it) found each forced run a step late: on the demo model's JSON record
 (bench/speculative.py `json`), 63 steps for 91 tokens against 93 without drafts.
 
-Not here: drafts of a draft model or the MTP head for a grammar's sequence (their caches
-hold the positions they drafted, which a cut draft would leave behind); such a sequence
-drafts the grammar's forced tokens, and prompt lookup's or a prediction's guesses.
+A cut draft costs a drafter with a cache nothing more than a rejected one: a draft
+model's row and the MTP head drop what the text did not keep before they next read
+(draft_model.py, mtp.py). A draft sampled from a drafter's q (rejection sampling) is cut
+as any other (the position after the cut is then drawn from the target's p, as after a
+whole draft); forced tokens were not drawn from q, so they are verified as one fixed
+guess (`Speculation.sampled`).
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ Where it does not apply, verify.py's greedy-match does (lossless too): temperatu
 (the text must be exactly the target's greedy one), drafters whose draft is one fixed
 guess (prompt lookup, Predicted Outputs: greedy match IS rejection sampling for a point
 mass), and `Speculation.rejection` off (bench/speculative.py's side-by-side). A sequence
-with a grammar drafts fixed guesses only (its forced tokens, prompt lookup's, a
-prediction's: grammar.py).
+with a grammar has its drafts cut to what the grammar allows, and its forced tokens are
+one fixed guess (grammar.py).
 
 Seeds: a seeded sequence draws its drafts, its uniforms and its residual and bonus tokens
 from its own random key (from its seed), split once per draft and once per verification, so
