@@ -92,7 +92,7 @@ def test_greedy_text_is_identical_with_a_draft_model_alone_and_in_a_batch_of_fou
             assert by_model > 60 and t.accepted == t.drafted
         else:                      # (another model: rejected, until its rows rest)
             assert by_model > 8 and t.accepted - pred.draft_accepted < by_model
-        assert not group.rows and not group.order and not group.cache  # (all left)
+        assert not group.rows and not group.batch.order and not group.batch.cache  # (all left)
     alone, _, _ = run(engine, {"plain": FOUR["plain"]}, draft=DraftModel(other_model, 64))
     assert ids(alone["plain"]) == ids(without["plain"])
 
@@ -129,8 +129,8 @@ def test_the_draft_cache_holds_exactly_each_rows_text_after_drafts_were_rejected
     for name, seq in seqs.items():
         row = group.rows[seq.uid]
         row.settle()
-        i = group.order.index(seq.uid)
-        held = [c.extract(i) for c in group.cache]
+        i = group.batch.order.index(seq.uid)
+        held = [c.extract(i) for c in group.batch.cache]
         want = make_prompt_cache(other_model)
         read = out[name][: len(out[name]) - len(row.backlog)]  # (not yet: its backlog)
         assert held[0].offset == len(read) > len(out[name]) - 10

@@ -190,8 +190,8 @@ def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatc
 
     def checked(self):
         stepped(self)
-        offsets = self.cache[0].offset.tolist() if self.cache else []
-        assert offsets == [kept[d] + self.chained for d in self.order]
+        offsets = self.batch.cache[0].offset.tolist() if self.batch else []
+        assert offsets == [kept[d] + self.chained for d in self.batch.order]
 
     monkeypatch.setattr(MTPSpeculation, "verified", recorded)
     monkeypatch.setattr(MTPSpeculation, "stepped", checked)

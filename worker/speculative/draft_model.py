@@ -42,6 +42,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from worker.kvcache.prefix import PrefixCache
 from worker.speculative import rejection
+from worker.speculative.rows import Rows
 from worker.speculative.verify import _keep_only
 
 @dataclass
@@ -99,8 +100,7 @@ class DraftModel:
         self.prefill_step = max(1, prefill_step)
         self.prefix = prefix  # its prompt cache (None: every row prefills its prompt)
         self.rows: dict[int, DraftRow] = {}
-        self.order: list[int] = []   # uids of the batch cache's rows, in order
-        self.cache: list = []        # one BatchKVCache per layer ([]: no rows)
+        self.batch = Rows()          # its batch cache: a row per joined uid (rows.py)
 
     def row(self, uid: int, prompt: Sequence[int]) -> DraftRow:
         """A drafter for a sequence that joins with `prompt`."""
@@ -110,19 +110,12 @@ class DraftModel:
 
     def leave(self, uid: int) -> None:
         r = self.rows.pop(uid, None)
-        if r is None or not r.joined:
-            return
-        keep = [i for i, u in enumerate(self.order) if u != uid]
-        self.order = [self.order[i] for i in keep]
-        if not keep:
-            self.cache = []
-            return
-        for c in self.cache:
-            c.filter(keep)
+        if r is not None and r.joined:
+            self.batch.leave(uid)
 
     def reset(self) -> None:
         self.rows.clear()
-        self.order, self.cache = [], []
+        self.batch.clear()
 
     def _join(self, rows: list) -> None:
         """The rows' texts but their last tokens read by the draft model, each from the
@@ -143,14 +136,9 @@ class DraftModel:
                 self.prefix.store("", text, cache)
             singles.append(cache)
         mx.eval([c.state for cache in singles for c in cache if c.keys is not None])
-        cache = [layers[0].merge(list(layers)) for layers in zip(*singles)]
-        if self.cache:
-            for mine, new in zip(self.cache, cache):
-                mine.extend(new)
-        else:
-            self.cache = cache
+        self.batch.join([r.uid for r in rows],
+                        [layers[0].merge(list(layers)) for layers in zip(*singles)])
         for r in rows:
-            self.order.append(r.uid)
             r.joined = True
 
     def draft(self, asks: dict[int, int]) -> dict[int, list[int]]:
@@ -164,36 +152,29 @@ class DraftModel:
         joining = [r for u in asks if (r := self.rows.get(u)) is not None and not r.joined]
         if joining:
             self._join(joining)
-        rows = [self.rows[u] for u in self.order]
+        order, cache = self.batch.order, self.batch.cache
+        rows = [self.rows[u] for u in order]
         drop = [r.settle() for r in rows]
         if any(drop):
-            _keep_only(self.cache, drop)
+            _keep_only(cache, drop)
         backlogs = [r.backlog for r in rows]
         width = max(len(b) for b in backlogs)
         if width == 0:  # (nothing new since the last draft: not a step's order)
             return {}
-        pad = [width - len(b) for b in backlogs]
-        inputs = mx.array([b + [0] * p for b, p in zip(backlogs, pad)])
-        if any(pad):
-            for c in self.cache:
-                c.prepare(right_padding=pad)
-        logits = self.model(inputs, cache=self.cache)
-        if any(pad):
-            for c in self.cache:
-                c.finalize()
-            last = mx.array([len(b) - 1 for b in backlogs])
-            logits = mx.take_along_axis(logits, last[:, None, None], axis=1)
+        inputs = mx.array([b + [0] * (width - len(b)) for b in backlogs])
+        logits = self.batch.run([len(b) for b in backlogs],
+                                lambda: self.model(inputs, cache=cache))
         # (a row not asked drafts with throwaway keys: its own key only moves when it
         # drafts, so a seeded row draws the same keys alone or in any batch)
         samplings = [r.sampling for r in rows]
         sampling = [i for i, rs in enumerate(samplings) if rs is not None]
         keys = rejection.keys([samplings[i] for i in sampling],
-                              [self.order[i] in asks for i in sampling]) if sampling else None
+                              [order[i] in asks for i in sampling]) if sampling else None
         token, q = rejection.draft_tokens(samplings, logits[:, -1, :],
                                           keys[:, 0] if keys is not None else None)
         guesses, qs = [token], [q]
         for n in range(1, k):
-            logits = self.model(token[:, None], cache=self.cache)
+            logits = self.model(token[:, None], cache=cache)
             token, q = rejection.draft_tokens(samplings, logits[:, -1, :],
                                               keys[:, n] if keys is not None else None)
             guesses.append(token)
@@ -206,7 +187,7 @@ class DraftModel:
             r.q = None
             if r.sampling is not None:
                 r.q, j = q[j], j + 1
-        return {u: g[:asks[u]] for u, g in zip(self.order, out) if u in asks}
+        return {u: g[:asks[u]] for u, g in zip(order, out) if u in asks}
 
 
 

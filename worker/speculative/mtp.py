@@ -60,6 +60,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from worker.errors import LoadError
 from worker.speculative import rejection
 from worker.speculative.adaptive import Speculation
+from worker.speculative.rows import Rows
 
 # Norms the Hugging Face layout stores zero-centred (weight - 1): mlx-vlm's rule.
 _CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight",
@@ -227,8 +228,7 @@ class MTPSpeculation(Speculation):
         self.hidden = None
         self.rows: dict = {}      # uid -> its row of the verify step (of `hidden`)
         self.seen: dict = {}      # MTPDrafter -> (its verify row, tokens, draft length)
-        self.order: list = []     # the MTPDrafters of the head cache's rows, in order
-        self.cache: list = []     # one BatchKVCache per head layer ([]: no rows)
+        self.batch = Rows()       # the head's batch cache: a row per joined MTPDrafter
         self.chained = 0          # speculative positions the last chain left in it
         self.passes = 0           # batched passes (of the new positions) so far
         self.lazy: list = []
@@ -279,21 +279,17 @@ class MTPSpeculation(Speculation):
                 t.drafter.forget()
 
     def leave(self, drafter: MTPDrafter) -> None:
-        if drafter in self.order:
-            self._keep([d for d in self.order if d is not drafter])
+        if drafter in self.batch:
+            self._keep([d for d in self.batch.order if d is not drafter])
 
     def _keep(self, drafters: list) -> None:
         """Only these rows stay in the head cache (in their order)."""
-        keep = [i for i, d in enumerate(self.order) if d in drafters]
-        for i, d in enumerate(self.order):
+        for d in self.batch.order:
             if d not in drafters:
                 d.joined = False
-        self.order = [self.order[i] for i in keep]
-        if not keep:
-            self.cache, self.chained = [], 0
-            return
-        for c in self.cache:
-            c.filter(keep)
+        self.batch.keep(drafters)
+        if not self.batch:
+            self.chained = 0
 
     def _draft(self, seen: dict) -> list:
         """The head's pass over every row's new positions (right-padded to the longest,
@@ -301,37 +297,26 @@ class MTPSpeculation(Speculation):
         evaluate. A row the batch dropped (a failed step's reset) leaves first; rows not
         seen this step read nothing (their padding rolled left, as draft_model.py's)."""
         live = {id(t.drafter) for t in self.tracks.values()}
-        if any(id(d) not in live for d in self.order):
-            self._keep([d for d in self.order if id(d) in live])
+        if any(id(d) not in live for d in self.batch.order):
+            self._keep([d for d in self.batch.order if id(d) in live])
         if self.chained:  # (the last chain's guesses: never the text's)
-            for c in self.cache:
+            for c in self.batch.cache:
                 c.trim(self.chained)
             self.chained = 0
         self.passes += 1
-        if self.cache and self.passes % COMPACT_EVERY == 0:
+        if self.batch and self.passes % COMPACT_EVERY == 0:
             self._compact()
         joining = [d for d in seen if not d.joined]
         if joining:
             self._join(joining)
-        rows = self.order
+        rows, cache = self.batch.order, self.batch.cache
         lengths = [len(seen[d][1]) if d in seen else 0 for d in rows]
         width = max(lengths)
         tokens = mx.array([(seen[d][1] if d in seen else []) + [0] * (width - n)
                            for d, n in zip(rows, lengths)], dtype=mx.int32)
         at = mx.array([seen[d][0] if d in seen else 0 for d in rows])
         hidden = self.hidden[at, :width]
-        pad = [width - n for n in lengths]
-        if any(pad):
-            for c in self.cache:
-                c.prepare(right_padding=pad)
-        h = self.head(self.embed(tokens), hidden, self.cache)
-        if any(pad):
-            for c in self.cache:
-                c.finalize()
-            last = mx.array([max(0, n - 1) for n in lengths])
-            h = mx.take_along_axis(h, last[:, None, None], axis=1)
-        else:
-            h = h[:, -1:]
+        h = self.batch.run(lengths, lambda: self.head(self.embed(tokens), hidden, cache))
         count = max(k for _, _, k in seen.values())
         samplings = [d.sampling for d in rows]
         sampling = [i for i, s in enumerate(samplings) if s is not None]
@@ -342,7 +327,7 @@ class MTPSpeculation(Speculation):
         draft, qs = [], []
         for n in range(count):
             if n:
-                h = self.head(self.embed(draft[-1][:, None]), h, self.cache)
+                h = self.head(self.embed(draft[-1][:, None]), h, cache)
                 self.chained += 1
             token, q = rejection.draft_tokens(samplings, self.lm_head(h)[:, -1],
                                               keys[:, n] if keys is not None else None)
@@ -363,23 +348,17 @@ class MTPSpeculation(Speculation):
         """Where padding is most of the head's cache (each pass grows every row by the
         widest row's new positions, a narrower row's padding rolled left), each row's
         positions laid out again, left-padded to the longest (BatchKVCache.merge)."""
-        first = self.cache[0]
+        first = self.batch.cache[0]
         padding = first.left_padding.tolist()
         if sum(padding) <= COMPACT_AT * len(padding) * first._idx:
             return False
-        self.cache = [BatchKVCache.merge([c.extract(i) for i in range(len(padding))])
-                      for c in self.cache]
+        self.batch.compact()
         return True
 
     def _join(self, drafters: list) -> None:
         """Rows for sequences that draft for the first time (their head caches empty,
         left-padded to the others' length by BatchKVCache.extend)."""
-        new = [BatchKVCache([0] * len(drafters)) for _ in self.head.layers]
-        if self.cache:
-            for mine, c in zip(self.cache, new):
-                mine.extend(c)
-        else:
-            self.cache = new
-        self.order.extend(drafters)
+        self.batch.join(drafters, [BatchKVCache([0] * len(drafters))
+                                   for _ in self.head.layers])
         for d in drafters:
             d.joined = True
