@@ -50,7 +50,7 @@ def test_the_head_loads_by_the_checkpoints_names_and_what_cannot_draft_refuses(
 
     from worker.loading import models
     from worker.loop.sizing import KVSize
-    from worker.speculative.mtp import MTPSpeculation, load_head
+    from worker.speculative.mtp import MAX_DRAFT, MTPSpeculation, load_head
     engine, head, path = mtp
     stored = mx.load(str(path / "model.safetensors"))
     assert mx.array_equal(head.fc.weight, stored["mtp.fc.weight"])
@@ -86,6 +86,9 @@ def test_the_head_loads_by_the_checkpoints_names_and_what_cannot_draft_refuses(
     # Admission counts each sequence's head cache: one attention layer's KV (2 heads of
     # 16 float32 keys and values: 256 bytes a token) beside the model's.
     assert batch.kv.per_token == KVSize.measure(engine.model).per_token + 256
+    # ...and what one pass of the head may add past the longest row's (mtp.py count_in)
+    assert batch.kv.per_sequence == KVSize.measure(engine.model).per_sequence \
+        + 256 * (batch.max_draft + MAX_DRAFT)
     bare = build_mtp_model(models_dir / "qwen3_5-bare", mtp=False)
     bare_engine = TextEngine(models.load(str(bare), bare.parent).model, engine.tokenizer,
                              engine.context_length, 64, engine.vocab_size)
@@ -137,14 +140,18 @@ def test_a_seeded_sampled_request_gives_the_same_text_twice_and_in_a_batch_with_
 
 def test_the_head_drafts_for_every_row_in_one_pass_a_step(mtp, monkeypatch):
     """Four streams draft in the head's passes of one: each pass (the new positions, then
-    each chained token) reads the head's layer and the LM head once for all four rows."""
+    each chained token) reads the head's layer and the LM head once for all four rows.
+    (Each prompt's chunk is read into its own row's cache first: one pass a row.)"""
+    from mlx_lm.models.cache import BatchKVCache
+
     from worker.speculative.mtp import MTPHead
     engine, head, _ = mtp
-    calls = []
+    calls, prompts = [], []
     original = MTPHead.__call__
 
     def counted(self, embedded, hidden, cache):
-        calls.append(embedded.shape[0])
+        batched = isinstance(cache[0], BatchKVCache)
+        (calls if batched else prompts).append(embedded.shape[0])
         return original(self, embedded, hidden, cache)
 
     monkeypatch.setattr(MTPHead, "__call__", counted)
@@ -157,14 +164,15 @@ def test_the_head_drafts_for_every_row_in_one_pass_a_step(mtp, monkeypatch):
         assert ids(four[name]) == ids(one["a"]), name
     assert len(alone) > 2 and set(alone) == {1}
     assert len(calls) == len(alone) and set(calls) == {4}
+    assert prompts == [1] * 5  # (the one prompt alone, then the four)
 
 
 def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatch):
     """Beside rows that keep other lengths of their drafts (the head's batch right-padded
     and the padding rolled away), that join later and that leave earlier, each MTP row
     drafts what it drafts alone, step by step (none resting); and its head cache holds
-    exactly the positions it kept (the last chain's guesses trimmed before the next
-    pass). The head's attention and the hidden state count here (the `predictable` head
+    exactly the positions it kept, as its own count says: its whole prompt's, then each
+    step's (the last chain's guesses trimmed before the next pass). The head's attention and the hidden state count here (the `predictable` head
     ignores both)."""
     import mlx.core as mx
 
@@ -185,13 +193,14 @@ def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatc
         if t is not None and draft:
             drafts.setdefault(t.seq.rid, []).append((list(draft), accepted))
         if t is not None and following is not None:
-            kept[t.drafter] = kept.get(t.drafter, 0) + len(tokens) + 1
+            kept[t.drafter] = kept.get(t.drafter, prompts[t.seq.rid]) + len(tokens) + 1
         return verified(self, uid, draft, accepted, tokens, following)
 
     def checked(self):
         stepped(self)
         offsets = self.batch.cache[0].offset.tolist() if self.batch else []
         assert offsets == [kept[d] + self.chained for d in self.batch.order]
+        assert [d.length for d in self.batch.order] == [kept[d] for d in self.batch.order]
 
     monkeypatch.setattr(MTPSpeculation, "verified", recorded)
     monkeypatch.setattr(MTPSpeculation, "stepped", checked)
@@ -201,12 +210,13 @@ def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatc
     # (Its rows laid out again at every pass where it has padding: they draft the same.)
     compacted = []
     compact = MTPSpeculation._compact
-    monkeypatch.setattr("worker.speculative.mtp.COMPACT_EVERY", 1)
     monkeypatch.setattr("worker.speculative.mtp.COMPACT_AT", 0.0)
     monkeypatch.setattr(MTPSpeculation, "_compact",
-                        lambda self: compacted.append(compact(self)) or compacted[-1])
+                        lambda self, growth: compacted.append(compact(self, growth))
+                        or compacted[-1])
     reqs = {"mtp": FOUR["mtp"], "story": FOUR["story"],
             "short": dict(prompt="Write a story about", max_tokens=9, temperature=0.0)}
+    prompts = {n: len(engine.prepare(generate(rid=n, **kw)).ids) for n, kw in reqs.items()}
     alone = {}
     for name, kw in reqs.items():
         run(engine, {name: kw}, speculative="mtp", mtp_head=head)

@@ -31,7 +31,7 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
         from worker.speculative.mtp import load_head
 
         mtp_head = load_head(engine.model, path)
-        kv.per_token += mtp_head.kv_per_token()  # (each sequence's head cache)
+        mtp_head.count_in(kv, args.max_draft_tokens)  # (each sequence's head cache)
     fits = kv.tokens_within(args.kv_budget)
     if fits < 2:
         raise LoadError(f"--kv-budget {args.kv_budget} bytes holds no sequence of this model "

@@ -268,7 +268,7 @@ class Batch:
         elif self.prompt_lookup:
             drafter = PromptLookup(prep.ids)
         elif isinstance(self.speculation, mtp.MTPSpeculation):
-            drafter = self.speculation.drafter()
+            drafter = self.speculation.drafter(self.members[uid].tokens)
         elif grammar is not None:  # (its forced tokens only)
             drafter = NoGuess()
         else:

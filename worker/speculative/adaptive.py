@@ -240,6 +240,10 @@ class Speculation:
         seq.draft_accepted = getattr(seq, "draft_accepted", 0) + accepted
         seq.draft_rejected = getattr(seq, "draft_rejected", 0) + len(draft) - accepted
 
+    def attached(self, generator) -> None:
+        """It speculates in `generator` (a BatchGenerator: the MTP head also reads its
+        prompts, worker/speculative/mtp_prefill.py)."""
+
     def stepped(self) -> None:
         """A verify step has `verified` every row (the MTP head drafts for all of them in
         one pass: worker/speculative/mtp.py)."""

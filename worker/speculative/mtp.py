@@ -11,11 +11,23 @@ Why not mlx-vlm's `Qwen3_5MTPDraftModel`: its decoder layer is mlx-vlm's (anothe
 attention signature), and its state is one batch whose rows are the rounds of its own
 generate loop; here sequences join and leave mlx-lm's batch at any step. So the head's
 cache is mlxd's own batch (`MTPSpeculation`: one mlx-lm BatchKVCache per head layer, a
-row per sequence drafting with it, kept by its `MTPDrafter`, as draft_model.py keeps a
-draft model's rows), and the layer is mlx-lm's `DecoderLayer` of the same family as the
+row per sequence drafting with it, kept by its `MTPDrafter`: rows.py, as a draft
+model's rows are kept), and the layer is mlx-lm's `DecoderLayer` of the same family as the
 target (the weights load by the same names). The weights are read from the
 checkpoint's safetensors by their `mtp.` names, the Hugging Face layout's zero-centred
 norms shifted as mlx-vlm's sanitize does.
+
+The head reads the prompt, as vLLM's and mlx-vlm's MTP do (for an agent's edit the
+prompt is where its drafts come from): while a sequence is prefilled, each chunk's final
+hidden states go into its own head cache, one pass of the head per chunk as wide as the
+target's (`prefilled`, from mtp_prefill.py, which runs the prompt batch's target as body
+and LM head); the step that reads the prompt's last token and samples the first one
+hands the head the last positions, and the sequence's row joins the head's batch with
+its whole prompt (`started`: its first draft is made then, so its first verify step
+already has one). A prompt resumed from the prefix cache gives the head only its new
+part (the head's state of the cached part is not kept with the cache entry: its cache
+starts at the first position prefilled), as does an image's prompt after its last image
+(mlx-vlm prefills that part: worker/vision/batch.py).
 
 Inside the batch (worker/speculative/verify.py) the verify forward runs the target's body
 and head as two calls (`MTPSpeculation.forward`): the same computation as the model's own
@@ -23,8 +35,8 @@ call, whose hidden states are then at hand for every row at no second forward. A
 step accepts each row's tokens (`verified`), the row's kept positions' hidden states and
 the tokens that followed them (the accepted drafts and the token sampled next) are noted;
 once every row is verified (`stepped`), ONE pass of the head reads all rows' new
-positions (right-padded to the longest, the padding rolled into the left padding after,
-as draft_model.py does), appending them to each row's cache, and each chained draft
+positions (right-padded to the longest, the padding rolled into the left padding after:
+rows.py), appending them to each row's cache, and each chained draft
 token is one more pass for all rows, where some sequence's pace asks for more than one
 token (greedy, or at temperature > 0 sampled from the head's distribution under each
 sequence's sampling chain, with its own keys, for verify.py's rejection sampling:
@@ -37,19 +49,22 @@ step's reset) is filtered out; a sequence joins the cache the first step it draf
 step where the row took no hidden state (a plain mlx-lm step while every sequence
 rested) leaves a gap: it drafts again after one verify step without a draft.
 
-Not yet: the head never reads a prompt (mlx-lm's prefill keeps no hidden states), so
-its cache starts at a sequence's first decoded position, and a sequence resumed from
-the prompt cache starts it empty. And each pass grows every row's head cache by the
-widest row's new positions (a narrower row's padding rolled left and kept, as the
-target's batch cache keeps it: verify.py) until padding is more than half of it, when
-the rows are laid out again (`_compact`): admission (`kv_per_token`) does not count that
-padding.
+Admission (worker/loop/batch.py `holds`) counts every row of the target's batch cache as
+long as the longest row's reservation (its prompt and token budget); the head's cache is
+counted the same way (`MTPHead.count_in`). Each pass grows every row of it by the widest
+row's new positions (a narrower row's padding rolled left and kept, as the target's
+batch cache keeps it: verify.py), so the rows are laid out again (`_compact`, decided on
+the host from each row's `length`) where the cache would pass that reservation, or where
+its padding passes half the longest row (every row attends over the whole length); past
+the reservation it holds at most one pass's positions, which admission counts per
+sequence.
 """
 
 from __future__ import annotations
 
 import glob
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -60,6 +75,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from worker.errors import LoadError
 from worker.speculative import rejection
 from worker.speculative.adaptive import Speculation
+from worker.speculative.mtp_prefill import Prefill
 from worker.speculative.rows import Rows
 
 # Norms the Hugging Face layout stores zero-centred (weight - 1): mlx-vlm's rule.
@@ -69,10 +85,9 @@ _CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight",
 # A chained draft (the head fed its own output) degrades fast: mlx-vlm drafts
 # mtp_num_hidden_layers + 1 tokens a round by default.
 MAX_DRAFT = 3
-# Passes of the head between looks at how much of its batch cache is padding (a read
-# back from the device each): where more than COMPACT_AT of it is, the rows are laid out
-# again (`_compact`).
-COMPACT_EVERY = 64
+# The rows of the head's batch cache are laid out again (`_compact`) where its length
+# passes the longest row's by more than COMPACT_AT of that (every row attends over the
+# whole length), or would pass what admission counts for the longest row's reservation.
 COMPACT_AT = 0.5
 
 
@@ -107,8 +122,19 @@ class MTPHead(nn.Module):
                        for _ in range(layers)]
         self.norm = nn.RMSNorm(size, eps=eps)
 
+    def count_in(self, kv, max_draft: int) -> None:
+        """Admission (worker/loop/batch.py `holds`) counts each sequence's head cache in
+        `kv` (a KVSize): a position for each of its row of the target's (`per_token`),
+        and past those what one pass of the head may add to every row beyond the longest
+        row's reservation (`per_sequence`: a verify step's kept tokens and the one
+        sampled after, up to the draft and one, and the chain's guesses), within which
+        `MTPSpeculation._compact` keeps the rest of its padding."""
+        per = self.kv_per_token()
+        kv.per_token += per
+        kv.per_sequence += int(per * (max_draft + MAX_DRAFT))
+
     def kv_per_token(self) -> float:
-        """Bytes a sequence's head cache holds per token (the batch admits by it)."""
+        """Bytes a sequence's head cache holds per token."""
         cache = [KVCache() for _ in self.layers]
         h = mx.zeros((1, 1, self.norm.weight.shape[0]), dtype=self.norm.weight.dtype)
         self(h, h, cache)
@@ -187,9 +213,15 @@ class MTPDrafter:
     by `MTPSpeculation`'s batched pass as soon as a verify step has the hidden states and
     the token that follows them); its head cache is a row of that batch cache."""
 
-    def __init__(self, owner: "MTPSpeculation"):
+    def __init__(self, owner: "MTPSpeculation", reserved: int = 0):
         self.owner = owner
+        self.reserved = reserved  # the KV tokens admission reserved for it (batch.py)
         self.joined = False     # a row of the owner's head cache
+        self.length = 0         # positions its head cache holds (its row's, once joined)
+        self.prompt = None      # its head cache while its prompt is prefilled (a KVCache
+                                # per head layer, joined to the batch's when it starts)
+        self.last = None        # (1, 1, hidden) the target's hidden state at the last
+                                # prompt position read, whose next token the head awaits
         self.guess = None       # (k,) the draft that follows the pending token
         self.sampling = None    # rejection.RowSampling: it samples the draft (None: greedy)
         self.q = None           # that draft's q log-probabilities (k, vocab), if sampled
@@ -213,6 +245,17 @@ class MTPDrafter:
         self.owner.leave(self)
 
 
+@dataclass
+class _New:
+    """A row's new positions for the head's pass: `n` of them, then a draft of `k`."""
+    n: int
+    k: int
+    row: int = 0         # (a verify step's: its row of the step's hidden states...
+    tokens: list = None  # ...the tokens it kept, then the one it sampled next)
+    hidden: object = None  # (a start's: its hidden states (1, n, H) and the tokens
+    ids: object = None     # after them (1, n), as arrays: the first is not read yet)
+
+
 class MTPSpeculation(Speculation):
     """Speculation whose verify forward also keeps the target's hidden states for the
     sequences drafting with the MTP head, and the head's batch cache: one row (one
@@ -230,11 +273,72 @@ class MTPSpeculation(Speculation):
         self.seen: dict = {}      # MTPDrafter -> (its verify row, tokens, draft length)
         self.batch = Rows()       # the head's batch cache: a row per joined MTPDrafter
         self.chained = 0          # speculative positions the last chain left in it
-        self.passes = 0           # batched passes (of the new positions) so far
         self.lazy: list = []
 
-    def drafter(self) -> MTPDrafter:
-        return MTPDrafter(self)
+    def drafter(self, reserved: int = 0) -> MTPDrafter:
+        return MTPDrafter(self, reserved)
+
+    def attached(self, generator) -> None:
+        """The generator's prompt batch runs the target through `Prefill`, which keeps
+        its hidden states for the head (mtp_prefill.py)."""
+        generator._prompt_batch.model = Prefill(generator._prompt_batch.model, self)
+
+    def _drafters(self, uids) -> list:
+        """(index, MTPDrafter, the draft length its pace asks) of each of `uids` that
+        drafts with the head."""
+        out = []
+        for i, uid in enumerate(uids):
+            t = self.tracks.get(uid)
+            if t is not None and isinstance(t.drafter, MTPDrafter):
+                out.append((i, t.drafter, max(1, min(t.pace.length, MAX_DRAFT))))
+        return out
+
+    def prefilled(self, uids: list, tokens: list, hidden: mx.array) -> list:
+        """A prompt chunk of these rows ran (`tokens[i]`: row i's, `hidden` (rows, width,
+        H) their final hidden states, right-padded): each MTP sequence's head reads its
+        positions, each hidden state with the token after it (the chunk's last waits
+        for the next chunk's first token: `last`), into its own head cache, one pass per
+        row. Returns the arrays to evaluate with the chunk."""
+        out = []
+        for i, d, _ in self._drafters(uids):
+            ids = tokens[i]
+            if not ids:
+                continue
+            h = hidden[i:i + 1, :len(ids)]
+            if d.last is not None:
+                h, d.last = mx.concatenate([d.last, h], axis=1), h[:, -1:]
+                read, h = ids, h[:, :-1]
+            else:
+                read, h, d.last = ids[1:], h[:, :-1], h[:, -1:]
+            if read:
+                if d.prompt is None:
+                    d.prompt = [KVCache() for _ in self.head.layers]
+                self.head(self.embed(mx.array([read])), h, d.prompt)
+                d.length += len(read)
+                out += [c.state for c in d.prompt]
+            out.append(d.last)
+        return out
+
+    def started(self, uids: list, last: list, hidden: mx.array, first: mx.array) -> None:
+        """These rows' prompts are read but their last tokens `last`, which the target
+        just read (`hidden` (rows, 1, H)) to sample each row's first token `first`
+        (lazy: not read back here): the head reads each prompt's last two positions (the
+        hidden state before the last token with it, the last one's with the first
+        token), and drafts, so the first verify step of a sequence has a draft made over
+        its whole prompt. One pass of the head for these rows."""
+        seen = {}
+        for i, d, k in self._drafters(uids):
+            ids = mx.concatenate([mx.array([last[i]], dtype=first.dtype), first[i:i + 1]])
+            h = hidden[i:i + 1]
+            if d.last is not None:
+                h, ids = mx.concatenate([d.last, h], axis=1), ids[None]
+            else:
+                ids = ids[None, 1:]
+            d.last = None
+            seen[d] = _New(ids.shape[1], k, hidden=h, ids=ids)
+        if seen:
+            self.lazy += self._draft(seen)
+            mx.async_eval(self.lazy)
 
     def forward(self, gb, inputs):
         self.hidden = self.body(inputs, cache=gb.prompt_cache)
@@ -257,18 +361,18 @@ class MTPSpeculation(Speculation):
         row of the verify forward), then sampled `following`: the head reads them (each
         hidden state with the token after it) in `stepped`, with every other row's."""
         super().verified(uid, draft, accepted, tokens)
-        t = self.tracks.get(uid)
-        if t is not None and isinstance(t.drafter, MTPDrafter) and uid in self.rows \
-                and following is not None:
-            self.seen[t.drafter] = (self.rows[uid], list(tokens) + [following],
-                                    max(1, min(t.pace.length, MAX_DRAFT)))
+        if uid not in self.rows or following is None:
+            return
+        for _, d, k in self._drafters([uid]):
+            read = list(tokens) + [following]
+            self.seen[d] = _New(len(read), k, row=self.rows[uid], tokens=read)
 
     def stepped(self) -> None:
         """Every row of the verify step is verified: one batched pass of the head over
         all their new positions, then each chained draft token in one pass for all."""
         seen, self.seen = self.seen, {}
         if seen:
-            self.lazy = self._draft(seen)
+            self.lazy += self._draft(seen)
             mx.async_eval(self.lazy)
 
     def reported(self, responses, fed: bool = False) -> None:
@@ -292,10 +396,11 @@ class MTPSpeculation(Speculation):
             self.chained = 0
 
     def _draft(self, seen: dict) -> list:
-        """The head's pass over every row's new positions (right-padded to the longest,
-        each row's last one read), its chain, and each seen row's draft: the arrays to
-        evaluate. A row the batch dropped (a failed step's reset) leaves first; rows not
-        seen this step read nothing (their padding rolled left, as draft_model.py's)."""
+        """The head's pass over every row's new positions (`seen`: drafter -> _New;
+        right-padded to the longest, each row's last one read), its chain, and each seen
+        row's draft: the arrays to evaluate. A row the batch dropped (a failed step's
+        reset) leaves first; rows not seen read nothing (their padding rolled left:
+        rows.py)."""
         live = {id(t.drafter) for t in self.tracks.values()}
         if any(id(d) not in live for d in self.batch.order):
             self._keep([d for d in self.batch.order if id(d) in live])
@@ -303,21 +408,18 @@ class MTPSpeculation(Speculation):
             for c in self.batch.cache:
                 c.trim(self.chained)
             self.chained = 0
-        self.passes += 1
-        if self.batch and self.passes % COMPACT_EVERY == 0:
-            self._compact()
         joining = [d for d in seen if not d.joined]
         if joining:
             self._join(joining)
-        rows, cache = self.batch.order, self.batch.cache
-        lengths = [len(seen[d][1]) if d in seen else 0 for d in rows]
-        width = max(lengths)
-        tokens = mx.array([(seen[d][1] if d in seen else []) + [0] * (width - n)
-                           for d, n in zip(rows, lengths)], dtype=mx.int32)
-        at = mx.array([seen[d][0] if d in seen else 0 for d in rows])
-        hidden = self.hidden[at, :width]
+        rows = self.batch.order
+        lengths = [seen[d].n if d in seen else 0 for d in rows]
+        count = max(s.k for s in seen.values())
+        self._compact(max(lengths) + count - 1)
+        cache = self.batch.cache
+        tokens, hidden = self._inputs(seen, rows, max(lengths))
         h = self.batch.run(lengths, lambda: self.head(self.embed(tokens), hidden, cache))
-        count = max(k for _, _, k in seen.values())
+        for d in seen:
+            d.length += seen[d].n
         samplings = [d.sampling for d in rows]
         sampling = [i for i, s in enumerate(samplings) if s is not None]
         # (a row not seen drafts with throwaway keys: its own key moves only when it
@@ -338,27 +440,61 @@ class MTPSpeculation(Speculation):
         j = 0
         for i, d in enumerate(rows):
             if d in seen:
-                k = seen[d][2]
+                k = seen[d].k
                 d.guess = guesses[i, :k]
                 d.q = q[j, :k] if d.sampling is not None else None
             j += d.sampling is not None
         return [guesses] + ([q] if q is not None else [])
 
-    def _compact(self) -> bool:
-        """Where padding is most of the head's cache (each pass grows every row by the
-        widest row's new positions, a narrower row's padding rolled left), each row's
-        positions laid out again, left-padded to the longest (BatchKVCache.merge)."""
-        first = self.batch.cache[0]
-        padding = first.left_padding.tolist()
-        if sum(padding) <= COMPACT_AT * len(padding) * first._idx:
+    def _inputs(self, seen: dict, rows: list, width: int) -> tuple:
+        """(tokens (rows, width), hidden states (rows, width, H)) of the pass: each seen
+        row's new positions, right-padded; a verify step's rows gathered from its
+        forward's hidden states in one take, a start's stacked from their own."""
+        if not any(s.hidden is not None for s in seen.values()):
+            tokens = mx.array([(seen[d].tokens if d in seen else [])
+                               + [0] * (width - (seen[d].n if d in seen else 0))
+                               for d in rows], dtype=mx.int32)
+            at = mx.array([seen[d].row if d in seen else 0 for d in rows])
+            return tokens, self.hidden[at, :width]
+        like = next(iter(seen.values())).hidden
+        tokens, hidden = [], []
+        for d in rows:
+            s = seen.get(d)
+            if s is None:
+                tokens.append(mx.zeros((1, width), mx.int32))
+                hidden.append(mx.zeros((1, width, like.shape[-1]), like.dtype))
+                continue
+            pad = width - s.n
+            tokens.append(mx.pad(s.ids.astype(mx.int32), [(0, 0), (0, pad)]))
+            hidden.append(mx.pad(s.hidden, [(0, 0), (0, pad), (0, 0)]))
+        return mx.concatenate(tokens), mx.concatenate(hidden)
+
+    def _compact(self, growth: int) -> bool:
+        """Each row's positions laid out again, left-padded to the longest (rows.py),
+        where the head cache (whose every pass grows every row by the widest row's new
+        positions, a narrower row's padding rolled left) is longer than the longest row
+        by more than COMPACT_AT of it, or than admission counts for each row once this
+        pass adds `growth` (the KV of the longest row's reservation: batch.py `holds`).
+        Counted on the host (each row's `length`): no read from the device."""
+        if not self.batch:
+            return False
+        rows = self.batch.order
+        size = self.batch.cache[0]._idx
+        longest = max(d.length for d in rows)
+        step, reserved = BatchKVCache.step, max(d.reserved for d in rows)
+        counted = -(-reserved // step) * step if reserved else None  # (None: not told)
+        if size <= longest * (1 + COMPACT_AT) and \
+                (counted is None or size + growth <= counted or size == longest):
             return False
         self.batch.compact()
         return True
 
     def _join(self, drafters: list) -> None:
-        """Rows for sequences that draft for the first time (their head caches empty,
-        left-padded to the others' length by BatchKVCache.extend)."""
-        self.batch.join(drafters, [BatchKVCache([0] * len(drafters))
-                                   for _ in self.head.layers])
+        """Rows for sequences that draft for the first time: their head caches (of their
+        prompts, `prefilled`, else empty), left-padded to the others' length."""
+        cache = [BatchKVCache.merge([d.prompt[i] if d.prompt is not None else KVCache()
+                                     for d in drafters])
+                 for i in range(len(self.head.layers))]
+        self.batch.join(drafters, cache)
         for d in drafters:
-            d.joined = True
+            d.joined, d.prompt = True, None

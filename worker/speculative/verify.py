@@ -80,6 +80,7 @@ def attach(generator, speculation) -> None:
     """Speculate in this BatchGenerator's generation batch (one object for its life: new
     sequences are merged into it)."""
     generator._generation_batch.mlxd_speculation = speculation
+    speculation.attached(generator)
 
 
 def verify(gb, spec) -> list | None:
