@@ -212,8 +212,7 @@ def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatc
     compact = MTPSpeculation._compact
     monkeypatch.setattr("worker.speculative.mtp.COMPACT_AT", 0.0)
     monkeypatch.setattr(MTPSpeculation, "_compact",
-                        lambda self, growth: compacted.append(compact(self, growth))
-                        or compacted[-1])
+                        lambda self: compacted.append(compact(self)) or compacted[-1])
     reqs = {"mtp": FOUR["mtp"], "story": FOUR["story"],
             "short": dict(prompt="Write a story about", max_tokens=9, temperature=0.0)}
     prompts = {n: len(engine.prepare(generate(rid=n, **kw)).ids) for n, kw in reqs.items()}

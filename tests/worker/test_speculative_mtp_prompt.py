@@ -153,8 +153,8 @@ def test_the_heads_cache_stays_within_what_admission_counts(mtp, monkeypatch):  
         return out
 
     monkeypatch.setattr(MTPSpeculation, "_draft", checked)
-    monkeypatch.setattr(MTPSpeculation, "_compact", lambda self, growth: compacted.append(
-        compact(self, growth)) or compacted[-1])
+    monkeypatch.setattr(MTPSpeculation, "_compact", lambda self: compacted.append(
+        compact(self)) or compacted[-1])
     monkeypatch.setattr("worker.speculative.adaptive.MIN_GAIN", -1.0)  # (none rests)
     reqs = {"a": dict(FOUR["mtp"], max_tokens=60), "b": dict(FOUR["story"], max_tokens=60),
             "c": dict(prompt="Write a story about", max_tokens=60, temperature=0.0)}

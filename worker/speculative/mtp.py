@@ -414,7 +414,7 @@ class MTPSpeculation(Speculation):
         rows = self.batch.order
         lengths = [seen[d].n if d in seen else 0 for d in rows]
         count = max(s.k for s in seen.values())
-        self._compact(max(lengths) + count - 1)
+        self._compact()
         cache = self.batch.cache
         tokens, hidden = self._inputs(seen, rows, max(lengths))
         h = self.batch.run(lengths, lambda: self.head(self.embed(tokens), hidden, cache))
@@ -469,13 +469,14 @@ class MTPSpeculation(Speculation):
             hidden.append(mx.pad(s.hidden, [(0, 0), (0, pad), (0, 0)]))
         return mx.concatenate(tokens), mx.concatenate(hidden)
 
-    def _compact(self, growth: int) -> bool:
+    def _compact(self) -> bool:
         """Each row's positions laid out again, left-padded to the longest (rows.py),
         where the head cache (whose every pass grows every row by the widest row's new
         positions, a narrower row's padding rolled left) is longer than the longest row
-        by more than COMPACT_AT of it, or than admission counts for each row once this
-        pass adds `growth` (the KV of the longest row's reservation: batch.py `holds`).
-        Counted on the host (each row's `length`): no read from the device."""
+        by more than COMPACT_AT of it, or than admission counts for each row (the KV of
+        the longest row's reservation: batch.py `holds`; the pass that follows adds at
+        most what `MTPHead.count_in` counts past it). Counted on the host (each row's
+        `length`): no read from the device."""
         if not self.batch:
             return False
         rows = self.batch.order
@@ -483,8 +484,7 @@ class MTPSpeculation(Speculation):
         longest = max(d.length for d in rows)
         step, reserved = BatchKVCache.step, max(d.reserved for d in rows)
         counted = -(-reserved // step) * step if reserved else None  # (None: not told)
-        if size <= longest * (1 + COMPACT_AT) and \
-                (counted is None or size + growth <= counted or size == longest):
+        if size <= longest * (1 + COMPACT_AT) and (counted is None or size <= counted):
             return False
         self.batch.compact()
         return True
