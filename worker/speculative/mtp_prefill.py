@@ -14,7 +14,11 @@ chunk, as wide as the target's, evaluated with it), and once its first token is
 sampled the head reads the last positions and drafts (`MTPSpeculation.started`), so
 the sequence's first verify step already has a draft made over its whole prompt. The
 cost is the head's layer over the prompt (and the target's last layer and norm over
-each chunk, which the cache alone does not need): no second forward of the target.
+each chunk, which the cache alone does not need): no second forward of the target. On
+tests/mtp_model.py's tiny checkpoint (4 layers, the last its one attention layer), a
+730-token prompt prefilled in 0.29-0.31 s for the cache alone, 0.35-0.39 s with the
+hidden states, 0.38-0.40 s with the head's pass too (this CPU, best of 3 runs each):
+about a layer of 4; on a real checkpoint's 48 or 64 layers, about two of them.
 
 Only the tokens the batch prefills: a prompt resumed from the prefix cache (or an image
 prefilled by mlx-vlm: worker/vision/batch.py) gives the head its new part only.
