@@ -352,7 +352,9 @@ class MTPSpeculation(Speculation):
         t = self.tracks.get(uid)
         if t is not None and isinstance(t.drafter, MTPDrafter) \
                 and t.drafter.guess is None and t.pace.wants():
-            return []  # (no hidden state yet: this step takes one, unpenalized)
+            # (No hidden state yet: this step takes one, unpenalized; a grammar's forced
+            # tokens are drafted all the same.)
+            return self._forced(t, pending, room)
         return super().propose(uid, pending, room)
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
