@@ -71,3 +71,21 @@ def run_all(batch: Batch, preps: dict, join: dict | None = None) -> dict:
             out[seq.rid].append(outcome)
         step += 1
     return out
+
+
+def turn(engine, batch: Batch, ids: list[int], prediction: list[int] | None = None,
+         max_tokens: int = 24, **kw) -> tuple[int, list[int]]:
+    """One greedy request for the token ids `ids`, alone in `batch` to its end, drafting
+    from `prediction` (token ids) if given: (the prompt tokens its cache supplied, the
+    tokens it generated)."""
+    from protocol.messages import pack_ids
+    from tests.generates import generate
+
+    prep = engine.prepare(generate(rid="t", prompt_ids=pack_ids(ids), max_tokens=max_tokens,
+                                   temperature=0.0, **kw))
+    prep.prediction = prediction
+    cached = batch.add(Seq("t"), prep)
+    out = []
+    while batch.members:
+        out += [o[0] for _, o in batch.step() if o[0] >= 0]
+    return cached, out

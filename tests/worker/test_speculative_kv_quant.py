@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.messages import pack_ids
 from tests.generates import generate
-from tests.worker.batchrun import Seq, make_batch
+from tests.worker.batchrun import make_batch, turn as run_turn
 from tests.worker.test_speculative import FOUR, ids, run
 from tests.worker.test_speculative_grammar import json_request
 from tests.worker.test_worker_kv_quant import Q4, Q8, SYSTEM, hybrid_kvq, kvq  # noqa: F401
@@ -66,14 +65,7 @@ def test_a_rejected_draft_leaves_nothing_in_a_quantized_stored_state(kvq, trimme
     batch = make_batch(engine, prefix=PrefixCache(1 << 30), kv_format=Q8)
 
     def turn(b, prompt, prediction=None, **kw):
-        prep = engine.prepare(generate(rid="t", prompt_ids=pack_ids(prompt), max_tokens=24,
-                                       temperature=0.0, **kw))
-        prep.prediction = prediction
-        cached = b.add(Seq("t"), prep)
-        out = []
-        while b.members:
-            out += [o[0] for _, o in b.step() if o[0] >= 0]
-        return cached, out
+        return run_turn(engine, b, prompt, prediction, **kw)
 
     turn1 = SYSTEM + [1, 2, 3]
     _, reply = turn(make_batch(engine, kv_format=Q8, max_draft=0), turn1)

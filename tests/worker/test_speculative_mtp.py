@@ -326,18 +326,11 @@ def test_a_hybrid_models_next_turn_resumes_from_the_state_its_drafted_turn_left(
         hybrid_engine):
     """A turn decoded with drafts (some rejected) stores its final recurrent state; the
     next turn starts from it and says what it says from scratch."""
-    from protocol.messages import pack_ids
+    from tests.worker.batchrun import turn as run_turn
     from worker.kvcache.prefix import PrefixCache
 
     def turn(batch, ids, prediction=None):
-        prep = hybrid_engine.prepare(generate(rid="t", prompt_ids=pack_ids(ids),
-                                              max_tokens=12, temperature=0.0))
-        prep.prediction = prediction
-        cached = batch.add(Seq("t"), prep)
-        out = []
-        while batch.members:
-            out += [o[0] for _, o in batch.step() if o[0] >= 0]
-        return cached, out
+        return run_turn(hybrid_engine, batch, ids, prediction, max_tokens=12)
 
     turn1 = [10 + (i * 7) % 900 for i in range(60)]
     _, reply = turn(make_batch(hybrid_engine), turn1)
