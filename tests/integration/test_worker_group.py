@@ -44,9 +44,9 @@ def hostfile(tmp_path, ranks: int):
     return str(path)
 
 
-def group_server(model, tmp_path, ranks, sharding, *extra):
+def group_server(model, tmp_path, ranks, sharding, *extra, env=None):
     s = ServerProcess([model], "--hosts", hostfile(tmp_path, ranks), "--sharding", sharding,
-                      *extra)
+                      *extra, env=env)
     s.wait_healthy(180)
     return s
 
@@ -214,6 +214,49 @@ def test_killed_rank_fails_clients_retryably_and_the_group_respawns(shard_model,
     assert "lost a rank" in (w["last_error"] or ""), w
     assert follower not in rank_pids(s)
     assert complete(s, shard_model, PROMPTS[2]) == reference[PROMPTS[2]]
+
+
+def test_a_leader_blocked_in_a_collective_still_leaves_as_lost(shard_model, reference,
+                                                              tmp_path):
+    """The leader's main thread inside MLX's C++ when a rank dies, where no Python signal
+    handler runs: a ring collective whose peer died never returns once that socket's
+    thread has failed (worker/faults.py: the leader's failed step runs the lost group's
+    collectives on, as when more of the step's were queued behind the one that failed).
+    mlx.launch's SIGTERM must still end it with the group's code at once: a crash that
+    says it lost a rank, not a kill for the dead rank's silence a heartbeat timeout later,
+    and no rank process left behind."""
+    import psutil
+
+    with group_server(shard_model, tmp_path, 2, "tensor",
+                      env={"MLXD_TEST_FAULTS": "hang_on_group_lost=1"}) as s:
+        before = group_of(s)  # (a loaded machine may have restarted its first start)
+        ranks = [psutil.Process(pid) for pid in rank_pids(s)]
+        errors = []
+
+        def long_request():
+            try:
+                complete(s, shard_model, PROMPTS[1], max_tokens=4000)
+            except openai.APIStatusError as e:
+                errors.append(e)
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        deadline = time.monotonic() + 30
+        while not group_of(s)["worker_active"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ranks[1].kill()
+        t.join(60)
+        assert len(errors) == 1 and errors[0].status_code == 503, errors
+        w = _wait_epoch(s, before["epoch"] + 1)
+        log = s.log()
+        assert "the leader runs the lost group's collectives on" in log  # the fault ran
+        assert "no collective of the lost group blocked" not in log      # and blocked
+        causes = {c: n - before["restart_causes"].get(c, 0)
+                  for c, n in w["restart_causes"].items()}
+        assert {c: n for c, n in causes.items() if n} == {"crash": 1}, (w, log[-3000:])
+        assert "lost a rank" in (w["last_error"] or ""), w
+        assert still_running(ranks) == []
+        assert complete(s, shard_model, PROMPTS[2]) == reference[PROMPTS[2]]
 
 
 def test_hung_rank_is_detected_and_the_group_respawns(shard_model, reference, tmp_path):

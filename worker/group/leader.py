@@ -55,9 +55,10 @@ def checksum(results) -> int:
 
 
 class LeaderBatch:
-    def __init__(self, batch, control, clock=time.monotonic):
+    def __init__(self, batch, control, clock=time.monotonic, faults=None):
         self.inner = batch
         self.control = control
+        self.faults = faults  # worker/faults.py: tests only, else None
         self._clock = clock
         self.pending: list = []
         self.check: int | None = None   # the last step's checksum (None: none to compare)
@@ -103,6 +104,8 @@ class LeaderBatch:
             results = self.inner.step()  # (raises: the scheduler resets, see `reset`)
         except Exception as e:
             if is_link_failure(e):
+                if self.faults is not None:
+                    self.faults.group_lost()
                 raise GroupLost(str(e)[:200]) from e
             raise
         self.check = checksum(results)

@@ -237,7 +237,9 @@ def serve(args) -> int:
                     slots=batch.max_size, random_weights=loaded.random_weights,
                     active_bytes=memory[0], peak_bytes=memory[1],
                     vocab_size=engine.vocab_size or 0, model_kind=loaded.kind, group=info))
-    leader = LeaderBatch(batch, control)
+    from worker.faults import Faults
+
+    leader = LeaderBatch(batch, control, faults=Faults.from_env())
     code = 0
     try:
         Scheduler(engine, link, status, leader, log_prompts=args.log_prompts,
