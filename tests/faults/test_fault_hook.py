@@ -14,3 +14,5 @@ def test_off_unless_asked_and_strict_about_what_it_is_asked():
     with pytest.raises(ValueError, match="unknown fault"):
         Faults.from_env({ENV: "explode=1"})
     Faults(crash_after_tokens=None).after_token(10**6)  # nothing armed: nothing happens
+    assert Faults.from_env({ENV: "hang_on_group_lost=1"}) == Faults(hang_on_group_lost=1)
+    Faults(crash_after_tokens=3).group_lost()  # not armed: returns at once

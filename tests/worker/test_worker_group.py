@@ -145,6 +145,16 @@ def test_leader_pings_when_idle_and_turns_a_lost_rank_into_group_lost():
     with pytest.raises(GroupLost):
         leader.step()
     leader.close()  # a rank already gone: closing still closes this rank's batch
+    assert leader.inner.calls[-1] == ("close",)
+
+
+def test_a_lost_group_closes_without_touching_its_batch():
+    """Its MLX streams may wait forever on a failed step's collectives (closing the
+    batch would wait with them): the followers are told to stop, and that is all."""
+    q = Queue()
+    batch = FakeBatch()
+    LeaderBatch(batch, q).close(lost=True)
+    assert q.ops() == [["stop"]] and ("close",) not in batch.calls
 
 
 def test_leader_reset_drops_the_record_and_tells_every_rank():

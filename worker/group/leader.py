@@ -124,13 +124,18 @@ class LeaderBatch:
         if self.pending or self._clock() - self._sent_at >= PING_EVERY:
             self.send(["ping"])
 
-    def close(self) -> None:
-        """Shutdown: the followers stop too."""
+    def close(self, lost: bool = False) -> None:
+        """Shutdown: the followers stop too. `lost`: the group lost a rank, and nothing
+        more of MLX runs here (the batch is left as it is; the process exits next): its
+        streams may wait forever on the rest of a failed step's collectives, and closing
+        the batch waits for them (mlx-lm's generator synchronizes its stream on Metal,
+        holding the GIL: no thread of this process would run again)."""
         try:
             self.send(["stop"])
         except GroupLost:
             pass  # a rank already gone: nothing to tell it
-        self.inner.close()
+        if not lost:
+            self.inner.close()
 
 
 class _RecordingKVCache:

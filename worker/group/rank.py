@@ -24,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 from pathlib import Path
 
 log = logging.getLogger("worker.group")
@@ -46,6 +47,38 @@ def leave(code: int) -> int:
         except OSError:
             log.warning("could not write the exit file %s", path)
     return code
+
+
+def leave_on_sigterm(code: int) -> None:
+    """A SIGTERM ends this process at once with `code` (recorded by `leave`), whatever its
+    main thread is doing.
+
+    mlx.launch SIGTERMs the other ranks when one dies. A Python signal handler runs only
+    on the main thread, between bytecodes, and the leader's main thread may then be inside
+    MLX's C++ for good: the ring backend fails a dead peer's pending transfers once and
+    stops that socket's thread, so a collective queued after them (the rest of the step
+    that failed) waits forever. Its link would beat on while the dead rank's silence grew,
+    and the supervisor would kill the group for that silence a heartbeat timeout later, not
+    as a group that lost a rank. Python's C-level handler writes the signal's number to
+    the wakeup fd from whichever thread the signal interrupts; a thread of its own reads
+    it and leaves (MLX waits with the GIL released). Blocking SIGTERM and `sigwait` in a
+    thread is no substitute: a process-directed signal goes to any thread that does not
+    block it, and threads started before main() (the preloaded OpenBLAS's pool) never did.
+    """
+    def now(*_) -> None:
+        log.error("terminated: another rank of the group failed")
+        os._exit(leave(code))
+
+    def watch(fd: int) -> None:
+        while signal.SIGTERM not in os.read(fd, 64):  # (one byte per signal caught)
+            pass
+        now()
+
+    wake, woken = os.pipe()
+    os.set_blocking(woken, False)  # (the C handler must never block)
+    signal.signal(signal.SIGTERM, now)  # (the main thread's, when it runs: either leaves)
+    signal.set_wakeup_fd(woken, warn_on_full_buffer=False)
+    threading.Thread(target=watch, args=(wake,), name="sigterm", daemon=True).start()
 
 
 def pin_device() -> None:
@@ -146,11 +179,7 @@ def serve(args) -> int:
     if rank == 0:
         link = Link(ctx, args.commands, args.events, status, args.heartbeat_interval)
 
-        def on_sigterm(signum, frame):
-            log.error("terminated: another rank of the group failed")
-            os._exit(leave(EXIT_GROUP_LOST))
-
-        signal.signal(signal.SIGTERM, on_sigterm)  # before the link answers (worker/__main__)
+        leave_on_sigterm(EXIT_GROUP_LOST)  # before the link answers (worker/__main__)
         link.start()
         link_up()
         control = LeaderControl(ctx, endpoint, size - 1, keys)
@@ -252,7 +281,7 @@ def serve(args) -> int:
                      EXIT_BROKEN)
         code = EXIT_BROKEN
     finally:
-        leader.close()
+        leader.close(lost=code == EXIT_GROUP_LOST)
         control.close()
     link.close()
     return leave(code)
