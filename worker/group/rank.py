@@ -13,7 +13,8 @@ launcher (`mlx.launch` exits 0 whatever its ranks did). The launcher also beats 
 group while its ranks start, until the leader's link beats (the leader creates
 $MLXD_GROUP_LINK_UP: worker/group/launch.py says why). A SIGTERM reaching the leader
 comes from `mlx.launch` after another rank failed: the leader leaves at once with
-EXIT_GROUP_LOST, so its clients get a retryable error, not a "cancelled" ending. A rank
+EXIT_GROUP_LOST (taken on a thread of its own, whatever the main thread is doing:
+`leave_on_sigterm`), so its clients get a retryable error, not a "cancelled" ending. A rank
 that cannot see its GPU (NCCL) leaves before joining, with the cause in a file beside the
 exit file, which the launcher sends the supervisor as the load's Error.
 """
@@ -53,17 +54,17 @@ def leave_on_sigterm(code: int) -> None:
     """A SIGTERM ends this process at once with `code` (recorded by `leave`), whatever its
     main thread is doing.
 
-    mlx.launch SIGTERMs the other ranks when one dies. A Python signal handler runs only
-    on the main thread, between bytecodes, and the leader's main thread may then be inside
-    MLX's C++ for good: the ring backend fails a dead peer's pending transfers once and
-    stops that socket's thread, so a collective queued after them (the rest of the step
-    that failed) waits forever. Its link would beat on while the dead rank's silence grew,
-    and the supervisor would kill the group for that silence a heartbeat timeout later, not
-    as a group that lost a rank. Python's C-level handler writes the signal's number to
-    the wakeup fd from whichever thread the signal interrupts; a thread of its own reads
-    it and leaves (MLX waits with the GIL released). Blocking SIGTERM and `sigwait` in a
-    thread is no substitute: a process-directed signal goes to any thread that does not
-    block it, and threads started before main() (the preloaded OpenBLAS's pool) never did.
+    mlx.launch SIGTERMs the other ranks when one dies, and the leader's main thread may then
+    be inside MLX's C++ for good: the ring backend fails a dead peer's pending transfers
+    once and stops that socket's thread, so a collective queued after them (the rest of the
+    failed step) never returns. A Python handler runs only on the main thread, between
+    bytecodes: the link beat on while the dead rank's silence grew, and the supervisor
+    killed the group for that silence (cause `heartbeat`), not as a group that lost a rank.
+    Python's C-level handler writes the signal's number to the wakeup fd from whichever
+    thread the signal interrupts: a thread of its own reads it and leaves (MLX waits with
+    the GIL released). Blocking SIGTERM for `sigwait` is no substitute: a process-directed
+    signal goes to any thread that does not block it, and threads started before main()
+    (the preloaded OpenBLAS's pool) never did.
     """
     def now(*_) -> None:
         log.error("terminated: another rank of the group failed")
