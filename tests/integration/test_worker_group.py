@@ -184,26 +184,33 @@ def _wait_epoch(server, epoch, timeout=120):
     raise AssertionError(f"no ready group of epoch {epoch}: {group_of(server)}\n{server.log()}")
 
 
-def test_killed_rank_fails_clients_retryably_and_the_group_respawns(shard_model, reference,
-                                                                   tensor2):
-    s = tensor2
-    before = group_of(s)
-    follower = rank_pids(s)[1]
+def kill_mid_request(server, model, pid: int) -> list:
+    """SIGKILL the rank `pid` while the group serves a long request; the request's errors
+    (the client's APIStatusError, if it got one)."""
     errors = []
 
     def long_request():
         try:
-            complete(s, shard_model, PROMPTS[1], max_tokens=4000)
+            complete(server, model, PROMPTS[1], max_tokens=4000)
         except openai.APIStatusError as e:
             errors.append(e)
 
     t = threading.Thread(target=long_request)
     t.start()
     deadline = time.monotonic() + 30
-    while not group_of(s)["worker_active"] and time.monotonic() < deadline:
+    while not group_of(server)["worker_active"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.kill(follower, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     t.join(60)
+    return errors
+
+
+def test_killed_rank_fails_clients_retryably_and_the_group_respawns(shard_model, reference,
+                                                                   tensor2):
+    s = tensor2
+    before = group_of(s)
+    follower = rank_pids(s)[1]
+    errors = kill_mid_request(s, shard_model, follower)
     assert len(errors) == 1 and errors[0].status_code == 503, errors
     assert errors[0].response.headers.get("retry-after")
     w = _wait_epoch(s, before["epoch"] + 1)
@@ -231,21 +238,7 @@ def test_a_leader_blocked_in_a_collective_still_leaves_as_lost(shard_model, refe
                       env={"MLXD_TEST_FAULTS": "hang_on_group_lost=1"}) as s:
         before = group_of(s)  # (a loaded machine may have restarted its first start)
         ranks = [psutil.Process(pid) for pid in rank_pids(s)]
-        errors = []
-
-        def long_request():
-            try:
-                complete(s, shard_model, PROMPTS[1], max_tokens=4000)
-            except openai.APIStatusError as e:
-                errors.append(e)
-
-        t = threading.Thread(target=long_request)
-        t.start()
-        deadline = time.monotonic() + 30
-        while not group_of(s)["worker_active"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        ranks[1].kill()
-        t.join(60)
+        errors = kill_mid_request(s, shard_model, ranks[1].pid)
         assert len(errors) == 1 and errors[0].status_code == 503, errors
         w = _wait_epoch(s, before["epoch"] + 1)
         log = s.log()
