@@ -147,8 +147,8 @@ class Speculation:
         """Whether this step verifies: some sequence is ready to draft and its drafter
         has a guess for the text so far (`Drafter.ready`, asked without the pending
         token, which is still being computed: a step where no sequence has one stays
-        mlx-lm's pipelined step, at no extra cost), or its grammar forces tokens after
-        the pending one (`GrammarDraft.ahead`)."""
+        mlx-lm's pipelined step, at no extra cost), or its grammar is open (what it
+        forces after the pending token is known only once that token is: grammar.py)."""
         return any((t := self.tracks.get(uid)) is not None
                    and (t.wants() and t.drafter.ready()
                         or t.grammar is not None and t.grammar.ahead()) for uid in uids)
@@ -198,8 +198,11 @@ class Speculation:
         for group, ask in asks.items():
             got.update(group.draft(ask))
         for uid, p in zip(uids, pending):
-            if uid in got and (g := self.tracks[uid].grammar) is not None:
-                got[uid] = g.valid(p, got[uid])
+            t = self.tracks.get(uid)
+            if uid in got and t.grammar is not None:
+                got[uid] = t.grammar.valid(p, got[uid])
+                if not got[uid]:  # (cut to nothing: the draft's passes bought nothing)
+                    t.pace.update(1, 0)
         return [got.get(d, []) if isinstance(d, int) else d for d in drafts]
 
     @staticmethod
