@@ -142,9 +142,8 @@ def test_the_grammar_drafts_what_it_forces_and_cuts_what_it_forbids(grammar, eng
 
 
 def test_a_draft_models_guesses_are_cut_to_the_grammar(engine, monkeypatch):
-    """With a draft model (the same weights: its guesses are the target's own, which the
-    grammar allows), a grammar's sequence drafts its forced tokens and the draft model's
-    guesses; sampled, the draft model's q verifies its own drafts only (never the forced
+    """With a draft model (the same weights, unmasked), a grammar's sequence drafts its
+    forced tokens and the draft model's guesses cut to what the grammar allows; sampled, the draft model's q verifies its own drafts only (never the forced
     ones), and a seed reproduces valid JSON."""
     from worker.speculative.draft_model import DraftModel
 
@@ -161,9 +160,11 @@ def test_a_draft_models_guesses_are_cut_to_the_grammar(engine, monkeypatch):
         len(r := real_forced(self, p, k))) or r)
     got, _, steps = run(engine, req, draft=DraftModel(engine.model, 64))
     assert ids(got["json"]) == ids(plain["json"])
-    # The draft model's guesses were drafted (and some cut where the unmasked model would
-    # leave the grammar), beside the forced tokens.
-    assert max(cut) > 0 and run.totals.accepted - sum(forced) > 5
+    # The draft model's guesses were drafted and cut where the unmasked model would leave
+    # the grammar (this random model's always are, inside the string), beside the forced
+    # tokens; a row whose drafts are cut to nothing rests as one whose drafts fail.
+    asked = [c for c in cut if c]
+    assert asked and len(asked) < steps / 4 and run.totals.accepted >= sum(forced) > 0
     sampled = {"s": json_request(temperature=0.9, seed=5)}
     first, _, _ = run(engine, sampled, draft=DraftModel(engine.model, 64))
     assert run.totals.accepted > 0
