@@ -147,8 +147,8 @@ class Speculation:
         """Whether this step verifies: some sequence is ready to draft and its drafter
         has a guess for the text so far (`Drafter.ready`, asked without the pending
         token, which is still being computed: a step where no sequence has one stays
-        mlx-lm's pipelined step, at no extra cost), or its grammar is open (what it
-        forces after the pending token is known only once that token is: grammar.py)."""
+        mlx-lm's pipelined step, at no extra cost), or its grammar forces tokens after
+        the pending one (`GrammarDraft.ahead`)."""
         return any((t := self.tracks.get(uid)) is not None
                    and (t.wants() and t.drafter.ready()
                         or t.grammar is not None and t.grammar.ahead()) for uid in uids)

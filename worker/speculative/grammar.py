@@ -24,16 +24,16 @@ own). Three things keep that true:
   tokenization of the same bytes, so a schema's fixed text costs a step per run of it,
   not a step per token.
 
-Whether a step verifies is asked before the pending token is known (`Speculation.wants`),
-and what a grammar forces after it depends on it (a string's closing quote and comma force
-the next key). So a sequence whose grammar is still open always asks (`ahead`): the
-verify step reads the pending token, and where no sequence has a draft after all it is
-mlx-lm's own step (verify.py). That costs nothing a grammar's step had: mlx-lm's step
-waits for a grammar's pending token anyway (`GrammarMask` reads it to mask the next
-logits), so no step of a batch with a grammar in it overlaps the one before. Asking only
-where the grammar forces the pending token and one more (its fast-forward tokens from the
-state before it) found each forced run a step late: on the demo model's JSON record
-(bench/speculative.py `json`), 63 steps for 91 tokens against 93 without drafts.
+Whether a step verifies is asked before the pending token is known (`Speculation.wants`):
+`ahead` says the grammar forces the pending token and at least one after it (its
+fast-forward tokens from the state before the pending one). A forced run that starts
+right after a free token (a string's closing quote forces the next key) is found a step
+later. Asking at every step while the grammar is open finds those too (the demo model's
+JSON record, bench/speculative.py `json`: 58 steps for 91 tokens against 63, 93 without
+drafts), but costs every free step of a grammar's batch its overlap: mlx-lm's step
+builds the model's graph for the next token before the grammar's mask waits for the
+pending one, a verify step only after it has read it, and on a GPU that graph's Python
+is milliseconds of a small model's step.
 
 A cut draft costs a drafter with a cache nothing more than a rejected one: a draft
 model's row and the MTP head drop what the text did not keep before they next read
@@ -62,8 +62,8 @@ class GrammarDraft:
         return m.primed and m.failure is None and not m.constraint.done
 
     def ahead(self) -> bool:
-        """Whether the grammar may force tokens after the pending one (see above)."""
-        return self._usable()
+        """Whether the grammar forces the pending token and another after it."""
+        return self._usable() and len(self._matcher.compute_ff_tokens()) >= 2
 
     def forced(self, pending: int, k: int) -> list[int]:
         """Up to `k` tokens the grammar forces after `pending` (none: it leaves a choice)."""
