@@ -94,6 +94,19 @@ class Track:
             self.pace.rest = 0
         return self.pace.wants()
 
+    def forced_draft(self, pending: int, room: int) -> list[int]:
+        """The tokens its grammar forces after `pending` (none: it has no grammar, or the
+        grammar leaves a choice), drafted in place of its drafter's guess; `forced` says
+        which this step's draft is."""
+        self.forced = False
+        if self.grammar is None:
+            return []
+        forced = self.grammar.forced(pending, min(room, self.pace.max_draft))
+        if forced:  # (not the drafter's: its pace neither earns nor pays for it)
+            self.forced = True
+            self.pace.plain_step()
+        return forced
+
 
 @dataclass
 class Totals:
@@ -160,7 +173,7 @@ class Speculation:
         if t is None:
             return []
         t.drafter.extend([pending])
-        if (forced := self._forced(t, pending, room)):
+        if (forced := t.forced_draft(pending, room)):
             return forced
         if not t.wants() or room <= 0:
             t.pace.plain_step()
@@ -186,7 +199,7 @@ class Speculation:
                 continue
             t = self.tracks[uid]
             t.drafter.extend([p])
-            if (forced := self._forced(t, p, room)):
+            if (forced := t.forced_draft(p, room)):
                 drafts.append(forced)
             elif not t.wants() or room <= 0:
                 t.pace.plain_step()
@@ -204,19 +217,6 @@ class Speculation:
                 if not got[uid]:  # (cut to nothing: the draft's passes bought nothing)
                     t.pace.update(1, 0)
         return [got.get(d, []) if isinstance(d, int) else d for d in drafts]
-
-    @staticmethod
-    def _forced(t: Track, pending: int, room: int) -> list[int]:
-        """The tokens the sequence's grammar forces after `pending` (none: it has none,
-        or leaves a choice), drafted in place of its drafter's guess."""
-        t.forced = False
-        if t.grammar is None:
-            return []
-        forced = t.grammar.forced(pending, min(room, t.pace.max_draft))
-        if forced:  # (not the drafter's: its pace neither earns nor pays for it)
-            t.forced = True
-            t.pace.plain_step()
-        return forced
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
                  following: int | None = None) -> None:

@@ -354,7 +354,7 @@ class MTPSpeculation(Speculation):
                 and t.drafter.guess is None and t.pace.wants():
             # (No hidden state yet: this step takes one, unpenalized; a grammar's forced
             # tokens are drafted all the same.)
-            return self._forced(t, pending, room)
+            return t.forced_draft(pending, room)
         return super().propose(uid, pending, room)
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
