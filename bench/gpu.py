@@ -209,12 +209,13 @@ def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
     loaded = models.load(str(path), Path(path).parent)
     eng = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, prefill_step,
                      loaded.vocab_size)
+    fmt = KVFormat.of(kv_bits)
     batch = Batch(eng, max_size=max_size, prefill_step=prefill_step,
                   prefill_batch=prefill_batch, kv_budget=32 << 30,
                   kvcache=KVCache(PrefixCache(prompt_cache),
                                   trimmable=trimmable(eng.model, None)) if prompt_cache else None,
-                  kv=KVSize.measure(eng.model, None, KVFormat.of(kv_bits)),
-                  kv_format=KVFormat.of(kv_bits), max_draft=max_draft)
+                  kv=KVSize.measure(eng.model, None, fmt), kv_format=fmt,
+                  max_draft=max_draft)
     return eng, batch
 
 
