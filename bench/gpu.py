@@ -210,13 +210,25 @@ def in_process(path: Path, *, max_size: int = 32, prefill_batch: int = 8,
     eng = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length, prefill_step,
                      loaded.vocab_size)
     fmt = KVFormat.of(kv_bits)
+    if fmt.quantized:  # (as the worker's load: the attention path this device runs)
+        fmt.check(eng.model, None, getattr(getattr(eng.model, "args", None), "model_type", ""))
     batch = Batch(eng, max_size=max_size, prefill_step=prefill_step,
                   prefill_batch=prefill_batch, kv_budget=32 << 30,
                   kvcache=KVCache(PrefixCache(prompt_cache),
                                   trimmable=trimmable(eng.model, None)) if prompt_cache else None,
                   kv=KVSize.measure(eng.model, None, fmt), kv_format=fmt,
                   max_draft=max_draft)
+    if batch.speculation is not None:  # (as a worker prices it at load: once a model here)
+        from worker.loading.startup import price_verification
+        prices = _PRICES.setdefault(str(path), {})
+        if max_draft not in prices:
+            price_verification(batch, eng)
+            prices[max_draft] = batch.speculation.verify_price
+        batch.speculation.verify_price = prices[max_draft]
     return eng, batch
+
+
+_PRICES: dict = {}  # model path -> {max_draft: its verification's price} (in_process)
 
 
 def greedy(eng, rid: str, ids: list[int], tokens: int):
@@ -333,7 +345,8 @@ def chat_many(port: int, model: str, texts: list[str], tokens: int,
 
 
 def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[int],
-              kv_budget: str, lm_server: bool) -> list:
+              kv_budget: str, lm_server: bool, m: dict | None = None) -> list:
+    """The shape's rows; `m` (row → (ref's rounds, ours)) is filled with every round."""
     import random
 
     path = build(shape, dtype)
@@ -346,7 +359,7 @@ def run_shape(shape: str, dtype: str, rounds: int, tokens: int, streams: list[in
     raw = Raw(path)
     most = max(streams)
     model = str(path)
-    m: dict[str, tuple[list, list]] = {}
+    m = {} if m is None else m  # row → (ref's rounds, ours)
     failed: dict[str, str] = {}  # a peer's row → why the peer failed it
 
     def rec(key: str, i: int, ref, ours, peer: bool = False) -> None:
@@ -488,6 +501,8 @@ def main() -> None:
                    "GPU, 2G elsewhere)")
     p.add_argument("--mlx-lm-server", action="store_true",
                    help="also mlxd against mlx_lm.server, both on the chat path")
+    p.add_argument("--rounds-out", default=None, metavar="PATH",
+                   help="also write every round's figures, per shape, row and side, as JSON")
     args = p.parse_args()
 
     import mlx.core as mx
@@ -496,10 +511,15 @@ def main() -> None:
     dtype = default_dtype(args.dtype)
     info = mx.device_info()
     streams = [int(s) for s in args.streams.split(",")]
-    rows = []
+    rows, rounds = [], {}
     for shape in args.shapes.split(","):
         rows += run_shape(shape, dtype, args.rounds, args.tokens, streams,
-                          args.kv_budget or ("24G" if gpu else "2G"), args.mlx_lm_server)
+                          args.kv_budget or ("24G" if gpu else "2G"), args.mlx_lm_server,
+                          rounds.setdefault(shape, {}))
+    if args.rounds_out:  # a row's spread, and which rounds made it, are not in the table
+        Path(args.rounds_out).write_text(json.dumps(
+            {shape: {key: {"ref": r, "ours": o} for key, (r, o) in m.items()}
+             for shape, m in rounds.items()}, indent=1))
     print_table(f"mlxd vs raw mlx-lm: {info.get('device_name', info)} "
                 f"(MLX {mx.__version__}, {dtype}, {args.rounds} paired rounds, {args.tokens} "
                 "tokens; ratio: ours / ref, geometric mean of the rounds, [95% interval])",

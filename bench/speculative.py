@@ -23,6 +23,7 @@ then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` 
 
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
                                 [--cases edit,prediction,prose,edit-draft,prose-draft,json,...]
+                               
                                 [--step-cost] [--gguf PATH] [--draft-bits 4] [--servers]
                                 [--sampled 0.7] [--mtp tiny|small|PATH] [--kv-bits 8]
 
@@ -342,7 +343,11 @@ def main() -> None:
 
     path, draft_path = models(a.gguf, a.draft_bits)
     draft_model = mlx_lm.load(str(draft_path))[0]
-    eng, _ = in_process(path, prompt_cache=0)
+    eng, b = in_process(path, prompt_cache=0)
+    price = b.speculation.verify_price if b.speculation else None
+    print("a verification must earn " + (f"{price[0]:.2f} tokens (a draft of 1) to {price[1]:.2f} "
+          f"(of {b.max_draft}) on this device, as a worker measures it at load"
+          if price else "MIN_GAIN (not measured)"), flush=True)
     if a.step_cost:
         step_cost(eng)
     # The draft as a worker loads it (None: off, its pass costs a whole step or more).
@@ -369,12 +374,15 @@ def main() -> None:
              "prose-draft": ("prose", PROSE, "draft", None),
              "json": ("json", JSON, "grammar", None),
              "json-lookup": ("json", JSON, "prompt-lookup", None)}
-    cases = [cases[c] for c in a.cases.split(",") if c]
+    # `edit-fixed`, `prose-fixed`: prompt lookup with every verification priced at
+    # MIN_GAIN, not at what it costs on this device (cost.py verify_price), side by side.
+    cases.update({f"{c}-fixed": cases[c] + (True,) for c in ("edit", "prose")})
+    cases = [cases[c] + (False,) * (5 - len(cases[c])) for c in a.cases.split(",") if c]
     if cases:
-        print(f"{'workload':8} {'drafter':18} {'streams':>7} {'none tok/s':>10} "
+        print(f"{'workload':8} {'drafter':26} {'streams':>7} {'none tok/s':>10} "
               f"{'spec tok/s':>10} {'ratio':>6} {'accept':>7} {'tok/verify':>10} same")
     for n in streams if cases else ():
-        for work, messages, spec, prediction in cases:
+        for work, messages, spec, prediction, fixed in cases:
             best = {"none": 0.0, "spec": 0.0}
             texts = {}
             stats = None
@@ -384,16 +392,19 @@ def main() -> None:
                 rate, texts["none"] = run(eng, b, messages, n, a.tokens, None, schema=schema)
                 best["none"] = max(best["none"], rate)
                 b = batch_for(spec)
+                if fixed:
+                    b.speculation.verify_price = None
                 rate, texts["spec"] = run(eng, b, messages, n, a.tokens, prediction,
                                           schema=schema)
                 best["spec"] = max(best["spec"], rate)
                 stats = b.speculation.totals if b.speculation else None
             drafter = "prediction" if prediction else \
                 f"draft q{a.draft_bits}" if spec == "draft" else spec
+            drafter += ", fixed price" if fixed else ""
             accept = stats.accepted / stats.drafted if stats and stats.drafted else 0.0
             per = (stats.accepted + stats.verifications) / stats.verifications \
                 if stats and stats.verifications else 1.0
-            print(f"{work:8} {drafter:18} {n:7d} {best['none']:10.1f} "
+            print(f"{work:8} {drafter:26} {n:7d} {best['none']:10.1f} "
                   f"{best['spec']:10.1f} {best['spec'] / best['none']:6.2f} {accept:7.2f} "
                   f"{per:10.2f} {texts['none'] == texts['spec']}", flush=True)
     if a.sampled:

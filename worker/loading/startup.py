@@ -73,7 +73,23 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
         raise LoadError("--speculative mtp cannot draft with --max-kv-size, --max-draft-tokens "
                         "0 or a model with sliding-window layers (their caches are not rolled "
                         "back yet)")
+    price_verification(batch, engine)
     return batch
+
+
+def price_verification(batch, engine) -> None:
+    """What a verification must earn on this device (worker/speculative/cost.py
+    `verify_price`), measured once the batch speculates at all."""
+    if batch.speculation is None:
+        return
+    from worker.speculative.cost import verify_price
+
+    price = verify_price(engine.model, batch.max_draft)
+    batch.speculation.verify_price = price
+    if price is not None:
+        log.info("a verification must earn %.2f tokens (a draft of 1) to %.2f (of %d) on this "
+                 "device, or the sequence rests from drafting", price[0], price[1],
+                 batch.max_draft)
 
 
 # Of the device's free memory, what a prefill chunk leaves free however much it borrows:

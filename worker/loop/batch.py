@@ -273,7 +273,8 @@ class Batch:
             drafter = NoGuess()
         else:
             return
-        pace = Pace(self.max_draft, cost=getattr(drafter, "cost", 0.0))
+        pace = Pace(self.max_draft, cost=getattr(drafter, "cost", 0.0),
+                    verify=self.speculation.verify_price)
         self.speculation.add(uid, Track(drafter, pace, seq, prediction=bool(predicted),
                                         sampling=prep.gen.sampling,
                                         vocab=self.engine.vocab_size,

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 from worker.speculative import rejection
 
-# A sequence rests when its average accepted tokens per verification falls below this:
-# what a verification step costs over a plain one, in tokens. `python -m
-# bench.speculative --step-cost` on the demo model (CPU, OpenBLAS) measured the forward
-# pass verifying a draft of 1, 2, 4, 8 tokens at 0.99, 1.25, 1.17, 1.36 x a one-token step
-# (docs/benchmarks.md): a draft must earn up to 0.36 tokens, and the step it cannot
-# overlap with the next (verify.py) a little more.
+# A sequence rests when its average accepted tokens per verification falls below what a
+# verification step costs over a plain one, in tokens: measured on the device at load
+# (cost.py `verify_price`: `Pace.verify`), this where it is not (a recurrent model) and
+# as the least a measured price may be. `python -m bench.speculative --step-cost` on the
+# demo model (CPU, OpenBLAS) measured the forward pass verifying a draft of 1, 2, 4, 8
+# tokens at 0.99, 1.25, 1.17, 1.36 x a one-token step (docs/benchmarks.md); on a lent
+# H200 at 1.79-1.86 x.
 MIN_GAIN = 0.4
 MAX_REST = 64
 RESYNC = 3   # tokens a prediction's output must agree with it again to end a rest
@@ -46,9 +47,21 @@ class Pace:
     rest: int = 0         # plain steps left before drafting again
     backoff: int = 4
     cost: float = 0.0     # drafting one token, in target steps (a draft model's passes)
+    # What verifying a draft of one token and of `max_draft` must earn, in tokens
+    # (cost.py `verify_price`, between them by length); None: MIN_GAIN.
+    verify: tuple | None = None
 
     def __post_init__(self):
         self.length = min(4, self.max_draft)
+
+    def price(self, drafted: int) -> float:
+        """Tokens a verification of `drafted` tokens must earn to pay for its step."""
+        if self.verify is None:
+            return MIN_GAIN
+        one, most = self.verify
+        if self.max_draft <= 1:
+            return one
+        return one + (most - one) * (min(drafted, self.max_draft) - 1) / (self.max_draft - 1)
 
     def wants(self) -> bool:
         return self.rest == 0
@@ -65,9 +78,10 @@ class Pace:
             self.length = min(self.max_draft, self.length * 2)
         else:
             self.length = max(1, accepted + 1)
-        if self.gain < MIN_GAIN + self.cost * drafted:  # (what the draft cost to make)
+        need = self.price(drafted)
+        if self.gain < need + self.cost * drafted:  # (what the draft cost to make)
             self.rest, self.backoff = self.backoff, min(MAX_REST, self.backoff * 2)
-            self.gain = MIN_GAIN  # (a fresh chance after the rest)
+            self.gain = need  # (a fresh chance after the rest)
         elif accepted:
             self.backoff = 4
 
@@ -130,6 +144,9 @@ class Speculation:
     # temperature > 0 are sampled and verified by rejection sampling (rejection.py);
     # off: drawn greedily and kept where the target's own sample matches.
     rejection = True
+    # What a verification must earn on this device (cost.py `verify_price`, measured when
+    # the worker loads: worker/loading/startup.py); None: MIN_GAIN. Each track's Pace.
+    verify_price = None
 
     def forward(self, gb, inputs):
         """The verify step's logits of `inputs` (n, width) on the batch's caches."""

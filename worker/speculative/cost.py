@@ -1,4 +1,5 @@
-"""What drafting with a draft model can earn, priced at load (worker/loading/draft.py).
+"""What drafting can earn, priced at load: a draft model (worker/loading/draft.py), and the
+verify step every drafter pays for (`verify_cost`, worker/loading/startup.py).
 
 A draft model's pass costs a fraction of the target's step (measured at load:
 draft_model.step_cost). Drafting k tokens costs k passes and a verify step, and brings on
@@ -10,6 +11,8 @@ step on a lent H200, got past the older rule (a pass under one step) and ran at
 """
 
 from __future__ import annotations
+
+import time
 
 # The acceptance a draft model is priced at when it loads: generous (a 4-bit copy of the
 # demo model kept 78% of its drafts on an agent edit, 23-43% on prose).
@@ -30,3 +33,75 @@ def best_draft(pass_cost: float, verify: float = 1.0, acceptance: float = ACCEPT
         if rate > best[1]:
             best = (k, rate)
     return best
+
+
+def verify_cost(model, draft: int, context: int = 64, reps: int = 5,
+                steps: int = 4) -> float | None:
+    """A step that verifies a draft of `draft` tokens, in plain decode steps (the best of
+    `reps` of each, interleaved: the machine drifts); None where the model's cache cannot
+    give positions back (recurrent layers: nothing to time it on without copying state).
+
+    A plain step is timed as mlx-lm decodes, `steps` of them pipelined (the next step's
+    graph built and launched before the current token is read), a verify step as
+    verify.py runs it: 1 + `draft` positions in one forward, read back before anything
+    else is launched. What it costs over one plain step is what a draft must earn in
+    accepted tokens (adaptive.py `Pace.verify`). It differs by device: on the demo model
+    with OpenBLAS on this project's CPU the forward alone cost 0.99-1.36 plain ones, on a
+    lent H200, where a small model's step is its kernel launches, 1.79-1.86, and prose
+    drafted by prompt lookup (0.87 tokens accepted a verification) ran at 0.80 x there
+    while the fixed price (`MIN_GAIN`, 0.4) kept it drafting."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    if not all(hasattr(c, "trim") and c.is_trimmable() for c in cache):
+        return None
+    mx.eval(model(mx.array([list(range(1, context + 1))]), cache=cache))
+
+    def back(n: int) -> None:
+        for c in cache:
+            c.trim(n)
+
+    def plain() -> float:
+        t = time.perf_counter()
+        y = mx.argmax(model(mx.array([[7]]), cache=cache)[:, -1], axis=-1)
+        mx.async_eval(y)
+        for _ in range(steps - 1):
+            following = mx.argmax(model(y[:, None], cache=cache)[:, -1], axis=-1)
+            mx.async_eval(following)
+            y.item()
+            y = following
+        y.item()
+        dt = (time.perf_counter() - t) / steps
+        back(steps)
+        return dt
+
+    def verify() -> float:
+        t = time.perf_counter()
+        mx.argmax(model(mx.array([[7] * (1 + draft)]), cache=cache), axis=-1).tolist()
+        dt = time.perf_counter() - t
+        back(1 + draft)
+        return dt
+
+    plain(), verify()  # (each shape's first run compiles)
+    times = {plain: [], verify: []}
+    for _ in range(reps):
+        for once, got in times.items():
+            got.append(once())
+    return min(times[verify]) / max(1e-9, min(times[plain]))
+
+
+def verify_price(model, longest: int) -> tuple[float, float] | None:
+    """(tokens a verification of one drafted token must earn, of `longest`): what each
+    costs over a plain step (`verify_cost`), never under `MIN_GAIN` (the measurement is a
+    best case: a short context, no logits processors, no drafter's own work); None where
+    it cannot be measured (adaptive.py then prices every verification at MIN_GAIN)."""
+    from worker.speculative.adaptive import MIN_GAIN
+
+    if longest < 1:
+        return None
+    one = verify_cost(model, 1)
+    most = one if longest == 1 or one is None else verify_cost(model, longest)
+    if one is None or most is None:
+        return None
+    return max(MIN_GAIN, one - 1), max(MIN_GAIN, most - 1)
