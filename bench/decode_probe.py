@@ -33,8 +33,8 @@ import statistics
 from pathlib import Path
 import time
 
-from bench.gpu import (Raw, Seq, build, default_dtype, greedy, in_process, server_many,
-                       server_stream, time_methods)
+from bench.gpu import Raw, build, default_dtype, server_many, server_stream
+from bench.inprocess import Seq, greedy, in_process, time_methods
 from bench.serverproc import ServerProcess
 
 

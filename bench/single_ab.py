@@ -25,7 +25,8 @@ import time
 
 from bench.report import alternate, print_table, ratio_verdict
 from bench.decode_probe import run_batch
-from bench.gpu import SHAPES, Raw, build, default_dtype, in_process, server_stream
+from bench.gpu import SHAPES, Raw, build, default_dtype, server_stream
+from bench.inprocess import in_process
 from bench.serverproc import ServerProcess
 from bench.token_cpu import TokenCPU
 from supervisor.workers import blas

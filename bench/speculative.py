@@ -336,7 +336,7 @@ def main() -> None:
         return
     import mlx_lm
 
-    from bench.gpu import in_process
+    from bench.inprocess import in_process
     from worker.loading.draft import load_draft
     from worker.speculative.draft_model import DraftModel
     from worker.speculative.draft_model import step_cost as draft_cost

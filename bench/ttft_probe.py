@@ -24,8 +24,8 @@ import random
 import statistics
 import time
 
-from bench.gpu import (SHAPES, Raw, Seq, build, chat_rate, chat_text, default_dtype, greedy,
-                       in_process, server_stream, time_methods)
+from bench.gpu import SHAPES, Raw, build, chat_rate, chat_text, default_dtype, server_stream
+from bench.inprocess import Seq, greedy, in_process, time_methods
 from bench.serverproc import ServerProcess
 
 
