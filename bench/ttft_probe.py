@@ -51,11 +51,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--dtype", default=None)
     p.add_argument("--timers", action="store_true", help="time mlx-lm's batch methods")
-    p.add_argument("--server-args", default="--max-batch-size 32;--kv-budget 24G "
-                   "--max-batch-size 32 --prefill-batch-size 8",
-                   help="mlxd flags, one server per ';'-separated set")
+    p.add_argument("--server-args", default=None,
+                   help="mlxd flags, one server per ';'-separated set (default: the default "
+                   "server, and on a GPU also one tuned with --kv-budget 24G "
+                   "--prefill-batch-size 8)")
     a = p.parse_args()
     import mlx.core as mx
+
+    if a.server_args is None:  # (a 24G budget waits forever at the memory gate of a
+        a.server_args = "--max-batch-size 32" + (  # small machine's CPU)
+            ";--kv-budget 24G --max-batch-size 32 --prefill-batch-size 8"
+            if mx.default_device() == mx.gpu else "")
 
     dtype = default_dtype(a.dtype)
     path = build(a.shape, dtype)
