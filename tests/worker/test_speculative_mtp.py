@@ -385,3 +385,19 @@ def test_a_qwen3_5_vision_checkpoint_drafts_with_its_head_in_the_vision_batch(mo
     for name in gens:
         assert same(mixed[name], alone[name]), name
     assert b.speculation.totals.drafted > 0
+
+
+def test_the_kv_figures_count_the_heads_cache(mtp):
+    """Admission counts each sequence's head cache per token (count_in, above), so the KV
+    held that status and /metrics report counts it too: the bytes held over the bytes a
+    token are the tokens held."""
+    engine, head, _ = mtp
+    b = make_batch(engine, speculative="mtp", mtp_head=head)
+    b.add(Seq("mtp"), engine.prepare(generate(rid="mtp", **FOUR["mtp"])))
+    while not b.speculation.totals.drafted:
+        b.step()
+    held = b.speculation.nbytes()
+    assert held > 0 and held == b.speculation.batch.nbytes  # (its prompt read: joined)
+    stats = b.kv_stats()
+    assert stats.bytes == b.gen.prompt_cache_nbytes + held
+    assert stats.tokens == int(stats.bytes // b.kv.per_token)

@@ -480,7 +480,8 @@ class Batch:
     def kv_stats(self) -> KVStats:
         """The KV memory the running sequences and the prompt cache hold now (their
         allocated rows), in bytes and in tokens of this format."""
-        held = self.gen.prompt_cache_nbytes
+        held = self.gen.prompt_cache_nbytes + (  # (and the MTP head's, counted per token)
+            self.speculation.nbytes() if self.speculation is not None else 0)
         if self.kvcache is not None:
             held += self.kvcache.prefix.nbytes
         per = self.kv.per_token

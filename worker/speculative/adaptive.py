@@ -152,6 +152,11 @@ class Speculation:
         """The verify step's logits of `inputs` (n, width) on the batch's caches."""
         return gb.model(inputs, cache=gb.prompt_cache)
 
+    def nbytes(self) -> int:
+        """KV bytes of its own that admission counts per token of the target's (the MTP
+        head's cache: mtp.py); none here."""
+        return 0
+
     def add(self, uid: int, track: Track) -> None:
         self.tracks[uid] = track
         if self.rejection and hasattr(track.drafter, "sampling"):  # (it has a q)

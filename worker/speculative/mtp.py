@@ -278,6 +278,10 @@ class MTPSpeculation(Speculation):
     def drafter(self, reserved: int = 0) -> MTPDrafter:
         return MTPDrafter(self, reserved)
 
+    def nbytes(self) -> int:  # (the head's batch cache and those of prompts it reads)
+        return self.batch.nbytes + sum(c.nbytes for t in self.tracks.values()
+                                       for c in getattr(t.drafter, "prompt", None) or ())
+
     def attached(self, generator) -> None:
         """The generator's prompt batch runs the target through `Prefill`, which keeps
         its hidden states for the head (mtp_prefill.py)."""

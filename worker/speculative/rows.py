@@ -30,6 +30,11 @@ class Rows:
     def __len__(self) -> int:
         return len(self.order)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes its cache holds (every row's allocated positions)."""
+        return sum(c.nbytes for c in self.cache)
+
     def join(self, owners: list, cache: list) -> None:
         """Rows for `owners`, whose own caches `cache` holds (one BatchKVCache per layer,
         a row each), appended after the others."""
