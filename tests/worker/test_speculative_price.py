@@ -65,3 +65,14 @@ def test_a_batch_prices_its_verifications_and_a_dear_price_rests_its_drafts(engi
     dear, dear_steps, _ = _lookup(engine, (6.0, 6.0))   # no draft earns 6 tokens here
     assert dear == cheap                                 # the same text
     assert cheap_steps >= 4 and dear_steps < cheap_steps / 2
+
+
+def test_a_verification_that_cannot_be_timed_leaves_the_fixed_price(engine, monkeypatch,
+                                                                   caplog):
+    def broken(model, draft):
+        raise RuntimeError("no kernel for this shape")
+    monkeypatch.setattr("worker.speculative.cost.verify_cost", broken)
+    b = make_batch(engine, speculative="prompt-lookup")
+    b.speculation.verify_price = (9.0, 9.0)
+    price_verification(b, engine)
+    assert b.speculation.verify_price is None and "could not time" in caplog.text

@@ -82,9 +82,15 @@ def price_verification(batch, engine) -> None:
     `verify_price`), measured once the batch speculates at all."""
     if batch.speculation is None:
         return
+    from worker.speculative.adaptive import MIN_GAIN
     from worker.speculative.cost import verify_price
 
-    price = verify_price(engine.model, batch.max_draft)
+    try:
+        price = verify_price(engine.model, batch.max_draft)
+    except Exception as e:  # (a timing must never stop a load: the fixed price then)
+        log.warning("could not time a verification step (%s: %s); drafts are priced at "
+                    "the fixed %.1f tokens", type(e).__name__, e, MIN_GAIN)
+        price = None
     batch.speculation.verify_price = price
     if price is not None:
         log.info("a verification must earn %.2f tokens (a draft of 1) to %.2f (of %d) on this "
