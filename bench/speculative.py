@@ -11,8 +11,13 @@ process, on the real `demo` model (SmolLM2-135M-Instruct), temperature 0, texts 
     speculation at all (`--max-draft-tokens 0`).
 
 One stream and 8 streams (the same request 8 times, no prefix cache), completion tokens
-per second over the whole run (prefill included, the same in every variant), the best of
-`--rounds` rounds alternating variants, and each variant's acceptance.
+per second over the whole run (prefill included, the same in every variant), each side's
+best of `--rounds` rounds and the ratio as paired rounds give it (the geometric mean of
+the rounds' ratios, the sides' order alternating, with its bootstrap 95% interval:
+bench/report.py; on the lent GPUs the CPU's speed moves by 1.6 x between rounds, and
+a best of two per side compared rounds run at different speeds), and the speculating
+side's acceptance. `edit-fixed` and `prose-fixed` price every verification at
+adaptive.py's MIN_GAIN instead of what it costs on this device (cost.py verify_price).
 
 The draft model (`--cases edit-draft,prose-draft`) is the target's own GGUF quantized to
 `--draft-bits` (4) by mlxd's importer (`--quantize`), the target that GGUF as mlxd
@@ -56,6 +61,7 @@ import time
 from pathlib import Path
 
 from bench.make_model import MODELS_DIR
+from bench.report import alternate
 
 SOURCE = "\n".join(
     [f"def step_{i}(values, scale={i}):\n    total = 0\n    for v in values:\n"
@@ -380,33 +386,40 @@ def main() -> None:
     cases = [cases[c] + (False,) * (5 - len(cases[c])) for c in a.cases.split(",") if c]
     if cases:
         print(f"{'workload':8} {'drafter':26} {'streams':>7} {'none tok/s':>10} "
-              f"{'spec tok/s':>10} {'ratio':>6} {'accept':>7} {'tok/verify':>10} same")
+              f"{'spec tok/s':>10} {'ratio':>6} {'95% interval':>13} {'accept':>7} "
+              f"{'tok/verify':>10} same")
     for n in streams if cases else ():
         for work, messages, spec, prediction, fixed in cases:
-            best = {"none": 0.0, "spec": 0.0}
-            texts = {}
-            stats = None
-            for _ in range(a.rounds):
-                schema = RECORD if work == "json" else None
-                b = batch_for("off" if schema else "none")
-                rate, texts["none"] = run(eng, b, messages, n, a.tokens, None, schema=schema)
-                best["none"] = max(best["none"], rate)
-                b = batch_for(spec)
-                if fixed:
-                    b.speculation.verify_price = None
-                rate, texts["spec"] = run(eng, b, messages, n, a.tokens, prediction,
-                                          schema=schema)
-                best["spec"] = max(best["spec"], rate)
-                stats = b.speculation.totals if b.speculation else None
+            schema = RECORD if work == "json" else None
+            texts, stats = {}, None
+
+            def side(name, spec, prediction):
+                def one(_round):
+                    nonlocal stats
+                    b = batch_for(spec)
+                    if fixed and b.speculation is not None:
+                        b.speculation.verify_price = None
+                    rate, texts[name] = run(eng, b, messages, n, a.tokens, prediction,
+                                            schema=schema)
+                    if name == "spec":
+                        stats = b.speculation.totals if b.speculation else None
+                    return rate
+                return one
+
+            # Paired rounds, the order alternating (bench/report.py): on a host whose
+            # CPU speed moves between rounds, a round's two sides ran under one speed.
+            got = alternate(a.rounds, {"none": side("none", "off" if schema else "none", None),
+                                       "spec": side("spec", spec, prediction)}, log=None)
+            ratio, lo, hi = got.ratio("spec", "none")
             drafter = "prediction" if prediction else \
                 f"draft q{a.draft_bits}" if spec == "draft" else spec
             drafter += ", fixed price" if fixed else ""
             accept = stats.accepted / stats.drafted if stats and stats.drafted else 0.0
             per = (stats.accepted + stats.verifications) / stats.verifications \
                 if stats and stats.verifications else 1.0
-            print(f"{work:8} {drafter:26} {n:7d} {best['none']:10.1f} "
-                  f"{best['spec']:10.1f} {best['spec'] / best['none']:6.2f} {accept:7.2f} "
-                  f"{per:10.2f} {texts['none'] == texts['spec']}", flush=True)
+            print(f"{work:8} {drafter:26} {n:7d} {max(got.figures['none']):10.1f} "
+                  f"{max(got.figures['spec']):10.1f} {ratio:6.2f} {f'[{lo:.2f}-{hi:.2f}]':>13} "
+                  f"{accept:7.2f} {per:10.2f} {texts['none'] == texts['spec']}", flush=True)
     if a.sampled:
         sampled(eng, batch_for, streams, a.tokens, a.rounds, a.sampled)
     if a.servers:
