@@ -195,7 +195,7 @@ def mtp_engine(spec: str):
     from worker.loading import models
     from worker.loop.batch import Batch
     from worker.loop.sizing import KVSize
-    from worker.speculative.mtp import load_head
+    from worker.loading.mtp_head import load_head
     from worker.text.engine import TextEngine
 
     if spec in ("tiny", "small"):

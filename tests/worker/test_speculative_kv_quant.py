@@ -121,7 +121,7 @@ def test_the_mtp_head_drafts_for_a_quantized_hybrid_model(models_dir, trimmed):
     from tests.mtp_model import build_mtp_model
     from tests.worker.test_speculative_mtp import FOUR as MTP_FOUR
     from worker.loading import models
-    from worker.speculative.mtp import load_head
+    from worker.loading.mtp_head import load_head
     from worker.text.engine import TextEngine
 
     path = build_mtp_model(models_dir / "qwen3_5-mtp-kvq", predictable=True,

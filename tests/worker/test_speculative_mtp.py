@@ -26,7 +26,7 @@ from worker.text.engine import TextEngine
 def mtp(models_dir):
     """(engine, head) of the checkpoint whose head guesses well (`predictable`)."""
     from worker.loading import models
-    from worker.speculative.mtp import load_head
+    from worker.loading.mtp_head import load_head
 
     path = build_mtp_model(models_dir / "qwen3_5-mtp", predictable=True)
     loaded = models.load(str(path), path.parent)
@@ -50,7 +50,8 @@ def test_the_head_loads_by_the_checkpoints_names_and_what_cannot_draft_refuses(
 
     from worker.loading import models
     from worker.loop.sizing import KVSize
-    from worker.speculative.mtp import MAX_DRAFT, MTPSpeculation, load_head
+    from worker.speculative.mtp import MAX_DRAFT, MTPSpeculation
+    from worker.loading.mtp_head import load_head
     engine, head, path = mtp
     stored = mx.load(str(path / "model.safetensors"))
     assert mx.array_equal(head.fc.weight, stored["mtp.fc.weight"])
@@ -176,7 +177,8 @@ def test_a_rows_drafts_in_the_batch_are_the_ones_it_drafts_alone(mtp, monkeypatc
     ignores both)."""
     import mlx.core as mx
 
-    from worker.speculative.mtp import MTPSpeculation, load_head
+    from worker.speculative.mtp import MTPSpeculation
+    from worker.loading.mtp_head import load_head
     engine, _, path = mtp
     head = load_head(engine.model, path)
     attn = head.layers[0].self_attn
@@ -357,7 +359,8 @@ def test_a_qwen3_5_vision_checkpoint_drafts_with_its_head_in_the_vision_batch(mo
 
     from worker.demos.vision import build_vision_model
     from worker.loop.sizing import KVSize
-    from worker.speculative.mtp import MTPHead, load_head
+    from worker.speculative.mtp import MTPHead
+    from worker.loading.mtp_head import load_head
     from worker.vision.batch import VisionBatch
     from worker.vision.engine import VisionEngine
     from worker.vision.language import shared_language_model

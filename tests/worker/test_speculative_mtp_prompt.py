@@ -24,7 +24,7 @@ def perturbed(engine, path, scale: float, hidden: bool = True):
     """The `predictable` head, whose attention (and `hidden`: its input of the target's
     hidden state) `scale` of random weights make count: it ignores both, so that the
     prompt would not matter to its drafts; the larger `scale`, the fewer it guesses."""
-    from worker.speculative.mtp import load_head
+    from worker.loading.mtp_head import load_head
     head = load_head(engine.model, path)
     attn = head.layers[0].self_attn
     attn.o_proj.weight = mx.random.normal(attn.o_proj.weight.shape,

@@ -28,7 +28,7 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
     kv = kv_size(engine.model, args.max_kv_size, kv_format)
     mtp_head = None
     if args.speculative == "mtp" and not shard:  # (worker/speculative/mtp.py)
-        from worker.speculative.mtp import load_head
+        from worker.loading.mtp_head import load_head
 
         mtp_head = load_head(engine.model, path)
         mtp_head.count_in(kv, args.max_draft_tokens)  # (each sequence's head cache)

@@ -14,8 +14,7 @@ cache is mlxd's own batch (`MTPSpeculation`: one mlx-lm BatchKVCache per head la
 row per sequence drafting with it, kept by its `MTPDrafter`: rows.py, as a draft
 model's rows are kept), and the layer is mlx-lm's `DecoderLayer` of the same family as the
 target (the weights load by the same names). The weights are read from the
-checkpoint's safetensors by their `mtp.` names, the Hugging Face layout's zero-centred
-norms shifted as mlx-vlm's sanitize does.
+checkpoint's safetensors by their `mtp.` names (worker/loading/mtp_head.py).
 
 The head reads the prompt, as vLLM's and mlx-vlm's MTP do (for an agent's edit the
 prompt is where its drafts come from): while a sequence is prefilled, each chunk's final
@@ -62,26 +61,18 @@ sequence.
 
 from __future__ import annotations
 
-import glob
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from worker.errors import LoadError
 from worker.speculative import rejection
 from worker.speculative.adaptive import Speculation
 from worker.speculative.mtp_prefill import Prefill
 from worker.speculative.rows import Rows
 
-# Norms the Hugging Face layout stores zero-centred (weight - 1): mlx-vlm's rule.
-_CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight",
-            ".q_norm.weight", ".k_norm.weight", "norm.weight",
-            "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
 # A chained draft (the head fed its own output) degrades fast: mlx-vlm drafts
 # mtp_num_hidden_layers + 1 tokens a round by default.
 MAX_DRAFT = 3
@@ -148,64 +139,6 @@ class MTPHead(nn.Module):
         for layer, c in zip(self.layers, cache):
             h = layer(h, mask, c)
         return self.norm(h)
-
-
-def load_head(model, path) -> MTPHead:
-    """The MTP head of the checkpoint at `path` for `model` (loaded by mlx-lm), in the
-    model's dtype; a LoadError naming what is missing where it has none."""
-    lm = _text(model)
-    args = getattr(lm, "args", None)
-    config = json.loads((Path(path) / "config.json").read_text())
-    text = config.get("text_config", config)
-    layers = int(text.get("mtp_num_hidden_layers", 0) or 0)
-    if type(lm).__module__ != "mlx_lm.models.qwen3_5" or args is None:
-        raise LoadError("--speculative mtp: this model's family has no MTP head mlxd "
-                        f"can run (Qwen3.5/3.6-style checkpoints have one; this is "
-                        f"{config.get('model_type')!r})")
-    if getattr(args, "num_experts", 0):
-        raise LoadError("--speculative mtp: MoE MTP heads are not supported yet")
-    weights = {}
-    for f in _shards(Path(path)):
-        for key, value in mx.load(str(f)).items():  # (lazy: only the head's are read)
-            if "mtp." in key:
-                weights[key] = value
-    if not layers or not weights:
-        raise LoadError("--speculative mtp: the checkpoint has no MTP weights (no "
-                        "`mtp.*` tensors or no mtp_num_hidden_layers in its config; "
-                        "MLX conversions usually drop them: use the original checkpoint)")
-    head = MTPHead(args, layers)
-    mine = {}
-    for key, value in weights.items():
-        top = key.startswith("mtp.")  # the Hugging Face layout: zero-centred norms
-        key = key[key.index("mtp.") + 4:]
-        if top and key.endswith(_CENTRED) and value.ndim == 1:
-            value = value + 1.0
-        mine[key] = value
-    quant = config.get("quantization")
-    if quant and any(k.endswith(".scales") for k in mine):
-        nn.quantize(head, quant["group_size"], quant["bits"],
-                    class_predicate=lambda p, m: f"{p}.scales" in mine)
-    try:
-        head.load_weights(list(mine.items()), strict=True)
-    except ValueError as e:
-        raise LoadError(f"--speculative mtp: the checkpoint's MTP weights do not fit "
-                        f"its config: {e}"[:500]) from None
-    dtype = lm.model.embed_tokens.weight.dtype
-    if not quant:
-        head.set_dtype(dtype)
-    head.eval()
-    mx.eval(head.parameters())
-    return head
-
-
-def _shards(path: Path) -> list:
-    """The checkpoint's safetensors files that hold `mtp.` weights (by its index, where
-    it has one)."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        names = json.loads(index.read_text()).get("weight_map", {})
-        return sorted({path / f for k, f in names.items() if "mtp." in k})
-    return sorted(Path(f) for f in glob.glob(str(path / "*.safetensors")))
 
 
 class MTPDrafter:
