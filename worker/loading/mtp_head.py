@@ -22,6 +22,7 @@ _CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight",
             ".q_norm.weight", ".k_norm.weight", "norm.weight",
             "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
 
+
 def load_head(model, path) -> MTPHead:
     """The MTP head of the checkpoint at `path` for `model` (loaded by mlx-lm), in the
     model's dtype; a LoadError naming what is missing where it has none."""
