@@ -13,7 +13,7 @@ from tests.worker.batchrun import Seq, make_batch
 from tests.worker.test_speculative import REPEATING, ids
 from worker.loading.startup import price_verification
 from worker.speculative.adaptive import MIN_GAIN, Pace
-from worker.speculative.cost import verify_cost, verify_price
+from worker.speculative.cost import verify_costs, verify_price
 
 
 def test_a_verification_priced_on_the_device_rests_what_the_fixed_price_keeps():
@@ -33,15 +33,15 @@ def test_a_verification_priced_on_the_device_rests_what_the_fixed_price_keeps():
 
 
 def test_the_price_is_measured_on_the_model_and_never_under_the_fixed_one(engine):
-    cost = verify_cost(engine.model, 4, reps=2)
-    assert cost is not None and math.isfinite(cost) and cost > 0
+    costs = verify_costs(engine.model, (1, 4), reps=2)
+    assert set(costs) == {1, 4} and all(math.isfinite(c) and c > 0 for c in costs.values())
     one, most = verify_price(engine.model, 8)
     assert one >= MIN_GAIN and most >= MIN_GAIN
     assert verify_price(engine.model, 0) is None
 
 
 def test_a_model_whose_cache_cannot_give_positions_back_keeps_the_fixed_price(hybrid_engine):
-    assert verify_cost(hybrid_engine.model, 4) is None
+    assert verify_costs(hybrid_engine.model, (4,)) is None
     assert verify_price(hybrid_engine.model, 8) is None
 
 
@@ -69,9 +69,9 @@ def test_a_batch_prices_its_verifications_and_a_dear_price_rests_its_drafts(engi
 
 def test_a_verification_that_cannot_be_timed_leaves_the_fixed_price(engine, monkeypatch,
                                                                    caplog):
-    def broken(model, draft):
+    def broken(model, drafts):
         raise RuntimeError("no kernel for this shape")
-    monkeypatch.setattr("worker.speculative.cost.verify_cost", broken)
+    monkeypatch.setattr("worker.speculative.cost.verify_costs", broken)
     b = make_batch(engine, speculative="prompt-lookup")
     b.speculation.verify_price = (9.0, 9.0)
     price_verification(b, engine)

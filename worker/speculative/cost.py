@@ -1,5 +1,5 @@
 """What drafting can earn, priced at load: a draft model (worker/loading/draft.py), and the
-verify step every drafter pays for (`verify_cost`, worker/loading/startup.py).
+verify step every drafter pays for (`verify_price`, worker/loading/startup.py).
 
 A draft model's pass costs a fraction of the target's step (measured at load:
 draft_model.step_cost). Drafting k tokens costs k passes and a verify step, and brings on
@@ -35,21 +35,22 @@ def best_draft(pass_cost: float, verify: float = 1.0, acceptance: float = ACCEPT
     return best
 
 
-def verify_cost(model, draft: int, context: int = 64, reps: int = 5,
-                steps: int = 4) -> float | None:
-    """A step that verifies a draft of `draft` tokens, in plain decode steps (the best of
-    `reps` of each, interleaved: the machine drifts); None where the model's cache cannot
-    give positions back (recurrent layers: nothing to time it on without copying state).
+def verify_costs(model, drafts, context: int = 64, reps: int = 3,
+                 steps: int = 4) -> dict[int, float] | None:
+    """{d: a step that verifies a draft of d tokens, in plain decode steps} for each d of
+    `drafts` (the best of `reps` of each, interleaved with the plain steps they are
+    measured against: the machine drifts); None where the model's cache cannot give
+    positions back (recurrent layers: nothing to time it on without copying state).
 
     A plain step is timed as mlx-lm decodes, `steps` of them pipelined (the next step's
     graph built and launched before the current token is read), a verify step as
-    verify.py runs it: 1 + `draft` positions in one forward, read back before anything
-    else is launched. What it costs over one plain step is what a draft must earn in
-    accepted tokens (adaptive.py `Pace.verify`). It differs by device: on the demo model
-    with OpenBLAS on this project's CPU the forward alone cost 0.99-1.36 plain ones, on a
-    lent H200, where a small model's step is its kernel launches, 1.79-1.86, and prose
-    drafted by prompt lookup (0.87 tokens accepted a verification) ran at 0.80 x there
-    while the fixed price (`MIN_GAIN`, 0.4) kept it drafting."""
+    verify.py runs it: 1 + d positions in one forward, read back before anything else is
+    launched. What it costs over one plain step is what a draft must earn in accepted
+    tokens (adaptive.py `Pace.verify`). It differs by device: on the demo model with
+    OpenBLAS on this project's CPU the forward alone cost 0.99-1.36 plain ones, on a lent
+    H200, where a small model's step is its kernel launches, 1.79-1.86, and prose drafted
+    by prompt lookup (0.87 tokens accepted a verification) ran at 0.80 x there while the
+    fixed price (`MIN_GAIN`, 0.4) kept it drafting."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -76,32 +77,37 @@ def verify_cost(model, draft: int, context: int = 64, reps: int = 5,
         back(steps)
         return dt
 
-    def verify() -> float:
-        t = time.perf_counter()
-        mx.argmax(model(mx.array([[7] * (1 + draft)]), cache=cache), axis=-1).tolist()
-        dt = time.perf_counter() - t
-        back(1 + draft)
-        return dt
+    def verify(draft: int):
+        def once() -> float:
+            t = time.perf_counter()
+            mx.argmax(model(mx.array([[7] * (1 + draft)]), cache=cache), axis=-1).tolist()
+            dt = time.perf_counter() - t
+            back(1 + draft)
+            return dt
+        return once
 
-    plain(), verify()  # (each shape's first run compiles)
-    times = {plain: [], verify: []}
+    sides = {0: plain} | {d: verify(d) for d in drafts}
+    for once in sides.values():  # (each shape's first run compiles)
+        once()
+    times = {d: [] for d in sides}
     for _ in range(reps):
-        for once, got in times.items():
-            got.append(once())
-    return min(times[verify]) / max(1e-9, min(times[plain]))
+        for d, once in sides.items():
+            times[d].append(once())
+    step = max(1e-9, min(times[0]))
+    return {d: min(times[d]) / step for d in drafts}
 
 
 def verify_price(model, longest: int) -> tuple[float, float] | None:
     """(tokens a verification of one drafted token must earn, of `longest`): what each
-    costs over a plain step (`verify_cost`), never under `MIN_GAIN` (the measurement is a
-    best case: a short context, no logits processors, no drafter's own work); None where
-    it cannot be measured (adaptive.py then prices every verification at MIN_GAIN)."""
+    costs over a plain step (`verify_costs`), never under `MIN_GAIN` (the measurement is
+    a best case: a short context, no logits processors, no drafter's own work); None
+    where it cannot be measured (adaptive.py then prices every verification at
+    MIN_GAIN)."""
     from worker.speculative.adaptive import MIN_GAIN
 
     if longest < 1:
         return None
-    one = verify_cost(model, 1)
-    most = one if longest == 1 or one is None else verify_cost(model, longest)
-    if one is None or most is None:
+    costs = verify_costs(model, sorted({1, longest}))
+    if costs is None:
         return None
-    return max(MIN_GAIN, one - 1), max(MIN_GAIN, most - 1)
+    return max(MIN_GAIN, costs[1] - 1), max(MIN_GAIN, costs[longest] - 1)
