@@ -12,6 +12,7 @@ import time
 import numpy as np
 import pytest
 
+from protocol import encode
 from protocol.messages import INVALID_REQUEST, Cancel, Generate
 from tests.generates import generate
 from tests.worker.test_worker_scheduler import serve
@@ -118,9 +119,12 @@ def test_a_big_schema_compiles_while_another_request_decodes(spawn, tiny_model):
     w.send(generate(rid="a", prompt="Hello", max_tokens=4000, temperature=0.0,
                     logprobs=True, top_logprobs=20))
     w.wait_for("delta", rid="a")
+    # (built and encoded before the clock starts: on a busy machine this process's own
+    # work on the 0.6 MB schema took half a second, read as the stream's stall)
+    ahead = [encode(chat(wide_any_of(5000), rid="big")), encode(chat({"$ref": "#"}, rid="empty"))]
     sent = time.monotonic()
-    w.send(chat(wide_any_of(5000), rid="big"))
-    w.send(chat({"$ref": "#"}, rid="empty"))
+    for msg in ahead:
+        w.send(msg)
     a_times, empty = [], []
     while not (empty and empty[-1].kind == "done"):
         msg = w.recv(timeout=30)
