@@ -8,16 +8,17 @@ request reports (Predicted Outputs' accepted and rejected prediction tokens).
 `Pace` adapts a sequence's draft length to its acceptance: a draft accepted whole
 doubles the next (up to `max_draft`); one cut short proposes one more than was accepted.
 A verification step costs more than a plain one (the forward pass reads more positions,
-and it cannot be overlapped with the next step: worker/speculative/verify.py), so a
-sequence whose drafts keep failing stops drafting for a while (doubling each time, up to
-`MAX_REST` steps) and tries again (a prediction sooner: once the output is back on the
-client's text, `Track.wants`); and a step verifies only when some sequence's drafter
-has a guess for the text so far (`Drafter.ready`), so a step where none does is mlx-lm's
-own pipelined step: prose that does not repeat its prompt decodes as if nothing
-speculated. A sequence with a grammar drafts the tokens its grammar forces, pace or no
-pace (they are kept unless the model tokenizes the same bytes another way), and its
-drafter's guesses cut to what the grammar allows (`Track.grammar`: worker/speculative/
-grammar.py).
+and it cannot be overlapped with the next step: worker/speculative/verify.py; how much
+more is timed on the device when the worker loads: cost.py `verify_price`), so a
+sequence whose accepted tokens do not pay for it stops drafting for a while (doubling
+each time, up to `MAX_REST` steps) and tries again (a prediction sooner: once the output
+is back on the client's text, `Track.wants`); and a step verifies only when some
+sequence's drafter has a guess for the text so far (`Drafter.ready`), so a step where
+none does is mlx-lm's own pipelined step: prose that does not repeat its prompt decodes
+as if nothing speculated. A sequence with a grammar drafts the tokens its grammar
+forces, pace or no pace (they are kept unless the model tokenizes the same bytes another
+way), and its drafter's guesses cut to what the grammar allows (`Track.grammar`:
+worker/speculative/grammar.py).
 """
 
 from __future__ import annotations
