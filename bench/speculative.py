@@ -28,7 +28,6 @@ then runs the draft-model rows over HTTP: mlxd with and without `--draft-model` 
 
     python -m bench.speculative [--tokens 200] [--rounds 2] [--streams 1,8]
                                 [--cases edit,prediction,prose,edit-draft,prose-draft,json,...]
-                               
                                 [--step-cost] [--gguf PATH] [--draft-bits 4] [--servers]
                                 [--sampled 0.7] [--mtp tiny|small|PATH] [--kv-bits 8]
 

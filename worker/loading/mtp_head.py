@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from worker.errors import LoadError
-from worker.speculative.mtp import MTPHead, _text
+from worker.speculative.mtp import MTPHead, text_model
 
 # Norms the Hugging Face layout stores zero-centred (weight - 1): mlx-vlm's rule.
 _CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight",
@@ -26,7 +26,7 @@ _CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight",
 def load_head(model, path) -> MTPHead:
     """The MTP head of the checkpoint at `path` for `model` (loaded by mlx-lm), in the
     model's dtype; a LoadError naming what is missing where it has none."""
-    lm = _text(model)
+    lm = text_model(model)
     args = getattr(lm, "args", None)
     config = json.loads((Path(path) / "config.json").read_text())
     text = config.get("text_config", config)

@@ -82,7 +82,7 @@ MAX_DRAFT = 3
 COMPACT_AT = 0.5
 
 
-def _text(model):
+def text_model(model):
     """mlx-lm's text model inside `model` (a Qwen3.5 checkpoint loads as a wrapper with
     `language_model`)."""
     return getattr(model, "language_model", model)
@@ -90,7 +90,7 @@ def _text(model):
 
 def body_and_head(model):
     """(the target's body: tokens -> final-norm hidden states, its LM head)."""
-    lm = _text(model)
+    lm = text_model(model)
     head = getattr(lm, "lm_head", None)
     if getattr(lm.args, "tie_word_embeddings", False) or head is None:
         head = lm.model.embed_tokens.as_linear
