@@ -17,7 +17,9 @@ the rounds' ratios, the sides' order alternating, with its bootstrap 95% interva
 bench/report.py; on the lent GPUs the CPU's speed moves by 1.6 x between rounds, and
 a best of two per side compared rounds run at different speeds), and the speculating
 side's acceptance. `edit-fixed` and `prose-fixed` price every verification at
-adaptive.py's MIN_GAIN instead of what it costs on this device (cost.py verify_price).
+adaptive.py's MIN_GAIN instead of what it costs on this device (cost.py verify_price);
+`edit-ungated` and `prose-ungated` run without the batch's own rest (adaptive.py `Gate`:
+each row drafts on its own pace alone).
 
 The draft model (`--cases edit-draft,prose-draft`) is the target's own GGUF quantized to
 `--draft-bits` (4) by mlxd's importer (`--quantize`), the target that GGUF as mlxd
@@ -381,14 +383,17 @@ def main() -> None:
              "json-lookup": ("json", JSON, "prompt-lookup", None)}
     # `edit-fixed`, `prose-fixed`: prompt lookup with every verification priced at
     # MIN_GAIN, not at what it costs on this device (cost.py verify_price), side by side.
-    cases.update({f"{c}-fixed": cases[c] + (True,) for c in ("edit", "prose")})
-    cases = [cases[c] + (False,) * (5 - len(cases[c])) for c in a.cases.split(",") if c]
+    cases.update({f"{c}-fixed": cases[c] + ("fixed",) for c in ("edit", "prose")})
+    # `prose-ungated`, `edit-ungated`: without the batch's own rest (adaptive.py `Gate`):
+    # each row drafts and rests on its own pace alone, as before it.
+    cases.update({f"{c}-ungated": cases[c] + ("ungated",) for c in ("edit", "prose")})
+    cases = [cases[c] + (None,) * (5 - len(cases[c])) for c in a.cases.split(",") if c]
     if cases:
         print(f"{'workload':8} {'drafter':26} {'streams':>7} {'none tok/s':>10} "
               f"{'spec tok/s':>10} {'ratio':>6} {'95% interval':>13} {'accept':>7} "
               f"{'tok/verify':>10} same")
     for n in streams if cases else ():
-        for work, messages, spec, prediction, fixed in cases:
+        for work, messages, spec, prediction, variant in cases:
             schema = RECORD if work == "json" else None
             texts, stats = {}, None
 
@@ -396,8 +401,10 @@ def main() -> None:
                 def one(_round):
                     nonlocal stats
                     b = batch_for(spec)
-                    if fixed and b.speculation is not None:
+                    if variant == "fixed" and b.speculation is not None:
                         b.speculation.verify_price = None
+                    if variant == "ungated" and b.speculation is not None:
+                        b.speculation.batch_verified = lambda *_: None
                     rate, texts[name] = run(eng, b, messages, n, a.tokens, prediction,
                                             schema=schema)
                     if name == "spec":
@@ -412,7 +419,7 @@ def main() -> None:
             ratio, lo, hi = got.ratio("spec", "none")
             drafter = "prediction" if prediction else \
                 f"draft q{a.draft_bits}" if spec == "draft" else spec
-            drafter += ", fixed price" if fixed else ""
+            drafter += {"fixed": ", fixed price", "ungated": ", no batch rest"}.get(variant, "")
             accept = stats.accepted / stats.drafted if stats and stats.drafted else 0.0
             per = (stats.accepted + stats.verifications) / stats.verifications \
                 if stats and stats.verifications else 1.0

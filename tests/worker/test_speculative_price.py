@@ -34,7 +34,7 @@ def test_a_verification_priced_on_the_device_rests_what_the_fixed_price_keeps():
 
 def test_the_price_is_measured_on_the_model_and_never_under_the_fixed_one(engine):
     costs = verify_costs(engine.model, (1, 4), reps=2)
-    assert set(costs) == {1, 4} and all(math.isfinite(c) and c > 0 for c in costs.values())
+    assert set(costs) == {1, 4} and all(math.isfinite(c) and c >= 0 for c in costs.values())
     one, most = verify_price(engine.model, 8)
     assert one >= MIN_GAIN and most >= MIN_GAIN
     assert verify_price(engine.model, 0) is None

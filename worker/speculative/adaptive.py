@@ -19,6 +19,15 @@ as if nothing speculated. A sequence with a grammar drafts the tokens its gramma
 forces, pace or no pace (they are kept unless the model tokenizes the same bytes another
 way), and its drafter's guesses cut to what the grammar allows (`Track.grammar`:
 worker/speculative/grammar.py).
+
+A verification is the whole batch's step: every row waits for it, drafting or not, so in
+a batch of n rows it costs n times what it costs one (a small model's step on a GPU is
+its launches, the same for one row or eight). So a batch of several rows has its own
+rest (`Gate`): it verifies only while the tokens its rows' drafts earn together pay for
+that; otherwise every row decodes plainly, and the rows' probes, which would each cost
+the batch a verification on its own, wait for the batch's rest to end and go together
+(prose at 8 streams on a lent H200, each row resting and trying again on its own: 0.89 x
+without speculation).
 """
 
 from __future__ import annotations
@@ -88,6 +97,31 @@ class Pace:
 
 
 @dataclass
+class Gate:
+    """A batch of several rows: whether it verifies at all (see the module's docstring).
+    `update` after each verify step with what its rows' drafts earned together against
+    what the step cost the batch, in tokens; a batch whose recent steps earn less rests
+    (doubling each time, up to MAX_REST plain steps) and tries again with every row that
+    is ready then."""
+    gain: float = 1.0     # earned / cost over the recent verify steps
+    rest: int = 0         # plain steps left before the batch verifies again
+    backoff: int = 4
+
+    def update(self, earned: float, cost: float) -> None:
+        ratio = earned / cost if cost > 0 else 1.0
+        self.gain = (1 - _EMA) * self.gain + _EMA * ratio
+        if self.gain < 1.0:
+            self.rest, self.backoff = self.backoff, min(MAX_REST, self.backoff * 2)
+            self.gain = 1.0  # (a fresh chance after the rest)
+        elif ratio >= 1.0:
+            self.backoff = 4
+
+    def plain_step(self) -> None:
+        if self.rest:
+            self.rest -= 1
+
+
+@dataclass
 class Track:
     """One speculating sequence."""
     drafter: object
@@ -98,6 +132,14 @@ class Track:
     vocab: int = 0               # the target's vocabulary size (top_k's bound)
     grammar: object = None       # its GrammarDraft (grammar.py), if it has a grammar
     forced: bool = False         # its draft this step is what the grammar forces
+
+    @property
+    def bound(self) -> bool:
+        """Its text depends on which steps it drafts at (a seeded sampler splits its key
+        once a step, one position or several), so it keeps its own pace in any batch:
+        a seed's text must not depend on the batch it lands in (`Gate`)."""
+        s = self.sampling
+        return s is not None and s.seed is not None and s.temperature != 0
 
     def wants(self) -> bool:
         """Whether it drafts at this step (its pace's rest over). A prediction's rest ends
@@ -138,6 +180,7 @@ class Totals:
 class Speculation:
     tracks: dict = field(default_factory=dict)   # uid -> Track
     totals: Totals = field(default_factory=Totals)
+    gate: Gate = field(default_factory=Gate)     # a batch of several rows (Gate)
     # Whether a step none of whose sequences drafted still runs the verify forward (a
     # drafter that needs its hidden states: worker/speculative/mtp.py).
     always_verify = False
@@ -184,18 +227,32 @@ class Speculation:
         has a guess for the text so far (`Drafter.ready`, asked without the pending
         token, which is still being computed: a step where no sequence has one stays
         mlx-lm's pipelined step, at no extra cost), or its grammar forces tokens after
-        the pending one (`GrammarDraft.ahead`)."""
-        return any((t := self.tracks.get(uid)) is not None
+        the pending one (`GrammarDraft.ahead`); in a batch of several rows, not while the
+        batch rests (`Gate`), unless a prediction is back on the client's text (its
+        drafts are long and nearly all kept: `Track.wants`)."""
+        resting = self.resting(uids)
+        return any((t := self.tracks.get(uid)) is not None and (t.bound or not resting)
                    and (t.wants() and t.drafter.ready()
                         or t.grammar is not None and t.grammar.ahead()) for uid in uids)
 
-    def propose(self, uid: int, pending: int, room: int) -> list[int]:
+    def resting(self, uids) -> bool:
+        """Whether this batch rests from drafting (`Gate`; a batch of one row: its
+        Pace); a prediction back on the client's text ends the rest (its drafts are long
+        and nearly all kept: `Track.wants`)."""
+        return self.gate.rest > 0 and len(uids) > 1 and not any(
+            (t := self.tracks.get(uid)) is not None and t.prediction
+            and getattr(t.drafter, "synced", 0) >= RESYNC for uid in uids)
+
+    def propose(self, uid: int, pending: int, room: int, resting: bool = False) -> list[int]:
         """The pending token joins the sequence's text; its draft (none for a sequence
-        not speculating now)."""
+        not speculating now, nor while its batch is `resting` unless it is `bound`)."""
         t = self.tracks.get(uid)
         if t is None:
             return []
         t.drafter.extend([pending])
+        if resting and not t.bound:
+            t.pace.plain_step()
+            return []
         if (forced := t.forced_draft(pending, room)):
             return forced
         if not t.wants() or room <= 0:
@@ -214,15 +271,19 @@ class Speculation:
         every sequence's pending token has joined its text."""
         asks = {}  # draft model -> {uid: tokens wanted}
         drafts = []
+        resting = self.resting(uids)
         for uid, p, room in zip(uids, pending, rooms):
             group = getattr(self.tracks.get(uid), "drafter", None)
             group = getattr(group, "group", None)
             if group is None:
-                drafts.append(self.propose(uid, p, room))
+                drafts.append(self.propose(uid, p, room, resting))
                 continue
             t = self.tracks[uid]
             t.drafter.extend([p])
-            if (forced := t.forced_draft(p, room)):
+            if resting and not t.bound:
+                t.pace.plain_step()
+                drafts.append([])
+            elif (forced := t.forced_draft(p, room)):
                 drafts.append(forced)
             elif not t.wants() or room <= 0:
                 t.pace.plain_step()
@@ -266,6 +327,25 @@ class Speculation:
         seq.draft_accepted = getattr(seq, "draft_accepted", 0) + accepted
         seq.draft_rejected = getattr(seq, "draft_rejected", 0) + len(draft) - accepted
 
+    def batch_verified(self, uids, drafts, earned: int) -> None:
+        """A verify step of these rows, `drafts` theirs, kept `earned` drafted tokens in
+        all: what it cost the batch is what each of its n rows would have decoded
+        plainly in that time, n x the price of its longest draft (the rows' own
+        `Pace.price`, with what the longest draft model's draft cost to make)."""
+        if len(uids) < 2:  # (one row: its own Pace is the batch's)
+            return
+        longest, price = 0, 0.0
+        for uid, d in zip(uids, drafts):
+            t = self.tracks.get(uid)
+            if t is not None and d:
+                longest = max(longest, len(d))
+                price = max(price, t.pace.cost * len(d))
+        if not longest:
+            return
+        paces = [t.pace for uid in uids if (t := self.tracks.get(uid)) is not None]
+        price += paces[0].price(longest)
+        self.gate.update(earned, len(uids) * price)
+
     def attached(self, generator) -> None:
         """It speculates in `generator` (a BatchGenerator: the MTP head also reads its
         prompts, worker/speculative/mtp_prefill.py)."""
@@ -277,6 +357,7 @@ class Speculation:
     def reported(self, responses, fed: bool = False) -> None:
         """A plain step's tokens (mlx-lm's own step): the drafters follow the text
         (`fed`: `propose` already gave them these tokens and counted the step)."""
+        self.gate.plain_step()
         if fed:
             return
         for r in responses:

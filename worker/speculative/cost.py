@@ -38,19 +38,23 @@ def best_draft(pass_cost: float, verify: float = 1.0, acceptance: float = ACCEPT
 def verify_costs(model, drafts, context: int = 64, reps: int = 3,
                  steps: int = 4) -> dict[int, float] | None:
     """{d: a step that verifies a draft of d tokens, in plain decode steps} for each d of
-    `drafts` (the best of `reps` of each, interleaved with the plain steps they are
+    `drafts` (the best of `reps` of each, interleaved with the plain runs they are
     measured against: the machine drifts); None where the model's cache cannot give
     positions back (recurrent layers: nothing to time it on without copying state).
 
-    A plain step is timed as mlx-lm decodes, `steps` of them pipelined (the next step's
-    graph built and launched before the current token is read), a verify step as
-    verify.py runs it: 1 + d positions in one forward, read back before anything else is
-    launched. What it costs over one plain step is what a draft must earn in accepted
-    tokens (adaptive.py `Pace.verify`). It differs by device: on the demo model with
-    OpenBLAS on this project's CPU the forward alone cost 0.99-1.36 plain ones, on a lent
-    H200, where a small model's step is its kernel launches, 1.79-1.86, and prose drafted
-    by prompt lookup (0.87 tokens accepted a verification) ran at 0.80 x there while the
-    fixed price (`MIN_GAIN`, 0.4) kept it drafting."""
+    Timed in place, as the batch meets it: `steps` plain steps pipelined as mlx-lm
+    decodes (the next step's graph built and launched before the current token is read),
+    the verify step as verify.py runs it (the pending token read, 1 + d positions in one
+    forward, read back before anything else is launched), `steps` more plain ones; less
+    the same run without the verify. So its price holds what the verify breaks as well
+    as its own forward: the plain step before it cannot overlap it, the one after starts
+    with the device idle. What it costs over one plain step is what a draft must earn in
+    accepted tokens (adaptive.py `Pace.verify`). It differs by device: on the demo model
+    with OpenBLAS on this project's CPU the forward alone cost 0.99-1.36 plain steps, in
+    place 1.24 (d=1) and 1.63-1.74 (d=8); on a lent H200, where a small model's step is
+    its kernel launches, the forward alone 1.79-1.86, and prose drafted by prompt lookup
+    (0.87 tokens accepted a verification) ran at 0.80 x there while the fixed price
+    (`MIN_GAIN`, 0.4) kept it drafting."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -59,42 +63,46 @@ def verify_costs(model, drafts, context: int = 64, reps: int = 3,
         return None
     mx.eval(model(mx.array([list(range(1, context + 1))]), cache=cache))
 
-    def back(n: int) -> None:
-        for c in cache:
-            c.trim(n)
-
-    def plain() -> float:
-        t = time.perf_counter()
-        y = mx.argmax(model(mx.array([[7]]), cache=cache)[:, -1], axis=-1)
+    def launch(tokens):
+        y = mx.argmax(model(tokens, cache=cache)[:, -1], axis=-1)
         mx.async_eval(y)
-        for _ in range(steps - 1):
-            following = mx.argmax(model(y[:, None], cache=cache)[:, -1], axis=-1)
-            mx.async_eval(following)
+        return y
+
+    def plain(y, n: int):
+        for _ in range(n):
+            following = launch(y[:, None])
             y.item()
             y = following
-        y.item()
-        dt = (time.perf_counter() - t) / steps
-        back(steps)
+        return y
+
+    def run(draft: int | None) -> float:
+        """`steps` plain steps, a verify of `draft` (None: none), `steps` plain ones."""
+        t = time.perf_counter()
+        y = plain(launch(mx.array([[7]])), steps - 1)
+        positions = 2 * steps
+        if draft is not None:
+            pending = y.item()
+            row = mx.argmax(model(mx.array([[pending] + [7] * draft]), cache=cache),
+                            axis=-1).tolist()[0]
+            y = mx.array([row[-1]])
+            mx.async_eval(y)
+            positions += 1 + draft
+        plain(y, steps).item()
+        dt = time.perf_counter() - t
+        for c in cache:
+            c.trim(positions)
         return dt
 
-    def verify(draft: int):
-        def once() -> float:
-            t = time.perf_counter()
-            mx.argmax(model(mx.array([[7] * (1 + draft)]), cache=cache), axis=-1).tolist()
-            dt = time.perf_counter() - t
-            back(1 + draft)
-            return dt
-        return once
-
-    sides = {0: plain} | {d: verify(d) for d in drafts}
-    for once in sides.values():  # (each shape's first run compiles)
-        once()
+    sides = [None, *drafts]
+    for d in sides:  # (each shape's first run compiles)
+        run(d)
     times = {d: [] for d in sides}
     for _ in range(reps):
-        for d, once in sides.items():
-            times[d].append(once())
-    step = max(1e-9, min(times[0]))
-    return {d: min(times[d]) / step for d in drafts}
+        for d in sides:
+            times[d].append(run(d))
+    base = min(times[None])
+    step = max(1e-9, base / (2 * steps))
+    return {d: max(0.0, min(times[d]) - base) / step for d in drafts}
 
 
 def verify_price(model, longest: int) -> tuple[float, float] | None:

@@ -282,17 +282,17 @@ class MTPSpeculation(Speculation):
         self.rows = {uid: i for i, uid in enumerate(gb.uids)}
         return self.lm_head(self.hidden)
 
-    def propose(self, uid: int, pending: int, room: int) -> list[int]:
+    def propose(self, uid: int, pending: int, room: int, resting: bool = False) -> list[int]:
         if self.lazy:  # (every row's draft in one evaluation)
             mx.eval(self.lazy)
             self.lazy = []
         t = self.tracks.get(uid)
-        if t is not None and isinstance(t.drafter, MTPDrafter) \
+        if t is not None and isinstance(t.drafter, MTPDrafter) and not resting \
                 and t.drafter.guess is None and t.pace.wants():
             # (No hidden state yet: this step takes one, unpenalized; a grammar's forced
             # tokens are drafted all the same.)
             return t.forced_draft(pending, room)
-        return super().propose(uid, pending, room)
+        return super().propose(uid, pending, room, resting)
 
     def verified(self, uid: int, draft: list, accepted: int, tokens: list,
                  following: int | None = None) -> None:

@@ -135,6 +135,7 @@ def verify(gb, spec) -> list | None:
     kept = [r[width:] for r in read]
 
     responses, keep, kept_positions = [], [], []
+    earned = 0  # (drafted tokens kept, every row's: what the step bought the batch)
     next_tokens, next_logprobs = [], []
     for i, uid in enumerate(gb.uids):
         draft = drafts[i]
@@ -157,6 +158,7 @@ def verify(gb, spec) -> list | None:
         if history is not None and history[i] is not None:  # (the tokens kept)
             gb._token_context[i]._size = history[i] + len(tokens)
         gb.tokens[i].extend(tokens)
+        earned += len(tokens) - 1 if finish else accepted
         spec.verified(uid, draft, len(tokens) - 1 if finish else accepted, tokens[1:],
                       None if finish else sampled[i][accepted])
         last = len(tokens) - 1
@@ -173,6 +175,7 @@ def verify(gb, spec) -> list | None:
     gb._next_tokens = mx.array(next_tokens, dtype=current.dtype)
     gb._next_logprobs = next_logprobs
     mx.async_eval(gb._next_tokens, gb._next_logprobs)
+    spec.batch_verified(gb.uids, drafts, earned)
     spec.stepped()
 
     out = []
