@@ -155,6 +155,11 @@ def test_a_draft_model_loads_only_where_it_can_work(engine, tiny_model, models_d
     for cost in (1.1, 0.87, 0.81):  # (cannot pay: off; 0.87 the 4-bit demo on an H200)
         monkeypatch.setattr(draft, "step_cost", lambda d, t: cost)
         assert load_draft(str(tiny_model), args, engine) is None
+    # A pass of 0.6 steps pays at a verify step priced as one plain step; not where the
+    # device prices a verification at 0.9 tokens over one (a lent H200's, in place).
+    monkeypatch.setattr(draft, "step_cost", lambda d, t: 0.6)
+    assert isinstance(load_draft(str(tiny_model), args, engine), DraftModel)
+    assert load_draft(str(tiny_model), args, engine, verify=(0.9, 0.9)) is None
     assert load_draft("", args, engine) is None
     assert load_draft(str(tiny_model), args, engine, "vision") is None
     with pytest.raises(LoadError, match="--max-kv-size"):
@@ -186,6 +191,7 @@ def test_a_draft_model_loads_where_some_draft_length_beats_a_plain_step():
     assert best_draft(0.87) == (0, 1.0)               # the 4-bit demo on an H200: off
     assert best_draft(0.79)[0] == 1                   # 1.8 tokens for 1.79 steps
     assert best_draft(0.75, verify=1.2)[0] == 0       # (a dearer verify step: off)
+    assert best_draft(0.5)[0] == 2 and best_draft(0.5, verify=lambda k: 1 + 0.1 * k)[0] == 1
     k, rate = best_draft(0.1)                         # a much smaller model
     assert k == 6 and rate == pytest.approx(2.47, abs=0.01)
     assert best_draft(0.0, longest=3) == (3, pytest.approx(1 + 0.8 + 0.64 + 0.512))

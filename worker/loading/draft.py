@@ -10,6 +10,7 @@ from typing import Optional
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from worker.kvcache.prefix import PrefixCache
+from worker.speculative.adaptive import price
 from worker.speculative.cost import ACCEPTANCE, best_draft
 from worker.speculative.draft_model import DraftModel, step_cost
 
@@ -17,7 +18,8 @@ log = logging.getLogger("worker.loading.draft")
 
 
 def load_draft(spec: str, args, engine, batch_kind: str = "text",
-               target_per_token: Optional[float] = None) -> Optional[DraftModel]:
+               target_per_token: Optional[float] = None,
+               verify: Optional[tuple] = None) -> Optional[DraftModel]:
     """`--draft-model` for this worker's model: None where it does not apply (no draft
     asked, no speculation, a vision model or a worker group's rank, a draft whose passes
     cannot pay even at a generous acceptance (`best_draft`): said in the log; a group's
@@ -25,7 +27,9 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text",
     it cannot work (another vocabulary, a KV cache that cannot give back rejected
     positions). The draft's own KV cache is full precision under --kv-bits too (it holds a
     small model's positions); `target_per_token`: the model's KV bytes per token in its
-    format (default: full precision), which sizes the draft's prompt cache."""
+    format (default: full precision), which sizes the draft's prompt cache; `verify`: what
+    a verification must earn on this device (cost.py `verify_price`; None: a verify step
+    priced at one plain step), which its passes must pay for as well."""
     import mlx_lm
 
     from worker.errors import LoadError
@@ -51,7 +55,9 @@ def load_draft(spec: str, args, engine, batch_kind: str = "text",
         raise LoadError(f"the draft model {spec} has a KV cache that cannot give back a "
                         "rejected draft (attention layers only)")
     cost = step_cost(model, engine.model)
-    k, rate = best_draft(cost, longest=args.max_draft_tokens)
+    longest = args.max_draft_tokens
+    k, rate = best_draft(cost, 1.0 if verify is None else
+                         (lambda d: 1 + price(verify, longest, d)), longest=longest)
     if not k:  # (k passes and a verify step cost more than the tokens they bring)
         log.warning("--draft-model %s: off, a pass of it costs %.2f of the model's own step: "
                     "even at %.0f%% acceptance no draft length brings more than the one "

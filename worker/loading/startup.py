@@ -44,12 +44,14 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
     kvcache = _kvcache(engine, args, path, shard, kv_format) \
         if args.prompt_cache_bytes > 0 else None
     step = max(1, args.prefill_step)
-    draft = None
+    draft, price = None, None
     if getattr(args, "draft_model", None):
         from worker.loading.draft import load_draft
+        if args.max_draft_tokens and args.max_kv_size is None and cls is None and not shard:
+            price = measured_price(engine.model, args.max_draft_tokens)  # (its rule's too)
         draft = load_draft(args.draft_model, args, engine,
                            "text" if cls is None and not shard else "vision or group",
-                           target_per_token=kv.per_token)
+                           target_per_token=kv.per_token, verify=price)
     Batch = cls or Batch
     batch = Batch(engine, max_size=max(1, args.max_batch_size), prefill_step=step,
                  prefill_batch=max(1, args.prefill_batch_size), kv_budget=args.kv_budget,
@@ -73,29 +75,38 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
         raise LoadError("--speculative mtp cannot draft with --max-kv-size, --max-draft-tokens "
                         "0 or a model with sliding-window layers (their caches are not rolled "
                         "back yet)")
-    price_verification(batch, engine)
+    price_verification(batch, engine, price)
     return batch
 
 
-def price_verification(batch, engine) -> None:
+def measured_price(model, longest: int):
     """What a verification must earn on this device (worker/speculative/cost.py
-    `verify_price`), measured once the batch speculates at all."""
-    if batch.speculation is None:
-        return
+    `verify_price`); None where it cannot be timed (a timing that fails never stops a
+    load: the fixed price then, with a warning)."""
     from worker.speculative.adaptive import MIN_GAIN
     from worker.speculative.cost import verify_price
 
     try:
-        price = verify_price(engine.model, batch.max_draft)
-    except Exception as e:  # (a timing must never stop a load: the fixed price then)
+        price = verify_price(model, longest)
+    except Exception as e:
         log.warning("could not time a verification step (%s: %s); drafts are priced at "
                     "the fixed %.1f tokens", type(e).__name__, e, MIN_GAIN)
-        price = None
-    batch.speculation.verify_price = price
+        return None
     if price is not None:
         log.info("a verification must earn %.2f tokens (a draft of 1) to %.2f (of %d) on this "
-                 "device, or the sequence rests from drafting", price[0], price[1],
-                 batch.max_draft)
+                 "device, or the sequence rests from drafting", price[0], price[1], longest)
+    return price
+
+
+def price_verification(batch, engine, price=None) -> None:
+    """The batch's verifications priced on this device (`measured_price`, or `price`
+    where it was measured already, for the draft model's rule), once it speculates at
+    all."""
+    if batch.speculation is None:
+        return
+    if price is None:
+        price = measured_price(engine.model, batch.max_draft)
+    batch.speculation.verify_price = price
 
 
 # Of the device's free memory, what a prefill chunk leaves free however much it borrows:

@@ -49,6 +49,18 @@ RESYNC = 3   # tokens a prediction's output must agree with it again to end a re
 _EMA = 0.5
 
 
+def price(verify: tuple | None, max_draft: int, drafted: int) -> float:
+    """Tokens a verification of `drafted` tokens must earn, given what one of a single
+    token and one of `max_draft` must (`verify`, cost.py `verify_price`; None: MIN_GAIN),
+    between them by length."""
+    if verify is None:
+        return MIN_GAIN
+    one, most = verify
+    if max_draft <= 1:
+        return one
+    return one + (most - one) * (min(drafted, max_draft) - 1) / (max_draft - 1)
+
+
 @dataclass
 class Pace:
     max_draft: int
@@ -66,12 +78,7 @@ class Pace:
 
     def price(self, drafted: int) -> float:
         """Tokens a verification of `drafted` tokens must earn to pay for its step."""
-        if self.verify is None:
-            return MIN_GAIN
-        one, most = self.verify
-        if self.max_draft <= 1:
-            return one
-        return one + (most - one) * (min(drafted, self.max_draft) - 1) / (self.max_draft - 1)
+        return price(self.verify, self.max_draft, drafted)
 
     def wants(self) -> bool:
         return self.rest == 0

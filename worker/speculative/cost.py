@@ -19,17 +19,19 @@ import time
 ACCEPTANCE = 0.8
 
 
-def best_draft(pass_cost: float, verify: float = 1.0, acceptance: float = ACCEPTANCE,
+def best_draft(pass_cost: float, verify=1.0, acceptance: float = ACCEPTANCE,
                longest: int = 8) -> tuple[int, float]:
     """(k, tokens per target step) of the draft length that pays best for a drafter whose
-    pass costs `pass_cost` target steps, with a verify step of `verify` steps: drafting k
-    tokens, each kept with probability `acceptance` while the ones before it were, yields
-    (1 - a^(k+1)) / (1 - a) tokens (the target's own included) for k x pass_cost + verify
-    steps; (0, 1.0) where no k from 1 to `longest` beats a plain step's one token."""
+    pass costs `pass_cost` target steps, with a verify step of `verify` steps (or
+    `verify(k)` for a draft of k: worker/loading/startup.py gives what the device
+    measured): drafting k tokens, each kept with probability `acceptance` while the ones
+    before it were, yields (1 - a^(k+1)) / (1 - a) tokens (the target's own included) for
+    k x pass_cost + verify steps; (0, 1.0) where no k from 1 to `longest` beats a plain
+    step's one token."""
     best = (0, 1.0)
     for k in range(1, max(0, longest) + 1):
         tokens = sum(acceptance ** i for i in range(k + 1))
-        rate = tokens / (k * pass_cost + verify)
+        rate = tokens / (k * pass_cost + (verify(k) if callable(verify) else verify))
         if rate > best[1]:
             best = (k, rate)
     return best
@@ -105,12 +107,20 @@ def verify_costs(model, drafts, context: int = 64, reps: int = 3,
     return {d: max(0.0, min(times[d]) - base) / step for d in drafts}
 
 
+# What a verify step costs beyond what `verify_costs` times, in plain steps: the
+# drafter's own work and verify.py's bookkeeping of the kept tokens (a few hundred µs
+# of Python against a small model's 4-6 ms step on a GPU host). Without it prose sat at
+# the measured price on a lent H200 (0.82 tokens kept a verification against a price of
+# 0.83-0.88) and kept drafting for nothing (0.75-0.96 x over four paired rounds).
+UNMEASURED = 0.15
+
+
 def verify_price(model, longest: int) -> tuple[float, float] | None:
     """(tokens a verification of one drafted token must earn, of `longest`): what each
-    costs over a plain step (`verify_costs`), never under `MIN_GAIN` (the measurement is
-    a best case: a short context, no logits processors, no drafter's own work); None
-    where it cannot be measured (adaptive.py then prices every verification at
-    MIN_GAIN)."""
+    costs over a plain step (`verify_costs`) and UNMEASURED, never under `MIN_GAIN` (the
+    measurement is a best case: a short context, no logits processors, no drafter's own
+    work); None where it cannot be measured (adaptive.py then prices every verification
+    at MIN_GAIN)."""
     from worker.speculative.adaptive import MIN_GAIN
 
     if longest < 1:
@@ -118,4 +128,4 @@ def verify_price(model, longest: int) -> tuple[float, float] | None:
     costs = verify_costs(model, sorted({1, longest}))
     if costs is None:
         return None
-    return max(MIN_GAIN, costs[1] - 1), max(MIN_GAIN, costs[longest] - 1)
+    return tuple(max(MIN_GAIN, costs[d] - 1 + UNMEASURED) for d in (1, longest))
