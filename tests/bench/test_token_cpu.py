@@ -9,7 +9,9 @@ import multiprocessing
 import threading
 import time
 
-from bench.token_cpu import TokenCPU
+import psutil
+
+from bench.token_cpu import TokenCPU, _threads
 
 
 def burn(seconds: float) -> None:
@@ -47,3 +49,30 @@ def _counted_apart():
     assert "(1.000 x raw)" in rows["raw"]
     ratio = float(rows["in-process"].split("(")[1].split(" x")[0])
     assert 0.5 < ratio < 0.8  # ~4.1 ms against ~7.1 ms a token
+
+
+def test_another_process_threads_are_read_finer_than_a_clock_tick():
+    """A server's threads are read from outside (psutil, or /proc on Linux): 3 ms burnt
+    on one thread reads as 3 ms, not as 0 or 10 (a clock tick, psutil's unit on Linux)."""
+    me = psutil.Process()
+    go, burnt, leave = threading.Event(), threading.Event(), threading.Event()
+    ident = []
+
+    def work():
+        ident.append(threading.get_native_id())
+        go.wait()
+        burn(0.003)
+        burnt.set()
+        leave.wait()
+
+    t = threading.Thread(target=work)
+    t.start()
+    while not ident:
+        time.sleep(0.001)
+    before = _threads(me)[ident[0]]
+    go.set()
+    burnt.wait(10)
+    after = _threads(me)[ident[0]]
+    leave.set()
+    t.join()
+    assert 0.0025 <= after - before < 0.008, after - before
