@@ -53,10 +53,10 @@ def verify_costs(model, drafts, context: int = 64, reps: int = 3,
     with the device idle. What it costs over one plain step is what a draft must earn in
     accepted tokens (adaptive.py `Pace.verify`). It differs by device: on the demo model
     with OpenBLAS on this project's CPU the forward alone cost 0.99-1.36 plain steps, in
-    place 1.24 (d=1) and 1.63-1.74 (d=8); on a lent H200, where a small model's step is
-    its kernel launches, the forward alone 1.79-1.86, and prose drafted by prompt lookup
-    (0.87 tokens accepted a verification) ran at 0.80 x there while the fixed price
-    (`MIN_GAIN`, 0.4) kept it drafting."""
+    place 1.13-1.27 (d=1) and 1.56-1.78 (d=8); on a lent H200, where a small model's step is
+    its kernel launches, the forward alone 1.79-1.86 and in place 1.83 and 2.42 (two
+    leases), and prose drafted by prompt lookup (0.87 tokens accepted a verification) ran
+    at 0.80 x there while the fixed price (`MIN_GAIN`, 0.4) kept it drafting."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
