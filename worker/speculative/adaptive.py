@@ -341,17 +341,16 @@ class Speculation:
         `Pace.price`, with what the longest draft model's draft cost to make)."""
         if len(uids) < 2:  # (one row: its own Pace is the batch's)
             return
-        longest, price = 0, 0.0
+        longest, making = None, 0.0
         for uid, d in zip(uids, drafts):
             t = self.tracks.get(uid)
             if t is not None and d:
-                longest = max(longest, len(d))
-                price = max(price, t.pace.cost * len(d))
-        if not longest:
-            return
-        paces = [t.pace for uid in uids if (t := self.tracks.get(uid)) is not None]
-        price += paces[0].price(longest)
-        self.gate.update(earned, len(uids) * price)
+                making = max(making, t.pace.cost * len(d))
+                if longest is None or len(d) > len(longest[1]):
+                    longest = (t.pace, d)
+        if longest is not None:
+            pace, draft = longest
+            self.gate.update(earned, len(uids) * (pace.price(len(draft)) + making))
 
     def attached(self, generator) -> None:
         """It speculates in `generator` (a BatchGenerator: the MTP head also reads its
