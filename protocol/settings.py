@@ -335,7 +335,8 @@ SETTINGS: tuple[Setting, ...] = (
     # Continuous batching and the prompt-prefix cache (worker/loop/batch.py, worker/kvcache/prefix.py).
     S("max_batch_size", INT, 8, "sequences a worker decodes together in one batch", worker=True),
     S("prefill_batch_size", INT, 2, "prompts prefilled together in one step (each by "
-      "--prefill-step tokens: the bound on the prefill work between two decode steps)",
+      "--prefill-step tokens: the bound on the prefill work between two decode steps; "
+      "more short prompts when they fit that many chunks' positions)",
       worker=True),
     S("prompt_cache_bytes", SIZE, 512 << 20, "memory per model for cached prompt prefixes "
       "(KV states reused by later prompts; 0: off), e.g. 2G", worker=True),

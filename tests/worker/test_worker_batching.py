@@ -584,3 +584,55 @@ def test_one_read_extract_and_filter_equal_mlx_lms_per_layer_methods(engine):
         assert g._idx == w._idx and g.left_padding.tolist() == w.left_padding.tolist()
         assert g.offset.tolist() == w.offset.tolist()
         assert mx.array_equal(g.keys, w.keys) and mx.array_equal(g.values, w.values)
+
+
+def test_short_prompts_that_arrive_together_are_prefilled_together(engine):
+    """`--prefill-batch-size` bounds a step's prefill work at that many chunks'
+    positions: long prompts go that many a step, short ones arriving together all in one
+    step (a lent H200's 2b Gemma 4: eight 22-token prompts two a step waited 0.2-1.8 s
+    for their first tokens). The text is each one's alone."""
+    from tests.worker.batchrun import Seq
+
+    def first_step(prompts: dict) -> tuple[int, dict]:
+        batch = make_batch(engine, prefill_batch=2)
+        for name, ids in prompts.items():
+            batch.add(Seq(name), engine.prepare(generate(
+                rid=name, prompt_ids=pack_ids(ids), max_tokens=4, temperature=0.0)))
+        out, first = {n: [] for n in prompts}, None
+        while batch.members:
+            got = batch.step()
+            if got and first is None:
+                first = len(got)
+            for seq, o in got:
+                out[seq.rid].append(o)
+        return first, {n: tokens(o) for n, o in out.items()}
+
+    chunk = engine.prefill_step  # (eight prompts within two chunks' tokens)
+    short = {f"s{i}": [10 + i + j for j in range(chunk // 8 - 1 - i % 3)] for i in range(8)}
+    together, texts = first_step(short)
+    assert together == 8
+    for name, ids in list(short.items())[:3]:
+        assert texts[name] == first_step({name: ids})[1][name]
+    long = {f"l{i}": [10 + (i * 7 + j) % 900 for j in range(chunk + 5)] for i in range(4)}
+    assert first_step(long)[0] == 2   # (two chunks' work a step, as before)
+
+
+def test_prompts_for_a_step_count_their_padded_positions_up_to_the_chunks_allowed():
+    from types import SimpleNamespace
+
+    from worker.loop.sizing import prompts_for_step
+
+    def gen(waiting, running=()):
+        return SimpleNamespace(_unprocessed_sequences=[(0, [[1] * n]) for n in waiting],
+                               _currently_processing=[[[[1] * n], 0, n] for n in running])
+
+    assert prompts_for_step(gen([22] * 8), 512, 2, 8) == 8
+    assert prompts_for_step(gen([22] * 20), 512, 2, 8) == 8        # (the batch's size)
+    assert prompts_for_step(gen([600] * 4), 512, 2, 8) == 2        # long: two a step
+    # (A step's prompts are right-padded to its widest: a chunk of a long one beside
+    # short ones costs each of them a chunk's positions.)
+    assert prompts_for_step(gen([600, 22, 22, 600]), 512, 2, 8) == 2
+    assert prompts_for_step(gen([22, 22, 22, 600]), 512, 2, 8) == 3
+    assert prompts_for_step(gen([300, 300, 300, 300]), 512, 2, 8) == 3
+    assert prompts_for_step(gen([22] * 4, running=[1000, 1000]), 512, 2, 8) == 2
+    assert prompts_for_step(gen([]), 512, 2, 8) == 2               # (mlx-lm's bound)

@@ -4,8 +4,9 @@ Built on mlx-lm's `BatchGenerator` (its batched KV caches, chunked prefill, one 
 flight with `mx.async_eval`, per-sequence samplers, logits processors, stop tokens and
 token budgets). New sequences join at step boundaries; each `step()` is one decode step
 for the sequences generating and ONE prefill chunk (at most `prefill_batch` prompts ×
-`prefill_step` tokens) for those being prefilled, so a long prompt never stalls the
-streams already running for longer than one chunk.
+`prefill_step` tokens, or as many short prompts as that many tokens hold:
+sizing.py `prompts_for_step`) for those being prefilled, so a long prompt never stalls
+the streams already running for longer than one chunk.
 
 What this module adds around it:
 - admission against the KV budget by what the batch really holds (`Batch.holds`):
@@ -45,7 +46,8 @@ from protocol.messages import CacheStats, KVStats, PromptCache, SpeculationStats
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
 from worker.loop import mlx_lm_patches, warmup
-from worker.loop.sizing import MIN_CHUNK, CacheRoom, ChunkSizer, KVSize, StepMemory
+from worker.loop.sizing import (MIN_CHUNK, CacheRoom, ChunkSizer, KVSize, StepMemory,
+                                prompts_for_step)
 from worker.speculative import mtp, recurrent, verify
 from worker.speculative.adaptive import Pace, Speculation, Track
 from worker.speculative.drafters import NoGuess, Prediction, PromptLookup
@@ -298,7 +300,7 @@ class Batch:
             self.cache_room.decoding()
             return  # only decoding: no chunk, and the prompt cache keeps its room
         self.cache_room.prefilling()
-        rows = min(self.prefill_batch, waiting)  # (the prompts this step prefills)
+        rows = min(gen.prefill_batch_size, waiting)  # (the prompts this step prefills)
         room = self.kv_budget - self.reserved
         # A chunk attends to at most its prompt's tokens: the longest prompt's last chunk.
         longest = max(m.prompt for m in self.members.values())
@@ -329,6 +331,10 @@ class Batch:
         where outcome is `Decoding.feed`'s tuple or the exception it raised (the
         sequence is then out of the batch). Raises if the step itself failed."""
         self.settle()
+        gen = self.gen
+        if gen._unprocessed_sequences:  # (short prompts together: sizing.py)
+            gen.prefill_batch_size = prompts_for_step(gen, self.chunks.size,
+                                                      self.prefill_batch, self.max_size)
         self._fit_chunk()
         t0 = self._clock()
         prompt_responses, token_responses = self.gen.next()
