@@ -634,5 +634,9 @@ def test_prompts_for_a_step_count_their_padded_positions_up_to_the_chunks_allowe
     assert prompts_for_step(gen([600, 22, 22, 600]), 512, 2, 8) == 2
     assert prompts_for_step(gen([22, 22, 22, 600]), 512, 2, 8) == 3
     assert prompts_for_step(gen([300, 300, 300, 300]), 512, 2, 8) == 3
+    # (...and never more than twice what they hold: a longer one waits, not pads them.)
+    assert prompts_for_step(gen([20] * 7 + [120]), 512, 2, 8) == 7
+    assert prompts_for_step(gen([120] + [20] * 7), 512, 2, 8) == 2
+    assert prompts_for_step(gen([20, 25, 30, 22, 28, 35, 21, 24]), 512, 2, 8) == 8
     assert prompts_for_step(gen([22] * 4, running=[1000, 1000]), 512, 2, 8) == 2
     assert prompts_for_step(gen([]), 512, 2, 8) == 2               # (mlx-lm's bound)

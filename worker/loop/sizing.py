@@ -258,19 +258,24 @@ def prompts_for_step(gen, chunk: int, least: int, most: int) -> int:
     (its `prefill_batch_size`): those in progress, then the waiting ones in order while
     the step's forward, every prompt right-padded to its widest (each at most a
     `chunk`), stays within `least` chunks' positions, the work `--prefill-batch-size`
-    long prompts bring; never fewer than `least`, nor more than `most` (the batch). Long
-    prompts still go `least` at a time; short ones that arrive together are prefilled in
-    one step and join the batch together, where `least` a step made eight 22-token
-    prompts on a lent H200 wait 0.2-1.8 s for their first tokens (a 2b Gemma 4; 0.4-0.8 s
-    eight a step: docs/benchmarks.md, session 11)."""
-    n, widest = 0, 0
+    long prompts bring, and at most twice the positions its prompts hold (a longer one
+    among short ones waits for the next step rather than pad them all: on a
+    compute-bound device padding is work); never fewer than `least`, nor more than
+    `most` (the batch). Long prompts still go `least` at a time; short ones that arrive
+    together are prefilled in one step and join the batch together, where `least` a
+    step made eight 22-token prompts on a lent H200 wait 0.2-1.8 s for their first
+    tokens (a 2b Gemma 4; 0.4-0.8 s eight a step: docs/benchmarks.md, session 11)."""
+    n, widest, held = 0, 0, 0
     for segments in [c[0] for c in gen._currently_processing]:
-        n, widest = n + 1, max(widest, min(chunk, sum(len(s) for s in segments)))
+        tokens = min(chunk, sum(len(s) for s in segments))
+        n, widest, held = n + 1, max(widest, tokens), held + tokens
     for seq in gen._unprocessed_sequences:
-        wider = max(widest, min(chunk, sum(len(s) for s in seq[1])))
-        if n >= most or (n >= least and (n + 1) * wider > least * chunk):
+        tokens = min(chunk, sum(len(s) for s in seq[1]))
+        padded = (n + 1) * max(widest, tokens)
+        if n >= most or (n >= least and (padded > least * chunk
+                                         or padded > 2 * (held + tokens))):
             break
-        n, widest = n + 1, wider
+        n, widest, held = n + 1, max(widest, tokens), held + tokens
     return max(least, min(n, most))
 
 
