@@ -337,7 +337,7 @@ class Batch:
                                                       self.prefill_batch, self.max_size)
         self._fit_chunk()
         t0 = self._clock()
-        prompt_responses, token_responses = self.gen.next()
+        prompt_responses, token_responses = gen.next()
         self.kv_format.pass_start(self.gen)  # (--quantized-kv-start: worker/kvcache/quantized.py)
         if any(not r.end_of_prompt for r in prompt_responses):  # it prefilled a chunk:
             size = self.chunks.size                            # size the next by its time

@@ -134,18 +134,18 @@ class StepMemory:
         gc.disable()
         try:
             w_short = w_long = 0.0
-            for _ in range(3):  # (a short prefill that needs nothing a token read early)
+            for _ in range(3):  # (again while the per-token part reads 0: read early)
                 w_short = max(w_short, max(cls.working(model, short, kv_format, collect=1)
                                            for _ in range(readings)) / short)
                 w_long = max(w_long, max(cls.working(model, long, kv_format, collect=1)
                                          for _ in range(readings)) / long)
-                if w_short > (w_long - w_short) / (long - short) * short:
+                per_pair = max(0.0, (w_long - w_short) / (long - short))
+                if w_short > per_pair * short:
                     break
             per_row = cls.freed(model, rows, kv_format, collect=1) / rows if rows > 0 else 0.0
         finally:
             if collecting:
                 gc.enable()
-        per_pair = max(0.0, (w_long - w_short) / (long - short))
         return cls(max(0.0, w_short - per_pair * short), per_pair, vocab, per_row)
 
     @staticmethod
