@@ -280,7 +280,7 @@ def test_a_group_whose_ranks_start_slowly_keeps_its_heartbeat(shard_model, refer
     with ServerProcess([shard_model], "--hosts", hostfile(tmp_path, 2), "--crash-budget", "0",
                        *SHORT_HEARTBEAT, env=env) as s:
         w = _settle(s)
-        assert (w["state"], w["epoch"], w["restarts"]) == ("ready", 1, 0), w
+        assert (w["state"], w["epoch"], w["restarts"]) == ("ready", 1, 0), (w, s.log())
         assert complete(s, shard_model, PROMPTS[0]) == reference[PROMPTS[0]]
         leader = rank_pids(s)[0]
         os.kill(leader, signal.SIGSTOP)

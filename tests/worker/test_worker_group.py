@@ -481,6 +481,19 @@ def test_hostfile_is_checked_and_local_groups_get_free_ports(tmp_path):
     assert cmd[cmd.index("--starting-port") + 1] == "32323"
 
 
+def test_local_groups_take_ports_below_the_ephemeral_range(tmp_path):
+    """A rank binds its port seconds after the launcher chose it: a port outgoing
+    connections may take meanwhile (the ephemeral range) would fail its join."""
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    assert launch.ephemeral_from(ranges) == 32768
+    assert launch.ephemeral_from(tmp_path / "absent") == launch.EPHEMERAL_FROM == 49152
+    low = launch.ephemeral_from()
+    picks = [launch.free_ports(3) for _ in range(50)]
+    assert all(20000 <= p and p + 3 <= low for p in picks), (low, picks)
+    assert len(set(picks)) > 1   # drawn, not one fixed port
+
+
 def test_the_launcher_beats_for_the_group_until_the_leaders_link_does(tmp_path):
     """The ranks start in silence (the leader's link cannot beat before the group is
     joined): the launcher beats, with the worker's epoch and interval, until the leader's

@@ -61,10 +61,27 @@ EXIT_NO_CODE = 1   # the leader left no code (killed before it could write one)
 FILL = b"\n" * (1 << 18)   # more than any OS's pipe buffer (64 KiB on Linux and macOS)
 
 
-def free_ports(count: int, first: int = 30000, last: int = 60000) -> int:
-    """The first of `count` consecutive ports free on this machine now."""
+EPHEMERAL_FROM = 49152   # where the OS's ephemeral ports start: IANA's, macOS's default
+LOCAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")   # Linux's own
+
+
+def ephemeral_from(path: Path = LOCAL_RANGE) -> int:
+    """The first port this machine gives outgoing connections (Linux says, in
+    ip_local_port_range; elsewhere IANA's 49152, macOS's default)."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_FROM
+
+
+def free_ports(count: int, first: int = 20000, last: int | None = None) -> int:
+    """The first of `count` consecutive ports free on this machine now, below the
+    ephemeral range by default: a rank binds its port seconds after this choice (once
+    its interpreter has started, longer on a loaded machine), and any connection this
+    machine opens meanwhile may take an ephemeral port as its own end."""
     import random
 
+    last = last or max(first + 1000, ephemeral_from())
     for _ in range(100):
         base = random.randrange(first, last - count)
         socks = []
