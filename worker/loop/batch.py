@@ -46,6 +46,7 @@ from protocol.messages import CacheStats, KVStats, PromptCache, SpeculationStats
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
 from worker.loop import mlx_lm_patches, warmup
+from worker.loop.first_token import FirstToken, read_first
 from worker.loop.sizing import (MIN_CHUNK, CacheRoom, ChunkSizer, KVSize, StepMemory,
                                 prompts_for_step)
 from worker.speculative import mtp, recurrent, verify
@@ -79,7 +80,7 @@ class Member:
     tokens: int                 # KV tokens reserved: its prompt plus its token budget
     prompt: int                 # its prompt's tokens (what a prefill chunk may follow)
     checkpoints: list = field(default_factory=list)  # prompt lengths to keep the state at
-    first_read: bool = False    # its first token was read early (`_first_tokens`)
+    first_read: bool = False    # its first token was read early (first_token.py)
     key: Optional[list] = None  # its prompt as the KV cache knows it, where not its ids
 
     def keyed(self, tokens: list) -> list:
@@ -87,17 +88,6 @@ class Member:
         if self.key is None:
             return tokens
         return self.key[:len(tokens)] + tokens[len(self.key):]
-
-
-@dataclass
-class FirstToken:
-    """A token read as soon as it was computed, shaped as mlx-lm's responses are."""
-    uid: int
-    token: int
-    logprobs: Any
-    finish_reason: Optional[str] = None
-    prompt_cache: Any = None
-    all_tokens: Any = None
 
 
 class Batch:
@@ -380,32 +370,9 @@ class Batch:
         return results
 
     def _first_tokens(self, joined: list[int]) -> list:
-        """The first tokens of sequences that moved to decoding in this step, read now.
-
-        mlx-lm keeps one step in flight: the step that ends a prompt only launches the
-        first token's computation, and the next step launches the second token's before
-        it reads the first. When the batch decodes nothing else, nothing is gained by that
-        wait: the first token is read here, one step (one forward pass launched, on a GPU
-        several ms of the CPU's time) sooner. mlx-lm still reports that token at the next
-        step; `step` skips it. With other sequences decoding, reading now would stall
-        their step in flight: they keep mlx-lm's order. So does a grammar: it consumes
-        each token inside the next step (worker/text/decoding.py), before `feed` sees it."""
-        gb = getattr(self.gen, "_generation_batch", None)
-        if not joined or gb is None or sorted(getattr(gb, "uids", ())) != sorted(joined):
-            return []
-        if any(self.members[u].decoding.grammar is not None for u in joined if u in self.members):
-            return []
-        tokens, logprobs = getattr(gb, "_next_tokens", None), getattr(gb, "_next_logprobs", None)
-        if tokens is None or logprobs is None or len(logprobs) != len(gb.uids):
-            return []
-        mx.eval(tokens, logprobs)
-        out = []
-        for uid, tok, lp in zip(gb.uids, tokens.tolist(), logprobs):
-            m = self.members.get(uid)
-            if m is not None:
-                m.first_read = True
-                out.append(FirstToken(uid, tok, lp))
-        return out
+        """The first tokens of sequences that moved to decoding in this step, where they
+        can be read now (worker/loop/first_token.py)."""
+        return read_first(self.gen, self.members, joined)
 
     def _checkpoint(self, uid: int) -> None:
         """The end of a prompt segment: the KV cache keeps the state for later prompts."""
