@@ -471,6 +471,9 @@ def test_hostfile_is_checked_and_local_groups_get_free_ports(tmp_path):
     envs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--env"]
     control = next(e for e in envs if e.startswith("MLXD_GROUP_CONTROL="))
     assert control.startswith("MLXD_GROUP_CONTROL=tcp://127.0.0.1:")
+    # The control channel's ports follow the ring's two (one draw: they cannot overlap).
+    ring = int(cmd[cmd.index("--starting-port") + 1])
+    assert int(control.rsplit(":", 1)[1]) == ring + 2
     assert "MLXD_GROUP_EXIT_FILE=/x/exit" in envs and "MLXD_GROUP_BACKEND=ring" in envs
     assert f"MLXD_GROUP_KEYS={tmp_path / 'keys'}" in envs
     assert "MLXD_GROUP_LINK_UP=/x/exit.up" in envs   # where the launcher looks for it

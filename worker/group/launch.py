@@ -117,8 +117,11 @@ def launch_command(hostfile: Path, data: dict, exit_file: str, worker: list[str]
     backend = backend_of(data)
     hosts = data["hosts"]
     if all(is_local(h) for h in hosts):
-        port = free_ports(sum(max(1, len(h.get("ips", []))) for h in hosts))
-        control = f"tcp://127.0.0.1:{free_ports(2)}"
+        ring = sum(max(1, len(h.get("ips", []))) for h in hosts)
+        # One draw for the ring's ports and the control channel's two after them: two
+        # draws could overlap (nothing binds a drawn port until the ranks start).
+        port = free_ports(ring + 2)
+        control = f"tcp://127.0.0.1:{port + ring}"
     else:
         port = int(data.get("starting_port", 32323))
         ips = hosts[0].get("ips") or [hosts[0]["ssh"]]
