@@ -6,6 +6,8 @@ then its fields in declaration order. msgspec encodes and validates them in C (a
 Delta: ~0.3 µs to encode, ~0.6 µs to decode, against 3.6 µs and 13.1 µs for the hand-written
 dataclass codec this replaced), so the types here ARE the schema: what a field's type says
 is checked when a frame is decoded (protocol/codec.py).
+Their enums and packed arrays are in protocol/wire.py, the counters they carry in
+protocol/stats.py.
 
 Down (supervisor → worker): Generate, Cancel, StatusRequest, CacheCommand, Shutdown.
 Up (worker → supervisor): Ready, Started, Delta, Tokens, Pooled, Done, Error, Status,
@@ -30,12 +32,17 @@ ignored). A change that breaks this, or a new enum value, bumps PROTOCOL_VERSION
 
 from __future__ import annotations
 
-import sys
-from array import array
-from enum import Enum
 from typing import Any, Literal, Optional
 
 import msgspec
+
+# (Re-exported: both sides import these from protocol.messages.)
+from protocol.stats import (  # noqa: F401
+    CacheStats, GroupInfo, GroupRank, KVStats, SnapshotInfo, SnapshotStats, SpeculationStats)
+from protocol.wire import (  # noqa: F401
+    CONTEXT_LENGTH_EXCEEDED, FINISH_REASONS, INTERNAL, INVALID_REQUEST, LOAD_FAILED, TASKS_OF,
+    ErrorCode, FinishReason, ModelKind, Task, WireEnum, pack_floats, pack_ids, task_refusal,
+    unpack_floats, unpack_ids)
 
 PROTOCOL_VERSION = 7  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: KV snapshots
 #                       (Generate.snapshot/resume, CacheCommand, CacheReply);
@@ -49,123 +56,6 @@ PROTOCOL_VERSION = 7  # 3: Generate.task, Tokens, Pooled, Ready.model_kind; 4: K
 #                       version-7 one would ignore a version-6 peer's three fields; so the
 #                       versions refuse each other. PromptCache itself follows the rule
 #                       above: a new field gets a default and goes at its end.
-
-
-class WireEnum(str, Enum):
-    """A string-valued enum: what travels (and what str() and f-strings give) is the
-    value, so a member compares, hashes and renders as its string."""
-
-    def __str__(self) -> str:
-        return str.__str__(self)
-
-
-class FinishReason(WireEnum):
-    """Why a Generate ended (Done.finish_reason)."""
-    STOP = "stop"
-    LENGTH = "length"
-    TOOL_CALLS = "tool_calls"
-    CANCELLED = "cancelled"
-    ERROR = "error"
-
-
-class Task(WireEnum):
-    """What a Generate computes, and the message that carries its result."""
-    GENERATE = "generate"      # tokens: Started, Delta..., Done
-    TOKENIZE = "tokenize"      # the prompt's ids as a generation would see them (chat
-    #                            template and tools applied), no prefill: Started, Tokens, Done
-    DETOKENIZE = "detokenize"  # `prompt_ids` → text: Started, Tokens (text), Done
-    EMBED = "embed"            # one vector per item of `inputs`: Started, Pooled, Done
-    SCORE = "score"            # rerank: each of `inputs` (documents) against `prompt` (the
-    #                            query), one relevance score each: Started, Pooled (dim 1), Done
-    TRANSCRIBE = "transcribe"  # `audio` (a file) to text: Started, Delta (the text of each
-    #                            stretch decoded, as it is)..., Transcript, Done
-    SPEAK = "speak"            # `prompt` (the text) to speech: Started, Audio..., Done
-
-
-class ModelKind(WireEnum):
-    """What a loaded model does (Ready.model_kind): which tasks its worker serves."""
-    TEXT = "text"        # generate, tokenize, detokenize
-    EMBED = "embed"      # embed, tokenize, detokenize
-    RERANK = "rerank"    # score, tokenize, detokenize
-    VISION = "vision"    # generate (images in the messages too), tokenize, detokenize
-    STT = "stt"          # transcribe (speech to text, and translation into English)
-    TTS = "tts"          # speak (text to speech)
-
-
-TASKS_OF = {
-    ModelKind.TEXT: frozenset({Task.GENERATE, Task.TOKENIZE, Task.DETOKENIZE}),
-    ModelKind.EMBED: frozenset({Task.EMBED, Task.TOKENIZE, Task.DETOKENIZE}),
-    ModelKind.RERANK: frozenset({Task.SCORE, Task.TOKENIZE, Task.DETOKENIZE}),
-    ModelKind.VISION: frozenset({Task.GENERATE, Task.TOKENIZE, Task.DETOKENIZE}),
-    ModelKind.STT: frozenset({Task.TRANSCRIBE}),
-    ModelKind.TTS: frozenset({Task.SPEAK}),
-}
-
-
-_KIND_WORDS = {ModelKind.TEXT: "a text generation model", ModelKind.EMBED: "an embedding model",
-               ModelKind.RERANK: "a reranker model", ModelKind.VISION: "a vision model",
-               ModelKind.STT: "a speech recognition model",
-               ModelKind.TTS: "a text-to-speech model"}
-_TASK_WORDS = {Task.GENERATE: "generate text", Task.EMBED: "compute embeddings",
-               Task.SCORE: "rerank documents", Task.TOKENIZE: "tokenize text",
-               Task.DETOKENIZE: "detokenize token ids", Task.TRANSCRIBE: "transcribe audio",
-               Task.SPEAK: "synthesise speech"}
-
-
-def task_refusal(model: str | None, task: Task, kind: ModelKind) -> str:
-    """Why `model` cannot do `task`: the same words from the supervisor (which refuses at
-    admission once it knows the kind) and the worker (which refuses what came before)."""
-    who = f"Model `{model}`" if model else "This model"
-    return f"{who} is {_KIND_WORDS[kind]}: it cannot {_TASK_WORDS[task]}."
-
-
-class ErrorCode(WireEnum):
-    """What an Error is about; the supervisor maps each to an HTTP status."""
-    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-    INVALID_REQUEST = "invalid_request"
-    LOAD_FAILED = "load_failed"
-    INTERNAL = "internal_error"
-
-
-# The names both sides have always imported.
-FINISH_REASONS = tuple(r.value for r in FinishReason)
-CONTEXT_LENGTH_EXCEEDED = ErrorCode.CONTEXT_LENGTH_EXCEEDED
-INVALID_REQUEST = ErrorCode.INVALID_REQUEST
-LOAD_FAILED = ErrorCode.LOAD_FAILED
-INTERNAL = ErrorCode.INTERNAL
-
-
-def _pack(typecode: str, values) -> bytes:
-    a = array(typecode, values)
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a.tobytes()
-
-
-def _unpack(typecode: str, data: bytes) -> list:
-    a = array(typecode)
-    a.frombytes(data)
-    if sys.byteorder != "little":
-        a.byteswap()
-    return a.tolist()
-
-
-def pack_ids(ids) -> bytes:
-    """Token ids travel packed as little-endian uint32, not as a msgpack list of ints."""
-    return _pack("I", ids)
-
-
-def unpack_ids(data: bytes) -> list[int]:
-    return _unpack("I", data)
-
-
-def pack_floats(values) -> bytes:
-    """Logprob arrays travel packed as little-endian float32, like token ids."""
-    return _pack("f", values)
-
-
-def unpack_floats(data: bytes) -> list[float]:
-    return _unpack("f", data)
 
 
 class ToolCall(msgspec.Struct, frozen=True, array_like=True):
@@ -333,26 +223,6 @@ class Shutdown(Message, frozen=True, kw_only=True, tag="shutdown"):
 
 
 # ---- up: worker → supervisor ---------------------------------------------------------
-
-class GroupRank(msgspec.Struct, frozen=True, kw_only=True):
-    """One process of a worker group (worker/group/), as it was when the group was ready."""
-    rank: int
-    host: str
-    pid: int
-    free_bytes: int = 0      # memory its host had available before the shard loaded
-    active_bytes: int = 0    # MLX memory it holds after loading
-    peak_bytes: int = 0
-
-
-class GroupInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """A worker group: several MLX processes serving one model (Ready.group)."""
-    size: int
-    backend: str             # ring | jaccl | mpi | nccl
-    sharding: str            # tensor | pipeline
-    ranks: list[GroupRank] = []
-    latency_s: float = 0.0           # one tiny all-reduce, measured at start
-    bandwidth_bytes_s: float = 0.0   # a 4 MiB all-reduce, measured at start
-
 
 class Ready(Message, frozen=True, kw_only=True, tag="ready"):
     """Model loaded and warmed; the worker takes Generate from now on."""
@@ -547,15 +417,6 @@ class Status(Message, frozen=True, kw_only=True, tag="status"):
     #                                   (a transcription: the audio decoded so far)
 
 
-class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """One named KV snapshot (CacheReply)."""
-    name: str
-    tokens: int
-    ram_bytes: int = 0          # 0: not in memory
-    disk_bytes: int = 0         # 0: not on disk
-    used_at: float = 0.0        # unix time of its last use (stored or resumed from)
-
-
 class CacheReply(Message, frozen=True, kw_only=True, tag="cache_reply"):
     """Answer to CacheCommand."""
     epoch: int
@@ -563,57 +424,6 @@ class CacheReply(Message, frozen=True, kw_only=True, tag="cache_reply"):
     ok: bool = True
     message: str = ""           # what was done, or why not (`ok` false: unknown name, ...)
     entries: list[SnapshotInfo] = []
-
-
-class SnapshotStats(msgspec.Struct, frozen=True, kw_only=True):
-    """The worker's named KV snapshots (worker/kvcache/), counted since it started."""
-    hits_ram: int = 0        # resumed from a state in memory
-    hits_disk: int = 0       # resumed from a file of the disk tier
-    misses: int = 0          # `resume_from` named no state in any tier
-    fallbacks: int = 0       # the state's tokens did not begin the prompt: prefix matching
-    named: int = 0           # names held in memory now
-    disk_bytes: int = 0
-    disk_entries: int = 0
-    disk_evictions: int = 0  # files dropped for room (--kv-disk-bytes)
-    disk_corrupt: int = 0    # files that failed their checksum or could not be read: deleted
-    disk_read_bytes: int = 0
-    disk_read_seconds: float = 0.0
-    disk_write_bytes: int = 0
-    disk_write_seconds: float = 0.0
-
-
-class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
-    """The worker's prompt-prefix cache (worker/kvcache/prefix.py), counted since it started
-    (not a message: a field of Heartbeat and Status)."""
-    hits: int = 0
-    misses: int = 0
-    tokens_reused: int = 0   # prompt tokens not prefilled thanks to it
-    bytes: int = 0           # KV memory it holds now
-    entries: int = 0
-    evictions: int = 0       # dropped for room
-    expirations: int = 0     # dropped for age (--prompt-cache-ttl)
-    snapshots: Optional[SnapshotStats] = None  # None: no snapshots (no prompt cache)
-    pinned_tokens: int = 0   # the --warm-prompt prefix held for the worker's life
-
-
-class KVStats(msgspec.Struct, frozen=True, kw_only=True):
-    """The worker's KV memory (not a message: a field of Heartbeat): its format (`bits`
-    0: full precision; worker/kvcache/quantized.py), what one token of context takes, and
-    what the batch and the prompt cache hold now, in bytes and in tokens of context."""
-    bits: int = 0
-    bytes_per_token: float = 0.0
-    bytes: int = 0
-    tokens: int = 0
-
-
-class SpeculationStats(msgspec.Struct, frozen=True, kw_only=True):
-    """The worker's speculative decoding (worker/speculative/), counted since it started
-    (a field of Heartbeat): sequence-steps that verified a draft, tokens drafted, and
-    those the model accepted. Acceptance is accepted / drafted; a verification yields
-    (verifications + accepted) / verifications tokens."""
-    verifications: int = 0
-    drafted: int = 0
-    accepted: int = 0
 
 
 class Heartbeat(Message, frozen=True, kw_only=True, tag="heartbeat"):
