@@ -128,9 +128,12 @@ class ServerProcess:
             self.stop()
             raise
 
-    def log(self) -> str:
+    def log(self, tail: int | None = 6000) -> str:
+        """The server's stderr: its last `tail` characters (for a failure's message), or
+        all of it (None: to count what it logged, which a tail's window would lose)."""
         try:
-            return self.log_path.read_text(errors="replace")[-6000:]
+            text = self.log_path.read_text(errors="replace")
+            return text[-tail:] if tail else text
         except OSError:
             return ""
 

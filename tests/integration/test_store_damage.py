@@ -56,7 +56,7 @@ def test_garbage_store_at_start_is_moved_aside(tiny_model, tmp_path):
             assert r.status_code == 200, r.text
             got = http.get(f"/v1/responses/{r.json()['id']}")
             assert got.status_code == 200 and got.json() == r.json()
-        log = srv.log()
+        log = srv.log(tail=None)
     (aside,) = [p for p in tmp_path.iterdir() if ASIDE.match(p.name)]
     assert aside.read_bytes() == garbage
     (line,) = [l for l in log.splitlines() if "damaged" in l]
@@ -113,7 +113,7 @@ def test_store_failing_mid_run_only_fails_store_routes(tiny_model, tmp_path):
                                                                           "completed")
         fresh = create(http, model).json()
         assert http.get(f"/v1/responses/{fresh['id']}").json() == fresh
-        log = srv.log()
+        log = srv.log(tail=None)
     assert "Traceback" not in log and "never retrieved" not in log
 
 
@@ -124,7 +124,7 @@ def test_newer_schema_is_a_clean_refusal(tiny_model, tmp_path):
     data = (tmp_path / "responses.db").read_bytes()
     with ServerProcess([str(tiny_model)], state_dir=tmp_path) as srv:
         assert srv.proc.wait(30) == 2
-        log = srv.log()
+        log = srv.log(tail=None)
     assert "newer than this mlxd" in log and "Traceback" not in log
     assert (tmp_path / "responses.db").read_bytes() == data
     assert not [p for p in tmp_path.iterdir() if "corrupt" in p.name]
