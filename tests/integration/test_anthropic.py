@@ -135,7 +135,8 @@ def test_thinking_comes_as_signed_thinking_blocks(client, qwen):
     kinds = [d["delta"]["type"] for n, d in events if n == "content_block_delta"]
     assert kinds[0] == "thinking_delta" and "signature_delta" in kinds
     # The signed thinking goes back in a later turn, as clients send it.
-    again = client.messages.create(model=model, max_tokens=4, thinking=NO_THINKING, messages=[
+    again = client.messages.create(model=model, max_tokens=4, thinking=NO_THINKING,
+                                   extra_body={"temperature": 0}, messages=[
         {"role": "user", "content": "Think first."},
         {"role": "assistant", "content": msg.content},
         {"role": "user", "content": "And now?"}])

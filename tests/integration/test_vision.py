@@ -86,7 +86,8 @@ def test_bad_images_are_400s_and_the_model_serves_on(vclient, vision_model):
         vclient.chat.completions.create(model=model, messages=ask("https://example.com/a.png"),
                                         max_tokens=2)
     assert e.value.body["code"] == "invalid_image_url"
-    r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=2)
+    r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=2,
+                                        temperature=0)  # (sampled, EOS may come first)
     assert r.usage.completion_tokens == 2
 
 
@@ -111,7 +112,7 @@ def test_demo_vision_is_built_on_first_use_and_served_by_name():
         client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
         assert client.models.retrieve("demo-vision").model_extra["kind"] == "vision"
         r = client.chat.completions.create(model="demo-vision", messages=ask(data_url()),
-                                           max_tokens=3)
+                                           max_tokens=3, temperature=0)
         assert r.usage.completion_tokens == 3
         assert (srv.state_dir / "models" / "demo-vision" / "preprocessor_config.json").is_file()
 
@@ -125,7 +126,8 @@ def test_the_messages_api_takes_image_blocks(vserver, vision_model, server, mode
     ask_ = [{"role": "user", "content": [{"type": "text", "text": "What is in the picture?"},
                                          block]}]
     vision = anthropic.Anthropic(base_url=vserver.url, api_key="x", max_retries=0)
-    m = vision.messages.create(model=str(vision_model), max_tokens=4, messages=ask_)
+    m = vision.messages.create(model=str(vision_model), max_tokens=4, messages=ask_,
+                               extra_body={"temperature": 0})  # (not a create() argument)
     assert m.usage.output_tokens == 4 and m.stop_reason == "max_tokens"
     text = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as e:  # a text model, in Anthropic's envelope
@@ -208,7 +210,8 @@ def test_an_image_bomb_is_a_400_on_every_surface_and_is_never_decoded(vserver, v
     if peak_before is not None:
         assert peak_after - peak_before < 64 << 20, (peak_before, peak_after)
     assert pid_after == pid
-    r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=2)
+    r = vclient.chat.completions.create(model=model, messages=ask(data_url()), max_tokens=2,
+                                        temperature=0)
     assert r.usage.completion_tokens == 2
 
 
@@ -242,7 +245,7 @@ def test_audio_to_a_vision_model_is_a_400_in_each_surfaces_envelope(vserver, vcl
                                  messages=[{"role": "user", "content": [pdf]}])
     assert e.value.body["type"] == "error"
     assert "cannot read documents" in e.value.body["error"]["message"]
-    r = vclient.chat.completions.create(model=model, max_tokens=2, messages=[
+    r = vclient.chat.completions.create(model=model, max_tokens=2, temperature=0, messages=[
         {"role": "user", "content": [{"type": "text", "text": "Hear this"}, audio]},
         {"role": "assistant", "content": "I cannot hear it."},
         {"role": "user", "content": [{"type": "text", "text": "And this?"},
