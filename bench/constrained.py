@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 
+from bench.inprocess import Seq
 from bench.make_model import MODELS_DIR
 from bench.report import goal, print_table
 
@@ -44,10 +45,7 @@ def tools(n: int, tag: str = "") -> list:
 
 def decode_rate(batch, gen) -> tuple[float, int]:
     """One request alone through the worker's batch: tokens/s between the first and last."""
-    class Seq:
-        rid, uid = gen.rid, None
-
-    batch.add(Seq(), batch.engine.prepare(gen))
+    batch.add(Seq(gen.rid), batch.engine.prepare(gen))
     first = last = None
     n = 0
     while batch.members:

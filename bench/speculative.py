@@ -92,11 +92,8 @@ def run(eng, batch, messages, streams: int, tokens: int, prediction: str | None,
         temperature: float = 0.0, seed: int = 0, schema: dict | None = None):
     """(completion tokens/s, texts); sampled (`temperature` > 0) stream i has seed
     `seed` + i; `schema`: a json_schema response format."""
+    from bench.inprocess import Seq
     from protocol import Generate, OutputSpec, SamplingParams
-
-    class Seq:
-        def __init__(self, rid):
-            self.rid, self.uid = rid, None
 
     texts = {f"s{i}": [] for i in range(streams)}
     start = time.perf_counter()

@@ -83,14 +83,11 @@ def worker_batch(path, rows: int, steps: int) -> float:
     each row's tokens fed to its `Decoding` (detokenized, stops checked)."""
     import tempfile
 
+    from bench.inprocess import Seq
     from protocol import Generate, SamplingParams
     from protocol.settings import worker_parser
     from worker.loading import models
     from worker.loading.kinds import KINDS
-
-    class Seq:
-        def __init__(self, rid):
-            self.rid, self.uid = rid, None
 
     with tempfile.TemporaryDirectory() as state:
         args = worker_parser().parse_args([
