@@ -116,3 +116,52 @@ def test_shutdown_during_preparation_answers_it_once(engine, monkeypatch):
         assert link.of("slow")[0].finish_reason == "cancelled"
     finally:
         held.release.set()
+
+
+def test_requests_arriving_together_are_prefilled_together(engine, monkeypatch):
+    """A burst whose preparations finish one by one joins the batch as one prefill, not
+    as the first request alone and the rest behind its prefill (scheduler `_gather`):
+    every request is admitted (its Started) before any first token goes out."""
+    import time
+
+    import worker.loop.scheduler as sched
+
+    monkeypatch.setattr(sched, "GATHER", WAIT)  # the bound is not what is tested here
+    real = engine.prepare
+
+    def slow(gen):
+        time.sleep(0.1)  # far longer than the tiny model's prefill and first token
+        return real(gen)
+
+    monkeypatch.setattr(engine, "prepare", slow)
+    rids = ["a", "b", "c", "d"]
+    link, _ = serve(engine, [gen(r) for r in rids], max_size=4)
+    kinds = [(m.kind, m.rid) for m in link.sent if m.kind in ("started", "delta")]
+    first_delta = next(i for i, (kind, _) in enumerate(kinds) if kind == "delta")
+    assert sorted(rid for kind, rid in kinds[:first_delta] if kind == "started") == rids
+    assert all(link.of(r)[-1].finish_reason == "length" for r in rids)
+
+
+def test_a_decoding_sequence_never_waits_for_a_request_being_prepared(engine, monkeypatch):
+    """Gathering holds a prefill only while nothing decodes: a request that arrives
+    while another streams, and whose preparation stays open, never stops that stream
+    (here the preparation is released only after five more of its tokens went out)."""
+    import worker.loop.scheduler as sched
+
+    monkeypatch.setattr(sched, "GATHER", 3 * WAIT)  # were it to wait, it would wait long
+    held = HeldPreparation(engine, monkeypatch, "b")
+    deltas = []
+
+    def on_send(msg, link):
+        if msg.kind != "delta" or msg.rid != "a":
+            return
+        deltas.append(msg)
+        if len(deltas) == 1:
+            link.commands.put(gen("b"))
+        elif held.entered.is_set() and len(deltas) >= 7:
+            held.release.set()
+
+    link, _ = serve(engine, [gen("a", max_tokens=400)], on_send, max_size=2)
+    assert held.released_in_time
+    assert link.of("a")[-1].finish_reason == "length"
+    assert link.of("b")[-1].finish_reason == "length"
