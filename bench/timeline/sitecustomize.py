@@ -1,0 +1,109 @@
+"""The worker's timeline, for bench/worker_timeline.py: imported by every Python process
+started with this folder on PYTHONPATH, it does anything only with MLXD_TRACE set (a
+path prefix) and only in a process that imports the worker's scheduler. There it wraps
+the scheduler's and the batch's methods, unchanged otherwise, to write one line an event
+to `MLXD_TRACE.<pid>`: `<monotonic s> <event> <fields>` (commands handled, preparations,
+admissions, steps with the batch's counts before them, flushes, finishes, settles).
+CLOCK_MONOTONIC is system-wide, so the lines merge with the client's own times.
+
+MLXD_GATHER (seconds), when set, replaces the scheduler's GATHER: the same build run with
+the gather off and on, side by side."""
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+import time
+
+PATH = os.environ.get("MLXD_TRACE")
+_lock = threading.Lock()
+_out = None
+
+
+def event(*fields) -> None:
+    global _out
+    with _lock:
+        if _out is None:
+            _out = open(f"{PATH}.{os.getpid()}", "a", buffering=1)
+        _out.write(f"{time.monotonic():.6f} " + " ".join(str(f) for f in fields) + "\n")
+
+
+def _ms(t0: float) -> str:
+    return f"{(time.monotonic() - t0) * 1e3:.2f}"
+
+
+def patch(mod) -> None:
+    from worker.loop import batch as batch_mod
+    from worker.loop import preparer
+
+    if os.environ.get("MLXD_GATHER"):
+        mod.GATHER = float(os.environ["MLXD_GATHER"])
+    event("gather", mod.GATHER)
+    S, B = mod.Scheduler, batch_mod.Batch
+    handle, admit, flush, finish = S._handle, S._admit, S._flush, S._finish
+    step, settle, prepare = B.step, B.settle, preparer.prepare
+
+    def _handle(self, cmd):
+        seq = getattr(cmd, "seq", None)
+        event("cmd", type(cmd).__name__, getattr(cmd, "rid", getattr(seq, "rid", "-")))
+        return handle(self, cmd)
+
+    def _admit(self, seq):
+        t0 = time.monotonic()
+        admit(self, seq)
+        event("admit", seq.rid, seq.prompt_tokens, _ms(t0))
+
+    def _flush(self, seq):
+        event("flush", seq.rid, seq.completion_tokens)
+        return flush(self, seq)
+
+    def _finish(self, seq, reason, **kw):
+        event("finish", seq.rid, seq.completion_tokens)
+        return finish(self, seq, reason, **kw)
+
+    def _step(self):
+        g = self.gen
+        counts = (len(g._unprocessed_sequences), len(g._prompt_batch),
+                  len(g._generation_batch))
+        t0 = time.monotonic()
+        out = step(self)
+        event("step", _ms(t0), "waiting/prefilling/decoding", *counts, "out", len(out))
+        return out
+
+    def _settle(self):
+        n, t0 = len(self._ended), time.monotonic()
+        settle(self)
+        if n:
+            event("settle", n, _ms(t0))
+
+    def _prepare(self, gen):
+        t0 = time.monotonic()
+        out = prepare(self.engine, self.batch.kvcache, gen)
+        event("prepare", gen.rid, _ms(t0))
+        return out
+
+    S._handle, S._admit, S._flush, S._finish, S._prepare = (
+        _handle, _admit, _flush, _finish, _prepare)
+    B.step, B.settle = _step, _settle
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Patches worker.loop.scheduler once it has been executed."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "worker.loop.scheduler":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if PATH:
+    sys.meta_path.insert(0, _AfterImport())
