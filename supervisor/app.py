@@ -32,7 +32,8 @@ from supervisor.config import Config
 from supervisor.http.errors import BODY_TIMEOUT, install
 from supervisor.keys import CONFIG, POOL
 from supervisor.memory.probe import Probe
-from supervisor.workers.pool import Pool, process_link_factory
+from supervisor.workers.launch import process_link_factory
+from supervisor.workers.pool import Pool
 from supervisor.ui import routes as pages
 
 log = logging.getLogger("mlxd")

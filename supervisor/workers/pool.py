@@ -31,24 +31,19 @@ import asyncio
 import collections
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import zmq.asyncio
-
-from protocol.hosts import local_share, read_hostfile
 from protocol.model_ref import DEMO, DEMO_RANDOM
-from protocol.settings import worker_argv
 from supervisor.memory import catalog
 from supervisor.config import Config
 from supervisor.workers.errors import (BadRequest, InsufficientMemory, LoadFailed, ModelNotFound,
                                        Overloaded, WorkerError, WorkerFailed)
 from supervisor.memory.gate import MemoryGate
-from supervisor.workers.link import LinkFactory, ProcessLink
 from supervisor.memory.probe import CRITICAL, Probe, probe_for
 from supervisor.workers.handle import RequestHandle
+from supervisor.workers.launch import group_share
 from supervisor.workers.observer import Observer
 from supervisor.workers.report import Health, HealthReport, runner_report
 from supervisor.workers.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, STARTING, STOPPED,
@@ -57,33 +52,6 @@ from supervisor.workers.runner import (BROKEN, DRAIN, FORCE, READY, RESTARTING, 
 log = logging.getLogger("mlxd.pool")
 
 GATE_POLL_S = 0.25
-
-
-def worker_args(config: Config, model: str | None = None) -> list[str]:
-    """Flags `model`'s workers get from the server's configuration: the worker settings of
-    the one table (protocol/settings.py), which the worker's parser reads back, with the
-    model's own --model-setting values."""
-    return worker_argv(config, model)
-
-
-def process_link_factory(config: Config, model: str, runtime_dir: Path,
-                         ctx: zmq.asyncio.Context) -> LinkFactory:
-    # `--hosts`: the models named by --model are each served by a worker group.
-    hosts = config.hosts if config.hosts is not None and model in config.models else None
-
-    def make(epoch: int) -> ProcessLink:
-        return ProcessLink(epoch=epoch, model=model, name=model, runtime_dir=runtime_dir,
-                           ctx=ctx, worker_args=worker_args(config, model), python=sys.executable,
-                           hosts=hosts, state_dir=config.state_dir)
-    return make
-
-
-def group_share(config: Config, model: str) -> tuple[int, int]:
-    """(ranks on this machine, ranks in all) of the worker group serving `model`: (1, 1)
-    for a model served by one process (`--hosts` serves the --model models)."""
-    if config.hosts is None or model not in config.models:
-        return 1, 1
-    return local_share(read_hostfile(config.hosts))
 
 
 def aliases(model: str) -> list[str]:

@@ -4,7 +4,7 @@ The runner owns a single worker incarnation at a time (a `WorkerLink`), made by 
 injected `link_factory(epoch)`: the real one spawns `python -m worker`, tests pass an
 in-process fake. Liveness has three signals (DESIGN.md): process exit (authoritative,
 noticed at once through `link.wait()`), heartbeats, and step progress while busy.
-Crash restarts back off exponentially and a crash loop marks the model broken. Requests
+Crash restarts back off and a crash loop marks the model broken (restarts.py). Requests
 are the dispatcher's business (dispatch.py: queue, sending, cancels); the runner tells it
 which worker serves, and when one is gone.
 
@@ -38,6 +38,8 @@ from supervisor.workers.handle import RequestHandle
 from supervisor.workers.link import LinkClosed, LinkFactory, WorkerLink
 from supervisor.workers.liveness import Liveness
 from supervisor.workers.observer import Observer
+from supervisor.workers.queries import Queries
+from supervisor.workers.restarts import Restarts
 from supervisor.workers.states import (SERVING, ExitCause, RunnerState, Verdict, check,
                                        exit_verdict)
 from supervisor.workers.throughput import TokenRate
@@ -83,11 +85,9 @@ class ModelRunner:
         self.hears_audio = False            # a vision model that takes audio parts
         self.group: dict | None = None      # a worker group's ranks and link (Ready.group)
         self.ready_at: float | None = None
-        self.restarts = 0
-        self.restart_causes: collections.Counter = collections.Counter()  # ExitCause → n
+        self.restart_log = Restarts(config)  # when an ended worker starts again, and counts
         self.last_error: str | None = None
         self.live = Liveness()
-        self._crashes: collections.deque[float] = collections.deque()
         self._verdict: Verdict | None = None   # why the current worker is being ended
         self._stopping = False
         self._retiring = False           # out of the pool: accept nothing new
@@ -95,10 +95,17 @@ class ModelRunner:
         self._worker_alive = False       # a worker process may exist right now
         self._ready = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self._queries: dict[int, asyncio.Future] = {}
-        self._qid = 0
+        self._queries = Queries()         # status and cache questions awaiting answers
 
     # ---- state -------------------------------------------------------------------------
+    @property
+    def restarts(self) -> int:
+        return self.restart_log.total
+
+    @property
+    def restart_causes(self) -> collections.Counter:  # ExitCause value -> n
+        return self.restart_log.causes
+
     @property
     def state(self) -> RunnerState:
         return self._state
@@ -252,7 +259,6 @@ class ModelRunner:
     async def _supervise(self) -> None:
         if self._admit is not None and not await self._pass_gate():
             return
-        backoff = self.config.restart_backoff
         while not self._stopping:
             self.epoch += 1
             self.dispatch.epoch = self.epoch
@@ -284,7 +290,7 @@ class ModelRunner:
             self._ready.clear()
             self.ready_at = None
             self.dispatch.on_worker_gone(ended.reason)
-            self._fail_queries()
+            self._queries.fail_all()
             if self._stopping:
                 break
             tail = link.stderr_tail()[-3:]
@@ -295,24 +301,15 @@ class ModelRunner:
             if load_failed:
                 self._mark_broken(ended.reason)
                 return
-            self.restarts += 1
-            self.restart_causes[ended.cause.value] += 1
+            then = self.restart_log.after(ended.cause, self.clock(), was_ready_for,
+                                          self.last_error)
             self.observer.worker_restarted(self.id, ended.cause.value)
-            if ended.cause in (ExitCause.ADMIN, ExitCause.MEMORY):  # asked for: not a crash
-                continue
-            now = self.clock()
-            self._crashes.append(now)
-            while self._crashes and now - self._crashes[0] > self.config.crash_window:
-                self._crashes.popleft()
-            if len(self._crashes) > self.config.crash_budget:
-                self._mark_broken(f"crash loop: {len(self._crashes)} crashes within "
-                                  f"{self.config.crash_window:g} s; last: {self.last_error}")
+            if then.broken:
+                self._mark_broken(then.broken)
                 return
-            if was_ready_for > self.config.crash_window:
-                backoff = self.config.restart_backoff
-            self._to(RESTARTING)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.config.restart_backoff_max)
+            if then.crash:
+                self._to(RESTARTING)
+                await asyncio.sleep(then.delay)
         self._to(STOPPED)
 
     async def _pass_gate(self) -> bool:
@@ -342,12 +339,6 @@ class ModelRunner:
 
     def _unavailable(self) -> WorkerError:
         return WorkerFailed(f"Model `{self.id}` is unavailable: {self.last_error}")
-
-    def _fail_queries(self) -> None:
-        for fut in self._queries.values():
-            if not fut.done():
-                fut.set_exception(WorkerFailed("The worker stopped."))
-        self._queries.clear()
 
     def memory_limit(self) -> int | None:
         """MLX memory the worker may hold while idle before it is recycled:
@@ -452,9 +443,7 @@ class ModelRunner:
             else:
                 self.dispatch.on_error(msg)
         elif isinstance(msg, (Status, CacheReply)):  # answers to `_query`
-            fut = self._queries.pop(msg.qid, None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
+            self._queries.answer(msg)
 
     # ---- requests --------------------------------------------------------------------
     def submit(self, request: Generate, params: dict | None = None) -> RequestHandle:
@@ -491,15 +480,7 @@ class ModelRunner:
         if self.link is None or self.state not in SERVING:
             raise self._unavailable() if self.state == BROKEN else WorkerFailed(
                 f"Model `{self.id}` is {self.state}.")
-        self._qid += 1
-        qid = self._qid
-        fut = asyncio.get_running_loop().create_future()
-        self._queries[qid] = fut
-        self.link.send(make(qid))
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self._queries.pop(qid, None)
+        return await self._queries.ask(self.link.send, make, timeout)
 
     def kill(self, reason: str = "killed by mlxctl kill") -> int:
         """Hard-cancel everything on the worker: what it runs ends with a retryable

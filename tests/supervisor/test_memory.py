@@ -107,7 +107,7 @@ def test_the_gate_counts_this_hosts_share_of_a_group_and_a_bad_hostfile_stops_ml
 
     from protocol.hosts import local_share, read_hostfile
     from supervisor.cli import main
-    from supervisor.workers.pool import group_share
+    from supervisor.workers.launch import group_share
 
     hosts = tmp_path / "hosts.json"
     hosts.write_text(_json.dumps({"hosts": [{"ssh": "127.0.0.1", "ips": ["10.0.0.1"]},

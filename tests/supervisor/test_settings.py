@@ -88,7 +88,7 @@ def test_the_worker_process_parses_with_the_shared_parser():
 
 
 def test_worker_args_of_the_pool_are_the_tables():
-    from supervisor.workers.pool import worker_args
+    from supervisor.workers.launch import worker_args
 
     config = Config(max_context_tokens=100, log_prompts=True)
     argv = worker_args(config)
