@@ -67,7 +67,7 @@ def timeline(t0: float, wall: float, out: list, events: list, flushes: bool) -> 
             if len(full) > 3:  # (the steady decode: counted, not listed)
                 continue
         lines.append(f"{(t - t0) * 1e3:9.1f} ms  {e}")
-    steps = [e for _, e in mine if e.startswith("step")]
+    steps = [e for t, e in mine if t >= t0 and e.startswith("step")]
     first = next((i for i, e in enumerate(steps) if e.split()[3:6] == ["0", "0", str(len(out))]),
                  len(steps))
     return {"lines": lines, "tokens": sum(r["tokens"] for r in out), "wall": wall,
