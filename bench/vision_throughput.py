@@ -4,7 +4,7 @@ mlx-vlm's own server, in one run (the vision presets of bench/throughput.py).
     python -m bench.vision_throughput [--size tiny|small|2b]
                                       [--family qwen2-vl|qwen3.5|gemma3|gemma4|gemma4-31b]
                                       [--quick] [--no-peer] [--only throughput|reuse]
-                                      [--rounds N] [--dtype D] [--layers N]
+                                      [--rounds N] [--pairs N] [--dtype D] [--layers N]
 
 The model: a random-weight vision checkpoint built locally (worker/demos/vision.py:
 `small` is hidden 512, 8 language layers, a 4-layer vision tower, images of up to
@@ -18,7 +18,9 @@ on the CPU (`--dtype`; `--layers N` builds the size with N language layers, a qu
 of its code path on the CPU). At temperature 0, side by side:
 - aggregate decode tokens/s at 1, 4 and 8 concurrent streams, text-only and with one
   image each (a different image per stream): raw mlx-vlm `batch_generate` in-process,
-  mlxd over HTTP, and `mlx_vlm.server` (started here);
+  mlxd over HTTP, and `mlx_vlm.server` (started here); raw and mlxd in `--pairs`
+  rounds side by side, their order alternating, the ratio the rounds' geometric mean
+  with its 95% interval (3 on a lent GPU, whose host's speed drifts);
 - text-only requests on the vision checkpoint ÷ the same language model served as a
   text model (the checkpoint's config without its `vision_config`, same weights);
 - TTFT warm ÷ cold: a ~2,000-token text prefix sent again; the second turn about an
@@ -43,13 +45,14 @@ import concurrent.futures
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from bench.make_model import MODELS_DIR
-from bench.report import goal, print_table
+from bench.report import alternate, goal, print_table
 from bench.serverproc import ServerProcess, free_port
 from bench.throughput import MlxLmServer, stream_chat
 from supervisor.workers import blas
@@ -171,7 +174,13 @@ def text_copy(path: Path) -> Path:
 
 
 def throughput(name: str, path: Path, tokens: int, streams: list[int], side: int,
-               peer: bool = True) -> list:
+               peer: bool = True, pairs: int = 1) -> list:
+    """The table's rate rows. Raw and mlxd run side by side, `pairs` rounds of each width,
+    the sides' order alternating (bench/report.py `alternate`), each round on new chats
+    (no prefix hits): on a lent GPU the host's speed drifts between phases minutes apart
+    (session 13: decode steps of 22 and of 42 ms an hour apart), so a ratio of figures
+    measured minutes apart says more about the host than about mlxd. The ratio is the
+    rounds' geometric mean, with its 95% interval from 2 pairs up."""
     model, rows = str(path), []
     raw = Raw(path)
     # Both sides run the widest batch once before measuring (a GPU compiles by shape: a
@@ -180,14 +189,23 @@ def throughput(name: str, path: Path, tokens: int, streams: list[int], side: int
     top = max(streams)
     for s in (None, side):
         raw.rate(top, 4, s, first=100)
-    raw_rate = {(n, s): raw.rate(n, tokens, s, 10 * n) for n in streams for s in (None, side)}
-    del raw
+    got = {}
     with ServerProcess([model], "--max-batch-size", str(max(streams))) as srv:
         srv.wait_healthy(timeout=300)
         for s in (None, side):
             served_rate(srv.port, model, top, 4, s, first=100)
-        mine = {(n, s): served_rate(srv.port, model, n, tokens, s, 10 * n)
-                for n in streams for s in (None, side)}
+        for s in (None, side):
+            for n in streams:
+                served = []
+
+                def mine(i, n=n, s=s, served=served):
+                    served.append(served_rate(srv.port, model, n, tokens, s, 10 * n + 1000 * i))
+                    return served[-1]
+
+                got[n, s] = (alternate(pairs, {"raw": lambda i, n=n, s=s: raw.rate(
+                    n, tokens, s, 10 * n + 1000 * i) or float("nan"), "mlxd": mine},
+                    label=f"{n} x {'image' if s else 'text'}"), served[-1])
+    raw = None  # (its memory back before the peer and the text copy load)
     theirs = {}
     if peer:
         with MlxVlmServer(path) as srv:
@@ -202,20 +220,28 @@ def throughput(name: str, path: Path, tokens: int, streams: list[int], side: int
         text = served_rate(srv.port, str(as_text), top, tokens, None, 10 * top)
     for s, what in ((None, "text"), (side, "image")):
         for n in streams:
-            r, m, t = raw_rate[n, s], mine[n, s], theirs.get((n, s))
-            of = (lambda x: f" ({x / r:.2f})") if r else (lambda x: "")  # noqa: E731
+            rounds, last = got[n, s]
+            r, m = (statistics.median(rounds.figures[k]) for k in ("raw", "mlxd"))
+            t = theirs.get((n, s))
+            ratio = rounds.ratio("mlxd", "raw")
+            of = (lambda x: f" ({x / r:.2f})") if r == r else (lambda x: "")  # noqa: E731
+            mine_of = (f" ({ratio[0]:.2f} [{ratio[1]:.2f}-{ratio[2]:.2f}])" if pairs > 1
+                       else of(m)) if r == r else ""
             rows.append((f"{name} {what} {n} stream{'s' * (n > 1)}",
-                         (f"raw {r:.0f} tok/s" if r else "raw refused") + f", mlxd {m:.0f}"
-                         + of(m) + (f", mlx_vlm.server {t:.0f}" + of(t) if t is not None else "")
-                         + (m.note() if n > 1 else ""),
-                         goal(m / r, ">=", 0.9) if n == top and r else ""))
+                         (f"raw {r:.0f} tok/s" if r == r else "raw refused")
+                         + f", mlxd {m:.0f}" + mine_of
+                         + (f", mlx_vlm.server {t:.0f}" + of(t) if t is not None else "")
+                         + (last.note() if n > 1 else ""),
+                         goal(ratio[0], ">=", 0.9) if n == top and r == r else ""))
         if theirs:
+            m = statistics.median(got[top, s][0].figures["mlxd"])
             rows.append((f"{name} {what}: mlxd above mlx_vlm.server at {top}",
-                         f"{mine[top, s]:.0f} vs {theirs[top, s]:.0f} tok/s",
-                         "PASS" if mine[top, s] > theirs[top, s] else "MISS"))
-    ratio = mine[top, None] / text
+                         f"{m:.0f} vs {theirs[top, s]:.0f} tok/s",
+                         "PASS" if m > theirs[top, s] else "MISS"))
+    mine_top = statistics.median(got[top, None][0].figures["mlxd"])
+    ratio = mine_top / text
     rows.append((f"{name} text-only at {top}: vision checkpoint / as a text model",
-                 f"{mine[top, None]:.0f} / {text:.0f} tok/s = {ratio:.2f}",
+                 f"{mine_top:.0f} / {text:.0f} tok/s = {ratio:.2f}",
                  goal(ratio, ">=", 0.9)))
     return rows
 
@@ -289,7 +315,7 @@ def reuse(name: str, path: Path, prefix_words: int, side: int, rounds: int = 2) 
 
 def vision_rows(size: str, family: str, quick: bool, peer: bool = True,
                 only: str | None = None, rounds: int = 2, dtype: str = "float32",
-                layers: int | None = None) -> list:
+                layers: int | None = None, pairs: int = 1) -> list:
     from worker.demos.vision import SIZES, build_vision_model
 
     name = f"{size}-vision" + {"qwen3.5": "-hybrid", "gemma3": "-gemma3",
@@ -304,7 +330,8 @@ def vision_rows(size: str, family: str, quick: bool, peer: bool = True,
     tokens = 16 if quick else 128 if size == "tiny" else 64
     rows = []
     if only in (None, "throughput"):
-        rows += throughput(name, path, tokens, [1, 2] if quick else [1, 4, 8], side, peer)
+        rows += throughput(name, path, tokens, [1, 2] if quick else [1, 4, 8], side, peer,
+                           pairs)
     if only in (None, "reuse"):  # (~2,000 tokens)
         rows += reuse(name, path, 200 if quick else 620, side, rounds)
     return rows
@@ -320,6 +347,8 @@ def main() -> None:
                    help="without mlx_vlm.server (where its web stack is not installed)")
     p.add_argument("--only", choices=("throughput", "reuse"), default=None)
     p.add_argument("--rounds", type=int, default=2, help="of the warm / cold rows")
+    p.add_argument("--pairs", type=int, default=1,
+                   help="rounds of raw and mlxd side by side at each width (3 on a GPU)")
     p.add_argument("--dtype", default=None, help="bfloat16 (default on a GPU) or float32")
     p.add_argument("--layers", type=int, default=None,
                    help="the size's language layers but N (a quick check on the CPU)")
@@ -329,7 +358,7 @@ def main() -> None:
 
     print_table(" ".join(["python -m bench.vision_throughput"] + sys.argv[1:]),
                 vision_rows(args.size, args.family, args.quick, not args.no_peer, args.only,
-                            args.rounds, default_dtype(args.dtype), args.layers))
+                            args.rounds, default_dtype(args.dtype), args.layers, args.pairs))
 
 
 if __name__ == "__main__":
