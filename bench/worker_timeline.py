@@ -2,7 +2,7 @@
 long it took, beside the client's send and first-token times, merged on one clock.
 
     python -m bench.worker_timeline [--size 2b] [--family gemma4] [--waves 3]
-        [--streams 8] [--tokens 64] [--gather S] [--flushes] [-- server flags]
+        [--streams 8] [--tokens 64] [--gather S] [--images] [--flushes] [-- server flags]
 
 A diagnostic, not a ratio: it found where a 2b Gemma 4's 8-stream waves lost their time
 on an H200 (issue 33, docs/benchmarks.md "Session 13"): the burst reached the batch as 1,
@@ -26,14 +26,17 @@ from pathlib import Path
 SITE = Path(__file__).resolve().parent / "timeline"
 
 
-def wave(port: int, model: str, streams: int, tokens: int, first: int):
-    """(start, wall s, results) of `streams` chats sent at once (bench.throughput's)."""
+def wave(port: int, model: str, streams: int, tokens: int, first: int, side: int = 0):
+    """(start, wall s, results) of `streams` chats sent at once (bench.throughput's), each
+    with an image of `side` pixels (0: text only) as bench.vision_throughput sends them."""
     from bench.throughput import stream_chat
-    from bench.vision_throughput import messages
+    from bench.vision_throughput import image_png, messages
+
+    images = [image_png(side, first + i) if side else None for i in range(streams)]
 
     def one(i):
         sent = time.perf_counter()  # (CLOCK_MONOTONIC on Linux, as the trace's)
-        r = stream_chat(port, {"model": model, "messages": messages(first + i, None),
+        r = stream_chat(port, {"model": model, "messages": messages(first + i, images[i]),
                                "max_tokens": tokens, "temperature": 0})
         return {**r, "sent": sent}
 
@@ -77,16 +80,18 @@ def timeline(t0: float, wall: float, out: list, events: list, flushes: bool) -> 
 
 
 def run(size: str, family: str, waves: int, streams: int, tokens: int,
-        gather: float | None = None, flushes: bool = False, server_args=()) -> list[dict]:
+        gather: float | None = None, flushes: bool = False, server_args=(),
+        images: bool = False) -> list[dict]:
     import mlx.core as mx
 
     from bench.make_model import MODELS_DIR
     from bench.serverproc import ServerProcess
-    from worker.demos.vision import build_vision_model
+    from worker.demos.vision import SIZES, build_vision_model
 
     dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
     model = str(build_vision_model(MODELS_DIR / f"{size}-vision-{family}-{dtype}", size,
                                    family=family, dtype=dtype).path)
+    side = int(SIZES[size]["max_pixels"] ** 0.5) if images else 0
     with tempfile.TemporaryDirectory(prefix="mlxd-timeline-") as tmp:
         prefix = os.path.join(tmp, "trace")
         env = {"MLXD_TRACE": prefix,
@@ -97,8 +102,8 @@ def run(size: str, family: str, waves: int, streams: int, tokens: int,
         with ServerProcess([model], "--max-batch-size", str(max(streams, 1)), *server_args,
                            env=env) as srv:
             srv.wait_healthy(timeout=300)
-            wave(srv.port, model, streams, tokens, 100)  # (first sight of everything)
-            runs = [wave(srv.port, model, streams, tokens, 1000 + 10 * k)
+            wave(srv.port, model, streams, tokens, 100, side)  # (first sight of everything)
+            runs = [wave(srv.port, model, streams, tokens, 1000 + 10 * k, side)
                     for k in range(waves)]
         time.sleep(0.2)
         events = read_trace(prefix)
@@ -115,10 +120,11 @@ def main(argv=None) -> None:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--gather", type=float, default=None, help="the worker's GATHER, s")
     p.add_argument("--flushes", action="store_true", help="list every Delta's flush too")
+    p.add_argument("--images", action="store_true", help="an image in every chat")
     p.add_argument("server_args", nargs="*", help="after --: more mlxd flags")
     a = p.parse_args(argv)
     for w in run(a.size, a.family, a.waves, a.streams, a.tokens, a.gather, a.flushes,
-                 a.server_args):
+                 a.server_args, a.images):
         full = w["full_steps"]
         print(f"\n=== wave: {w['tokens'] / w['wall']:.0f} tok/s over the wall "
               f"{w['wall'] * 1e3:.0f} ms; TTFT ms {[round(x) for x in w['ttft']]}; "

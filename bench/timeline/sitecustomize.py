@@ -3,7 +3,8 @@ started with this folder on PYTHONPATH, it does anything only with MLXD_TRACE se
 path prefix) and only in a process that imports the worker's scheduler. There it wraps
 the scheduler's and the batch's methods, unchanged otherwise, to write one line an event
 to `MLXD_TRACE.<pid>`: `<monotonic s> <event> <fields>` (commands handled, preparations,
-admissions, steps with the batch's counts before them, flushes, finishes, settles).
+admissions, steps with the batch's counts before them, a vision batch's image prefill
+chunks, flushes, finishes, settles).
 CLOCK_MONOTONIC is system-wide, so the lines merge with the client's own times.
 
 MLXD_GATHER (seconds), when set, replaces the scheduler's GATHER: the same build run with
@@ -87,19 +88,38 @@ def patch(mod) -> None:
     B.step, B.settle = _step, _settle
 
 
+def patch_vision(mod) -> None:
+    """A vision worker's image prefill chunks (the vision tower with a prompt's first)."""
+    chunk = mod.VisionBatch._prefill_chunk
+
+    def _prefill_chunk(self, job, size):
+        t0, start = time.monotonic(), job.pos
+        n = chunk(self, job, size)
+        event("image-chunk", _ms(t0), job.seq.rid, f"{start}-{start + n}", "of", job.end)
+        return n
+
+    mod.VisionBatch._prefill_chunk = _prefill_chunk
+
+
+PATCHES = {"worker.loop.scheduler": patch, "worker.vision.batch": patch_vision}
+
+
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Patches worker.loop.scheduler once it has been executed."""
+    """Patches each module of PATCHES once it has been executed."""
 
     def find_spec(self, name, path, target=None):
-        if name != "worker.loop.scheduler":
+        if name not in PATCHES:
             return None
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
         run = spec.loader.exec_module
 
         def exec_module(module):
             run(module)
-            patch(module)
+            PATCHES[name](module)
 
         spec.loader.exec_module = exec_module
         return spec

@@ -165,6 +165,35 @@ def test_an_image_prompt_prefills_a_chunk_a_step_beside_a_running_stream(vlm_eng
     assert out["image"] == [] if cancel else same(out["image"], alone["image"])
 
 
+def test_a_burst_of_image_chats_prefills_in_one_step_and_none_is_cut_short(vlm_engine):
+    """Image prompts share a step's chunk in arrival order: those behind the first that
+    fit whole in what it left prefill in the same step (a burst joins the text batch
+    together); one that does not fit waits, untouched, for a chunk of its own."""
+    names = ("image", "joins", "two")
+    gens = {n: ask(rid=n, max_tokens=4, **REQUESTS[n]) for n in names}
+    wide = vbatch(vlm_engine, prefill_step=2048)
+    for n in names:
+        wide.add(Seq(n), vlm_engine.prepare(gens[n]))
+    assert len(wide.prefilling) == 3
+    wide.step()
+    assert wide.prefilling == [] and len(wide.members) == 3
+    # A chunk that the first prompt leaves 2 tokens of: the next, longer, is not begun.
+    short = next(job.end for job in _added(vlm_engine, gens, ("image",)).prefilling)
+    narrow = _added(vlm_engine, gens, ("image", "two"), prefill_step=short + 2)
+    narrow.step()
+    (left,) = narrow.prefilling
+    assert left.seq.rid == "two" and left.end > 2
+    assert left.pos == 0 and left.cache is None  # (not even its vision tower yet)
+    assert len(narrow.members) == 1
+
+
+def _added(engine, gens: dict, names: tuple, prefill_step: int = 2048):
+    batch = vbatch(engine, prefill_step=prefill_step)
+    for n in names:
+        batch.add(Seq(n), engine.prepare(gens[n]))
+    return batch
+
+
 def test_grammars_and_stop_strings_stay_per_sequence_in_a_mixed_batch(vlm_engine):
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
               "required": ["ok"], "additionalProperties": False}
