@@ -1,25 +1,22 @@
 """The worker group's parts without processes: the follower's replay and its divergence
-checks, the leader's record, the control channel over real ZeroMQ sockets, the broadcast's
-framing, the sharding choice, the launcher's hostfile, and the seed every rank shares."""
+checks, the leader's record, the broadcast's framing, the sharding choice, the seed every
+rank shares, and each rank's device (the control channel: test_group_control.py; the
+launcher: test_group_launch.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 
 import msgpack
 import pytest
-import zmq
 
 from protocol.codec import encode
 from protocol.messages import Generate, SamplingParams, pack_ids
 from worker.text import sampling
 from worker.text.engine import Prepared
-from worker.group import keys, launch, setup
+from worker.group import launch, setup
 from worker.group.broadcast import FRAME, Broadcast
-from worker.group.control import FollowerControl, LeaderControl
 from worker.group.follower import Diverged, Follower
 from worker.group.leader import PING_EVERY, GroupLost, LeaderBatch, checksum
 from worker.errors import LoadError
@@ -217,114 +214,6 @@ def test_follower_failed_step_must_be_followed_by_the_leaders_reset():
         f.apply(["step", 512, None])
 
 
-# ---- control channel --------------------------------------------------------------
-
-@pytest.fixture
-def group_keys(tmp_path):
-    return keys.load(keys.ensure(tmp_path / "state"))
-
-
-def test_group_keys_are_made_once_and_kept_private(tmp_path):
-    folder = keys.ensure(tmp_path / "state")
-    assert keys.ensure(tmp_path / "state") == folder
-    assert folder.stat().st_mode & 0o777 == 0o700
-    assert {f.stat().st_mode & 0o777 for f in folder.glob("*.key_secret")} == {0o600}
-    loaded = keys.load(folder)
-    assert loaded.leader_public != loaded.rank_public and loaded.rank_secret
-    with pytest.raises(ValueError, match="copy"):
-        keys.load(tmp_path / "elsewhere")
-
-
-def until(done, timeout=30.0) -> bool:
-    """Polls `done` until it holds (True) or `timeout` real seconds pass (False): the
-    beats' threads run when a loaded machine lets them."""
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def test_control_channel_carries_operations_and_heartbeats(group_keys):
-    ctx = zmq.Context()
-    port = launch.free_ports(2)
-    endpoint = f"tcp://127.0.0.1:{port}"
-    now = [100.0]   # the leader's clock: silence is measured on it
-    leader = LeaderControl(ctx, endpoint, followers=2, keys=group_keys, clock=lambda: now[0])
-    followers = [FollowerControl(ctx, endpoint, r, group_keys) for r in (1, 2)]
-    try:
-        leader.wait_hellos(10)
-        assert sorted(leader.peers) == [b"r1", b"r2"]
-        leader.send(b"ops")
-        assert [f.receive() for f in followers] == [b"ops", b"ops"]
-        followers[0].memory = (5 << 20, 7 << 20)   # what its MLX thread last published
-        now[0] = 200.0
-        assert leader.silence() == 100.0
-        assert until(lambda: leader.silence() == 0.0)   # both beat since
-        # Rank 2 published nothing yet: no figure, rather than a zero that would hide
-        # what its Ready said.
-        assert until(lambda: leader.memory == {1: (5 << 20, 7 << 20)})
-        followers[1].close()            # one rank goes quiet; rank 1 beats on
-        for t in (250.0, 300.0):   # (a beat rank 2 sent before it closed lands by 250)
-            now[0] = t
-            assert until(lambda: leader.seen[1] == t)
-        assert leader.seen[2] <= 250.0 and leader.silence() >= 50.0
-    finally:
-        followers[0].close()
-        leader.close()
-        ctx.term()
-
-
-def test_control_channel_gives_up_on_a_rank_that_never_connects(group_keys):
-    ctx = zmq.Context()
-    leader = LeaderControl(ctx, f"tcp://127.0.0.1:{launch.free_ports(2)}", followers=1,
-                           keys=group_keys)
-    try:
-        with pytest.raises(RuntimeError, match="did not reach"):
-            leader.wait_hellos(0.3)
-    finally:
-        leader.close()
-        ctx.term()
-
-
-def test_control_channel_refuses_a_wrong_key_and_plain_text(group_keys, tmp_path):
-    """A follower with another group's keys, or none, never reaches the leader."""
-    ctx = zmq.Context()
-    endpoint = f"tcp://127.0.0.1:{launch.free_ports(2)}"
-    leader = LeaderControl(ctx, endpoint, followers=1, keys=group_keys)
-    other = keys.load(keys.ensure(tmp_path / "other"))
-    # Another group's rank key, but this leader's public key: the leader's ZAP refuses it.
-    # Its hello is queued, or (where the refusal came first, on a busy machine) it
-    # fails to send: either way it must not hang, and must not get in.
-    try:
-        impostor = FollowerControl(ctx, endpoint, 1, keys.Keys(
-            other.folder, group_keys.leader_public, None, other.rank_public,
-            other.rank_secret), hello_wait=3)
-    except RuntimeError as e:
-        assert "could not reach the leader" in str(e)
-        impostor = None
-    plain = ctx.socket(zmq.DEALER)
-    plain.setsockopt(zmq.IDENTITY, b"r1")
-    plain.setsockopt(zmq.LINGER, 0)
-    plain.connect(endpoint)
-    plain.send(b"hello")
-    try:
-        with pytest.raises(RuntimeError, match="did not reach"):
-            leader.wait_hellos(1.5)
-        assert leader.peers == []
-        honest = FollowerControl(ctx, endpoint, 1, group_keys)
-        leader.wait_hellos(5)   # the right key still gets in
-        assert leader.peers == [b"r1"]
-        honest.close()
-    finally:
-        plain.close()
-        if impostor is not None:
-            impostor.close()
-        leader.close()
-        ctx.term()
-
-
 # ---- broadcast framing ------------------------------------------------------------
 
 class Group:
@@ -454,84 +343,6 @@ def test_pipeline_transfers_ride_on_all_reduces_where_there_is_no_send_recv(tmp_
     assert [line[:3] for line in lines] == [["rank", str(r), "False"] for r in range(3)], \
         out.stdout + out.stderr
     assert all(float(line[3]) < 1e-5 for line in lines), lines
-
-
-def test_hostfile_is_checked_and_local_groups_get_free_ports(tmp_path):
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps([{"ssh": "127.0.0.1"}]))
-    with pytest.raises(ValueError, match="at least two hosts"):
-        launch.read_hostfile(bad)
-    good = tmp_path / "hosts.json"
-    good.write_text(json.dumps({"backend": "ring", "hosts": [
-        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "localhost", "ips": ["127.0.0.1"]}]}))
-    data = launch.read_hostfile(good)
-    cmd = launch.launch_command(good, data, "/x/exit", ["python", "-m", "worker"],
-                                tmp_path / "keys")
-    assert cmd[-4:] == ["--", "python", "-m", "worker"]
-    envs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--env"]
-    control = next(e for e in envs if e.startswith("MLXD_GROUP_CONTROL="))
-    assert control.startswith("MLXD_GROUP_CONTROL=tcp://127.0.0.1:")
-    # The control channel's ports follow the ring's two (one draw: they cannot overlap).
-    ring = int(cmd[cmd.index("--starting-port") + 1])
-    assert int(control.rsplit(":", 1)[1]) == ring + 2
-    assert "MLXD_GROUP_EXIT_FILE=/x/exit" in envs and "MLXD_GROUP_BACKEND=ring" in envs
-    assert f"MLXD_GROUP_KEYS={tmp_path / 'keys'}" in envs
-    assert "MLXD_GROUP_LINK_UP=/x/exit.up" in envs   # where the launcher looks for it
-    remote = {"hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}],
-              "backend": "ring", "control_port": 4000}
-    cmd = launch.launch_command(good, remote, "/x/exit", ["w"], tmp_path / "keys")
-    assert "MLXD_GROUP_CONTROL=tcp://10.0.0.1:4000" in cmd
-    assert cmd[cmd.index("--starting-port") + 1] == "32323"
-
-
-def test_local_groups_take_ports_below_the_ephemeral_range(tmp_path):
-    """A rank binds its port seconds after the launcher chose it: a port outgoing
-    connections may take meanwhile (the ephemeral range) would fail its join."""
-    ranges = tmp_path / "ip_local_port_range"
-    ranges.write_text("32768\t60999\n")
-    assert launch.ephemeral_from(ranges) == 32768
-    assert launch.ephemeral_from(tmp_path / "absent") == launch.EPHEMERAL_FROM == 49152
-    low = launch.ephemeral_from()
-    picks = [launch.free_ports(3) for _ in range(50)]
-    assert all(20000 <= p and p + 3 <= low for p in picks), (low, picks)
-    assert len(set(picks)) > 1   # drawn, not one fixed port
-
-
-def test_the_launcher_beats_for_the_group_until_the_leaders_link_does(tmp_path):
-    """The ranks start in silence (the leader's link cannot beat before the group is
-    joined): the launcher beats, with the worker's epoch and interval, until the leader's
-    file says its link beats, or mlx.launch has ended."""
-    from protocol import decode_up, sockets
-
-    runtime = sockets.make_runtime_dir()
-    ep = sockets.Endpoints.for_worker(runtime, "launch")
-    ctx = zmq.Context()
-    events = sockets.pull(ctx, ep.events, bind=True)
-    worker = ["python", "-m", "worker", "--model", "m", "--commands", ep.commands,
-              "--events", ep.events, "--epoch", "7", "--heartbeat-interval", "0.01", "--group"]
-    up, done = tmp_path / "exit.up", threading.Event()
-    sent = []
-    beater = threading.Thread(target=lambda: sent.append(launch.beat_until_up(worker, up, done)))
-    try:
-        beater.start()
-        beats = []
-        while len(beats) < 3 and events.poll(10_000):
-            beats.append(decode_up(events.recv()))
-        assert {(b.kind, b.epoch, b.state) for b in beats} == {("heartbeat", 7, "loading")}
-        assert len(beats) == 3
-        up.touch()   # the leader's link beats now
-        beater.join(10)
-        assert not beater.is_alive() and sent[0] >= 3
-        assert launch.beat_until_up(worker, up, done) == 0   # taken over: not one more
-        up.unlink()
-        done.set()   # mlx.launch ended: the one beat sent before it looked
-        assert launch.beat_until_up(worker, up, done) == 1
-    finally:
-        done.set()
-        beater.join(10)
-        events.close()
-        ctx.term()
-        sockets.remove_runtime_dir(runtime)
 
 
 def test_reseeding_follows_the_shared_seed():

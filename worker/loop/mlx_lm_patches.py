@@ -6,7 +6,7 @@ a batch of one does not need shows in single-stream decode and time to first tok
 `apply()` installs them, once (worker/loop/batch.py calls it on import). Each is a narrow
 wrapper that falls back to mlx-lm's own code outside the case it handles, so an mlx-lm
 that changes underneath keeps working, only without the gain; the tests in
-tests/worker/test_worker_batching.py compare against mlx-lm's own output.
+tests/worker/test_mlx_lm_patches.py compare against mlx-lm's own output.
 """
 
 from __future__ import annotations
