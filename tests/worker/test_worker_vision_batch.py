@@ -168,13 +168,17 @@ def test_an_image_prompt_prefills_a_chunk_a_step_beside_a_running_stream(vlm_eng
 def test_a_burst_of_image_chats_prefills_in_one_step_and_none_is_cut_short(vlm_engine):
     """Image prompts share a step's chunk in arrival order: those behind the first that
     fit whole in what it left prefill in the same step (a burst joins the text batch
-    together); one that does not fit waits, untouched, for a chunk of its own."""
+    together), through the points where the KV cache keeps their state on the way (a
+    cache that cannot be trimmed: before the first image); one that does not fit waits,
+    untouched, for a chunk of its own."""
     names = ("image", "joins", "two")
     gens = {n: ask(rid=n, max_tokens=4, **REQUESTS[n]) for n in names}
-    wide = vbatch(vlm_engine, prefill_step=2048)
+    wide = vbatch(vlm_engine, PrefixCache(1 << 28), prefill_step=2048)
     for n in names:
         wide.add(Seq(n), vlm_engine.prepare(gens[n]))
     assert len(wide.prefilling) == 3
+    kept = [list(job.keep) for job in wide.prefilling]
+    assert all(kept) == (not wide.kvcache.trimmable)  # (Gemma's windows, Qwen3.5's state)
     wide.step()
     assert wide.prefilling == [] and len(wide.members) == 3
     # A chunk that the first prompt leaves 2 tokens of: the next, longer, is not begun.

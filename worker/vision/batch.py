@@ -222,15 +222,23 @@ class VisionBatch(Batch):
         each prompt's first chunk), then the text batch's step. The chunk is shared in
         arrival order: the first prompt takes a chunk of it, as one prompt always did,
         and those behind it that fit whole in what is left (a chat with an image) are
-        prefilled in the same step, so a burst of them joins
-        the text batch together, its text tails prefilled as one batch, rather than one
-        prompt every few steps (the last of 8 image chats waited for ~24 steps, each with
-        the running rows' decode: a tiny Gemma 4, bench.worker_timeline --images)."""
+        prefilled in the same step, so a burst of them joins the text batch together,
+        its text tails prefilled as one batch, rather than one prompt every few steps
+        (the last of 8 image chats waited ~24 steps, each with the running rows' decode:
+        a tiny Gemma 4, bench.worker_timeline --images). A prompt's chunk that ends at a
+        point where the KV cache keeps its state goes on past it in the same step while
+        the next chunk fits what is left; an image kept whole that does not fit waits for
+        the next step, a chunk of its own."""
         budget = max(1, self.chunks.size)
         for n, job in enumerate(list(self.prefilling)):
             if n and job.end - job.pos > budget:  # (the next ones wait for a chunk of
                 break                            # their own: none is cut short here)
-            budget -= self._prefill_chunk(job, budget)
+            first = True  # (a chunk ends at each point the KV cache keeps: the next goes
+            while budget > 0 and job in self.prefilling:  # on where it fits what is left)
+                if not first and self._cut(job, budget) - job.pos > budget:
+                    break
+                budget -= self._prefill_chunk(job, budget)
+                first = False
             if budget <= 0:
                 break
         return super().step()
@@ -252,9 +260,7 @@ class VisionBatch(Batch):
                                            prefill_kwargs={**job.kwargs, **job.extra}):
                 types = next((v for k, v in job.kwargs.items() if k in _TYPES), None)
                 job.whole = spans.spans(types) if types is not None else [(0, job.end)]
-        a = job.pos
-        b = min(job.end, a + max(1, size), *job.keep[:1])
-        b = spans.cut(a, b, job.whole)
+        a, b = job.pos, self._cut(job, size)
         types = {k: v[:, a:b] for k, v in job.kwargs.items() if k in _TYPES and job.whole}
         vlm.language_model(job.inputs[:, a:b], inputs_embeds=job.embeds[:, a:b],
                            cache=job.cache, n_to_process=b - a, **job.extra, **types)
@@ -278,6 +284,12 @@ class VisionBatch(Batch):
             self._keep_delta(job.prep.media, delta)
             self._join(job.seq, job.prep, start, delta)
         return b - a
+
+    def _cut(self, job: _Prefill, size: int) -> int:
+        """Where `job`'s next chunk of about `size` tokens ends: at its last image token,
+        at the next point the KV cache keeps, and never inside an image kept whole."""
+        a = job.pos
+        return spans.cut(a, min(job.end, a + max(1, size), *job.keep[:1]), job.whole)
 
     def _join(self, seq, prep, start, delta: int) -> None:
         """`seq` into mlx-lm's batch from `start`, its positions moved by `delta` from
