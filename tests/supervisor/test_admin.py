@@ -258,7 +258,7 @@ async def test_garbled_authorization_bytes_are_a_401_in_the_envelope(tmp_path, h
 
 
 async def test_model_lookup_does_not_probe_the_disk_and_admin_sees_why(tmp_path):
-    from tests.supervisor.test_pool import shape
+    from tests.supervisor.test_pool_routing import shape
 
     outside = model_dir(tmp_path / "outside", "m")
     absent = str(tmp_path / "outside" / "nope")
