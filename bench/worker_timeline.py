@@ -61,18 +61,22 @@ def timeline(t0: float, wall: float, out: list, events: list, flushes: bool) -> 
     marks += [(r["times"][0], f"client first content #{i}") for i, r in enumerate(out)
               if r["times"]]
     mine = [(t, e) for t, e in events if t0 - 0.01 <= t <= t0 + wall + 0.05]
+    decoding_all = ["0", "0", str(len(out))]  # (a step's waiting/prefilling/decoding)
+
+    def full_step(e: str) -> bool:
+        return e.startswith("step") and e.split()[3:6] == decoding_all
+
     lines, full = [], []
     for t, e in sorted(marks + mine):
         if e.startswith("flush") and not flushes:
             continue
-        if e.startswith("step") and e.split()[3:6] == ["0", "0", str(len(out))]:
+        if full_step(e):
             full.append(float(e.split()[1]))
             if len(full) > 3:  # (the steady decode: counted, not listed)
                 continue
         lines.append(f"{(t - t0) * 1e3:9.1f} ms  {e}")
     steps = [e for t, e in mine if t >= t0 and e.startswith("step")]
-    first = next((i for i, e in enumerate(steps) if e.split()[3:6] == ["0", "0", str(len(out))]),
-                 len(steps))
+    first = next((i for i, e in enumerate(steps) if full_step(e)), len(steps))
     return {"lines": lines, "tokens": sum(r["tokens"] for r in out), "wall": wall,
             "ttft": sorted(r["ttft"] * 1e3 for r in out),
             "admitted": sum(e.startswith("admit") for _, e in mine),
