@@ -8,7 +8,9 @@ chunks, flushes, finishes, settles).
 CLOCK_MONOTONIC is system-wide, so the lines merge with the client's own times.
 
 MLXD_GATHER (seconds), when set, replaces the scheduler's GATHER: the same build run with
-the gather off and on, side by side."""
+the gather off and on, side by side. MLXD_SWITCH (seconds), when set, is the worker's
+`sys.setswitchinterval`: how long a thread that wants the GIL waits before it asks the
+holder for it (the MLX thread launching a step and the I/O threads sending its tokens)."""
 import importlib.abc
 import importlib.util
 import os
@@ -40,6 +42,9 @@ def patch(mod) -> None:
     if os.environ.get("MLXD_GATHER"):
         mod.GATHER = float(os.environ["MLXD_GATHER"])
     event("gather", mod.GATHER)
+    if os.environ.get("MLXD_SWITCH"):
+        sys.setswitchinterval(float(os.environ["MLXD_SWITCH"]))
+    event("switch", sys.getswitchinterval())
     S, B = mod.Scheduler, batch_mod.Batch
     handle, admit, flush, finish = S._handle, S._admit, S._flush, S._finish
     step, settle, prepare = B.step, B.settle, preparer.prepare

@@ -235,3 +235,58 @@ def test_one_read_extract_and_filter_equal_mlx_lms_per_layer_methods(engine):
         assert g._idx == w._idx and g.left_padding.tolist() == w.left_padding.tolist()
         assert g.offset.tolist() == w.offset.tolist()
         assert mx.array_equal(g.keys, w.keys) and mx.array_equal(g.values, w.values)
+
+
+def test_a_lone_sequence_on_a_sliding_window_model_decodes_on_plain_rotating_caches(
+        models_dir, monkeypatch):
+    """worker/loop/mlx_lm_patches.py on Gemma 3's layout (a 16-token window every other
+    layer): alone, a sequence decodes on plain caches, its windows RotatingKVCaches
+    without a mask (a BatchRotatingKVCache builds an array one each step), past the
+    window's wrap, with mlx-lm's own single-sequence tokens; when another joins, the
+    views go back to the batch caches, and the one left decodes on views again. Each
+    gives what it gives alone."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache
+
+    from tests.worker.batchrun import Seq
+    from tests.worker.test_worker_kv_quant import _engine, gen as window_gen
+
+    engine, _ = _engine(models_dir, "tiny-sliding-kvq")
+    masks = []  # the rows of each batched decode step's window mask
+    own = BatchRotatingKVCache.make_mask
+    monkeypatch.setattr(BatchRotatingKVCache, "make_mask", lambda self, N, **kw: (
+        N == 1 and masks.append(self.left_padding.shape[0])) or own(self, N, **kw))
+    g = window_gen("a", max_tokens=40)
+    ids = engine.prepare(g).ids
+    solo = tokens(alone(engine, g))
+    assert len(solo) == 40 and len(ids) < 16 < len(ids) + 40  # (the window wraps)
+    assert masks == []  # every decode step on the views
+    raw = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=40)]
+    assert solo == raw
+
+    preps = {"a": engine.prepare(window_gen("a", max_tokens=30)),
+             "c": engine.prepare(window_gen("c", max_tokens=40))}
+    batch = make_batch(engine)
+    out = {n: [] for n in preps}
+
+    def step():
+        for seq, o in batch.step():
+            out[seq.rid].append(o)
+        gb = batch.gen._generation_batch
+        lone = gb.__dict__.get("_lone")
+        return lone is not None and any(type(v) is RotatingKVCache for v in lone[1]), len(gb.uids)
+
+    batch.add(Seq("a"), preps["a"])
+    seen = []
+    while len(out["a"]) < 20:  # (past its window)
+        seen.append(step())
+    assert set(seen[-3:]) == {(True, 1)}
+    batch.add(Seq("c"), preps["c"])
+    while batch.members:
+        seen.append(step())
+    assert (False, 2) in seen and 2 in masks  # together on the batch caches
+    assert seen[-2] == (True, 1)  # "c" alone again at its end: on views
+    for name in preps:
+        n = len(tokens(out[name]))
+        assert tokens(out[name]) == tokens(alone(engine, window_gen(name, max_tokens=n))), name
