@@ -15,6 +15,13 @@ digest), so `read` checks it before it parses anything; a file that fails, or wh
 disagrees with its header, is corrupt: the caller deletes it, never loads it. A file of an
 older format (another `FORMAT`) is refused the same way: a cache miss, never a load.
 
+The MTP head's state beside the model's (worker/kvcache/prefix.py `head`) rides in the
+same file, in the same format: its layers' states follow the model's in the tensors
+(layer indices past the model's), their classes in mlxd's own metadata field
+(`mlxd_head`), not in the classes list. So readers that zip the classes with the states
+(mlx-lm's load_prompt_cache, and mlxd before the head was kept) load the model's layers
+and ignore the head's: no new format, and no file of the old one is lost.
+
 The work is split by thread, because only the MLX thread may touch MLX and disk time must
 not stall a batch step:
 - `encode` (MLX thread): flatten the cache and take host views of its evaluated arrays
@@ -48,6 +55,7 @@ _MAX_HEADER = 64 << 20  # a header this large is not one of ours
 # flattened [metadata, classes, scalars]), so load_prompt_cache returns them as metadata.
 _FORMAT, _NAME, _TOKENS, _SHA256 = "0.mlxd_format", "0.mlxd_name", "0.mlxd_tokens", "0.mlxd_sha256"
 _IDENTITY = "0.mlxd_identity"
+_HEAD = "0.mlxd_head"  # the MTP head's layer classes, comma-separated (absent: none)
 # Every header opens with these bytes, then the 64 hex digits of the digest: the digest is
 # found (and checked) without parsing the header.
 _LEAD = b'{"__metadata__":{"' + _SHA256.encode() + b'":"'
@@ -102,9 +110,9 @@ class Info:
 
 # ---- MLX thread ----------------------------------------------------------------------
 
-def encode(name: str, tokens: list[int], cache: list) -> Encoded:
+def encode(name: str, tokens: list[int], cache: list, head: list | None = None) -> Encoded:
     """The snapshot of `cache` (holding `tokens`), as mlx-lm's save_prompt_cache lays it
-    out. MLX thread."""
+    out, and the MTP head's state beside it (`head`: module doc). MLX thread."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -124,7 +132,9 @@ def encode(name: str, tokens: list[int], cache: list) -> Encoded:
             return mx.array([])
         raise ValueError(f"a cache state holds a {type(value).__name__}")
 
-    arrays = {k: mx.contiguous(as_array(k, v)) for k, v in tree_flatten([c.state for c in cache])}
+    head = head or []
+    arrays = {k: mx.contiguous(as_array(k, v))
+              for k, v in tree_flatten([c.state for c in cache + head])}
     mx.eval(list(arrays.values()))
     tensors = []
     for key, a in arrays.items():
@@ -132,12 +142,20 @@ def encode(name: str, tokens: list[int], cache: list) -> Encoded:
         host = a.view(mx.uint16) if dtype == "BF16" else a
         tensors.append((key, dtype, tuple(a.shape), memoryview(host).cast("B")))
     metadata = dict(tree_flatten([{}, [type(c).__name__ for c in cache], scalars]))
+    if head:
+        metadata[_HEAD] = ",".join(type(c).__name__ for c in head)
     return Encoded(name, list(tokens), tensors, metadata)
 
 
 def decode(snap: Snapshot) -> list:
     """The cache objects of a verified snapshot, as mlx-lm's load_prompt_cache builds
     them. MLX thread."""
+    return decode_all(snap)[0]
+
+
+def decode_all(snap: Snapshot) -> tuple[list, list | None]:
+    """(the cache objects of a verified snapshot, the MTP head's state beside them or
+    None). MLX thread."""
     import mlx.core as mx
     from mlx.utils import tree_unflatten
     from mlx_lm.models import cache as cache_mod
@@ -157,14 +175,19 @@ def decode(snap: Snapshot) -> list:
         else:
             raise CorruptFile(f"unknown scalar kind {kind!r}")
     states = tree_unflatten(list(arrays.items()))
+    head = [n for n in str(meta.get(_HEAD.split(".", 1)[1], "")).split(",") if n]
+    if head and len(states) != len(classes) + len(head):
+        raise CorruptFile(f"{len(states)} layer states for {len(classes) + len(head)} classes")
     out = []
-    for name, state in zip(classes, states):
+    for name, state in zip(classes + head, states):
         cls = getattr(cache_mod, name, None)
         if not isinstance(cls, type) or not hasattr(cls, "from_state"):
             raise CorruptFile(f"unknown cache class {name!r}")
         out.append(cls.from_state(state))
     mx.eval([c.state for c in out])
-    return out
+    if not head:
+        return out, None
+    return out[:len(classes)], out[len(classes):]
 
 
 def _dtype_name(dtype) -> str:

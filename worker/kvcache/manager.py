@@ -19,6 +19,8 @@ state taken exactly at a prefix can serve a later prompt, so long prompts leave 
 `every` tokens and one at the prompt but its last token; a trimmable final state, trimmed,
 serves the same prompts. `finish` keeps a sequence's final state, under its name too when
 its request gave one. The prefix cache gives way to the running sequences (`trim_to`).
+Every tier carries the MTP head's state beside a state where the batch hands one over
+(`head`: worker/kvcache/prefix.py), and gives it back with the whole state.
 
 Everything here runs on the MLX thread except `preload` (the preparation thread).
 """
@@ -55,6 +57,7 @@ class Start:
     cache: list              # a private copy, ready to be extended by the batch
     tokens: int              # prompt tokens it covers
     tier: Tier
+    head: Optional[list] = None  # the MTP head's state beside it (prefix.py), or None
 
 
 def trimmable(model, max_kv_size: Optional[int]) -> bool:
@@ -92,11 +95,12 @@ class KVCache:
                                             spec.resume_label)
         if resumed is not None and not resumed.partial:
             return Start(resumed.cache, resumed.tokens,
-                         Tier.DISK if resumed.tier == "disk" else Tier.SNAPSHOT)
+                         Tier.DISK if resumed.tier == "disk" else Tier.SNAPSHOT, resumed.head)
         found = self.prefix.fetch(namespace, ids)
         if found is not None and (resumed is None or found.tokens >= resumed.tokens):
-            return Start(found.cache, found.tokens, Tier.PREFIX)
-        return Start(resumed.cache, resumed.tokens, Tier.DISK) if resumed else None
+            return Start(found.cache, found.tokens, Tier.PREFIX, found.head)
+        return Start(resumed.cache, resumed.tokens, Tier.DISK, resumed.head) \
+            if resumed else None
 
     # ---- storing ---------------------------------------------------------------------
 
@@ -110,16 +114,21 @@ class KVCache:
             points.append(prompt - 1)  # the prompt but its last token
         return points
 
-    def keep(self, spec: PromptCache, tokens: list[int], cache: list) -> bool:
-        """A state holding exactly `tokens`, for later prompts of its namespace."""
-        return self.prefix.store(spec.namespace or "", tokens, cache)
+    def keep(self, spec: PromptCache, tokens: list[int], cache: list,
+             head: Optional[list] = None) -> bool:
+        """A state holding exactly `tokens` (and the MTP head's beside it, `head`), for
+        later prompts of its namespace."""
+        return self.prefix.store(spec.namespace or "", tokens, cache, head)
 
-    def finish(self, spec: PromptCache, tokens: list[int], cache: list) -> None:
-        """A sequence ended holding `tokens` in `cache`: kept for later prompts, and under
-        the name its request gave (in memory and on disk)."""
-        kept = self.keep(spec, tokens, cache)
+    def finish(self, spec: PromptCache, tokens: list[int], cache: list,
+               head: Optional[list] = None) -> None:
+        """A sequence ended holding `tokens` in `cache` (the MTP head's state beside it:
+        `head`): kept for later prompts, and under the name its request gave (in memory
+        and on disk)."""
+        kept = self.keep(spec, tokens, cache, head)
         if spec.keep_as:
-            self.snapshots.keep(spec.keep_as, spec.namespace or "", tokens, cache, kept)
+            self.snapshots.keep(spec.keep_as, spec.namespace or "", tokens, cache, kept,
+                                head)
 
     def pin(self, tokens: list[int], cache: list) -> bool:
         """The operator's --warm-prompt (worker/kvcache/warm.py): kept for the worker's

@@ -28,6 +28,12 @@ and by age (`ttl`, seconds since last use). An entry whose state does not hold t
 tokens it claims (its offset disagrees) is dropped and counted as a miss: recomputing is
 always right, reusing a wrong state never is.
 
+An entry may carry the MTP head's state beside the model's (`head`: the drafter's own
+cache, one position shorter, and the hidden state of the last position, as cache
+objects: worker/speculative/mtp.py `MTPSpeculation.state_of`), so that a resumed prompt's
+head reads the whole prompt too. Its bytes count with the entry's; it travels only with
+the whole entry: trimmed, an entry gives none (the hidden state at the cut is not kept).
+
 Only the MLX thread touches this (it holds MLX arrays); the figures in `stats()` are
 plain ints the status publisher copies.
 """
@@ -57,12 +63,15 @@ class Entry:
     trimmable: bool
     used_at: float
     pinned: bool = False
+    head: Optional[list] = None  # the MTP head's state beside it (module doc), or None
 
 
 @dataclass
 class Hit:
     cache: list          # a private copy, ready to be extended by the batch
     tokens: int          # prompt tokens it covers
+    head: Optional[list] = None  # a private copy of the MTP head's state, where the
+                                 # entry had one and was not trimmed
 
 
 def cache_tokens(cache: list) -> Optional[int]:
@@ -177,13 +186,16 @@ class PrefixCache:
             return None
         entry.used_at = self._clock()
         self._lru.move_to_end(key)
-        return Hit(cache, n)
+        head = copy.deepcopy(entry.head) if entry.head is not None and not extra else None
+        return Hit(cache, n, head)
 
     # ---- storing ---------------------------------------------------------------------
 
-    def store(self, namespace: str, tokens: list[int], cache: list) -> bool:
-        """Keep `cache` (which holds exactly `tokens`) for later prompts. Returns False
-        when it was not kept (inconsistent, or larger than the whole budget)."""
+    def store(self, namespace: str, tokens: list[int], cache: list,
+              head: Optional[list] = None) -> bool:
+        """Keep `cache` (which holds exactly `tokens`) for later prompts, with the MTP
+        head's state beside it (`head`, holding one token fewer). Returns False when it
+        was not kept (inconsistent, or larger than the whole budget)."""
         if not tokens or not cache:
             return False
         held = cache_tokens(cache)
@@ -191,7 +203,11 @@ class PrefixCache:
             log.warning("did not cache a state holding %d tokens for %d tokens", held,
                         len(tokens))
             return False
-        nbytes = cache_nbytes(cache)
+        if head is not None and cache_tokens(head) != len(tokens) - 1:
+            log.warning("did not keep an MTP head's state holding %s tokens beside %d",
+                        cache_tokens(head), len(tokens))
+            head = None
+        nbytes = cache_nbytes(cache) + (cache_nbytes(head) if head is not None else 0)
         if nbytes > self.max_bytes:
             return False
         key = (namespace, tuple(tokens))
@@ -208,7 +224,7 @@ class PrefixCache:
                     self._trie.add(namespace, tokens[:n], True)
                 elif old is not None:
                     self.nbytes -= old.nbytes
-        self._lru[key] = Entry(cache, nbytes, trimmable, self._clock())
+        self._lru[key] = Entry(cache, nbytes, trimmable, self._clock(), head=head)
         self.nbytes += nbytes
         self.trim_to(self.max_bytes)
         return True

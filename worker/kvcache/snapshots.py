@@ -21,6 +21,9 @@ only states at exact prefixes. A name says which state the client continues from
   the first differing position. A disk state of a trimmable cache still serves the
   shared part then, trimmed.
 
+The MTP head's state beside a named state (worker/kvcache/prefix.py `head`) goes with it
+to the disk tier and back (files.py); a disk state trimmed to the shared part gives none.
+
 Everything here runs on the MLX thread except `preload`, which reads only the disk
 tier and the set of names (a plain dict lookup).
 """
@@ -105,7 +108,7 @@ class SnapshotStore:
             if hit is not None:
                 self._touch(name)
                 self.hits_ram += 1
-                return Resumed(hit.cache, hit.tokens, "ram")
+                return Resumed(hit.cache, hit.tokens, hit.head, tier="ram")
             self._forget(name)  # the prefix cache let it go: the disk may still have it
         snap = preloaded if preloaded is not None else (
             self.disk.load(name) if self.disk is not None else None)
@@ -128,7 +131,7 @@ class SnapshotStore:
         held = np.asarray(snap.tokens, dtype=np.uint32)
         begins = self._begins(label, held, prompt)
         try:
-            cache = files.decode(snap)
+            cache, head = files.decode_all(snap)
         except (files.CorruptFile, ValueError, TypeError) as e:
             log.warning("a KV snapshot file did not decode (%s); deleted", e)
             self.disk.drop(name, corrupt=True)
@@ -138,28 +141,29 @@ class SnapshotStore:
             self.disk.drop(name, corrupt=True)
             return None
         if begins:
-            if self.prefix.store(namespace, snap.tokens, cache):  # memory has it from now on
+            if self.prefix.store(namespace, snap.tokens, cache, head):  # memory has it now
                 self._name(name, namespace, held)
             self.hits_disk += 1
-            return Resumed(copy.deepcopy(cache), len(held), "disk")
+            return Resumed(copy.deepcopy(cache), len(held), copy.deepcopy(head), tier="disk")
         # The template rewrote history: what is shared still serves, if it can be trimmed.
         shared = min(_first_difference(held, prompt), len(prompt) - 1)
         if shared <= 0 or not can_trim_prompt_cache(cache):
             return None
         if trim_prompt_cache(cache, len(held) - shared) != len(held) - shared:
             return None
-        return Resumed(cache, shared, "disk", partial=True)
+        return Resumed(cache, shared, tier="disk", partial=True)
 
     # ---- keeping (MLX thread) --------------------------------------------------------
 
     def keep(self, name: str, namespace: str, tokens: list[int], cache: list,
-             in_memory: bool) -> None:
+             in_memory: bool, head: Optional[list] = None) -> None:
         """A named generation ended holding `tokens` in `cache` (stored in the prefix
-        cache when `in_memory`): name it, and queue it for the disk tier."""
+        cache when `in_memory`; the MTP head's state beside it: `head`): name it, and
+        queue it for the disk tier."""
         if in_memory:
             self._name(name, namespace, np.asarray(tokens, dtype=np.uint32))
         if self.disk is not None:
-            self.disk.put(files.encode(name, tokens, cache))
+            self.disk.put(files.encode(name, tokens, cache, head))
 
     def _name(self, name: str, namespace: str, tokens: np.ndarray) -> None:
         if name in self._names:
@@ -205,7 +209,7 @@ class SnapshotStore:
             if self.disk.has(name):
                 return True, f"{name} is on disk already"
             return False, f"no snapshot named {name} in memory"
-        enc = files.encode(name, named.tokens.tolist(), hit.cache)
+        enc = files.encode(name, named.tokens.tolist(), hit.cache, hit.head)
         if not self.disk.put(enc):
             return False, (f"{name} ({enc.nbytes} bytes) does not fit the disk tier now "
                            f"(--kv-disk-bytes {self.disk.max_bytes}, or writes are behind)")
