@@ -2,7 +2,8 @@
 prefill its head cache holds every prompt position, its first draft is the one the head
 makes over the whole prompt (computed here directly), the text at temperature 0 stays
 the target's (a prompt longer than a prefill chunk, alone, in a batch of four, resumed
-from the prefix cache), and what admission counts for the head's cache stays true."""
+from the prefix cache with the head's state kept beside it), and what admission counts
+for the head's cache stays true."""
 
 from __future__ import annotations
 
@@ -97,8 +98,9 @@ def test_greedy_text_is_identical_with_a_long_prompt_alone_and_in_a_batch_of_fou
 
 
 def test_a_turn_resumed_from_the_prefix_cache_keeps_its_text(mtp):  # noqa: F811
-    """The next turn prefills only what is new: its head reads those positions (the cached
-    part's head state is not kept), and the text is the one from scratch."""
+    """The next turn prefills only what is new: its head resumes from the head's state
+    kept with the cached part and reads those positions, so it holds the whole prompt
+    (worker/speculative/mtp_state.py), and the text is the one from scratch."""
     from protocol.messages import pack_ids
     from worker.kvcache.prefix import PrefixCache
     engine, head, _ = mtp
@@ -123,7 +125,7 @@ def test_a_turn_resumed_from_the_prefix_cache_keeps_its_text(mtp):  # noqa: F811
     turn2 = turn1 + reply + [30, 31, 32]
     cached, out, read = turn(batch, turn2)
     assert cached >= len(turn1)
-    assert read == len(turn2) - cached
+    assert read == len(turn2)
     assert out == turn(make_batch(engine), turn2)[1]
     totals = batch.speculation.totals  # (drafts kept and drafts rolled back)
     assert 0 < totals.accepted < totals.drafted

@@ -23,7 +23,8 @@ What this module adds around it:
   manager answers for its prompt (a cached prefix, or the named snapshot it resumes
   from), and the batch hands the manager the states it asks for: at the prompt lengths
   it names (`checkpoints`: for caches that cannot be trimmed) and at the end of each
-  sequence;
+  sequence, with the MTP head's state beside it where the head has one (`_head`:
+  worker/speculative/mtp_state.py), which a sequence resumed from it takes back;
 - per-sequence output (worker/text/decoding.py), and removal on cancel, stop strings and
   grammar completion, which mlx-lm's batch does not know about.
 
@@ -231,6 +232,8 @@ class Batch:
                                    checkpoints, key=None if key is ids else key)
         seq.uid = uid
         self._speculate(uid, seq, prep)
+        if isinstance(self.speculation, mtp.MTPSpeculation):
+            self.speculation.resumed(uid, cached, hit.head if hit is not None else None)
         self._reserve()
         self._bound_prefix()
 
@@ -347,7 +350,7 @@ class Batch:
                 if r.finish_reason is None:
                     continue
                 # (It ended there by mlx-lm's rule, not by Decoding's: end it now.)
-                self._store(m, r.all_tokens, r.prompt_cache)
+                self._store(r.uid, m, r.all_tokens, r.prompt_cache)
                 self._leave(r.uid, in_gen=False, store=False)
                 results.append((m.seq, (-1, "", r.finish_reason, None)))
                 continue
@@ -360,7 +363,7 @@ class Batch:
             if out[2] is not None:  # finished
                 m.seq.stop_sequence = m.decoding.stop_sequence
                 if r.finish_reason is not None:  # mlx-lm ended it (EOS, length)
-                    self._store(m, r.all_tokens, r.prompt_cache)
+                    self._store(r.uid, m, r.all_tokens, r.prompt_cache)
                     self._leave(r.uid, in_gen=False, store=False)
                 else:  # a stop string or a complete grammar: mlx-lm does not know
                     self._leave(r.uid, in_gen=True, store=True)
@@ -381,14 +384,23 @@ class Batch:
             return
         m.checkpoints.pop(0)
         for cache, tokens in self.gen.extract_cache([uid]).values():
-            self.kvcache.keep(m.cache, m.keyed(list(tokens)), materialized(cache))
+            head = self._head(uid, len(tokens))
+            self.kvcache.keep(m.cache, m.keyed(list(tokens)), materialized(cache),
+                              head and materialized(head))
         self._bound_prefix()
 
-    def _store(self, m: Member, tokens, cache) -> None:
-        """A sequence ended: the KV cache keeps its final state (and its name), at
-        `settle`."""
+    def _head(self, uid: int, tokens: int) -> Optional[list]:
+        """The MTP head's state beside the sequence's state of its first `tokens` tokens
+        (lazy), where it has one (worker/speculative/mtp_state.py)."""
+        spec = self.speculation
+        return spec.state_of(uid, tokens) if isinstance(spec, mtp.MTPSpeculation) else None
+
+    def _store(self, uid: int, m: Member, tokens, cache) -> None:
+        """A sequence ended: the KV cache keeps its final state (and its name; the MTP
+        head's beside it, taken now: its row leaves with the sequence), at `settle`."""
         if self.kvcache is not None and tokens and cache:
-            self._ended.append((self.kvcache, m.cache, m.keyed(list(tokens)), cache))
+            self._ended.append((self.kvcache, m.cache, m.keyed(list(tokens)), cache,
+                                self._head(uid, len(tokens))))
 
     def hold_stores(self) -> None:
         """The caller calls `settle` after each step, once it has sent the step's events
@@ -403,8 +415,8 @@ class Batch:
         if not self._ended:
             return
         ended, self._ended = self._ended, []
-        for kvcache, spec, tokens, cache in ended:
-            kvcache.finish(spec, tokens, materialized(cache))
+        for kvcache, spec, tokens, cache, head in ended:
+            kvcache.finish(spec, tokens, materialized(cache), head and materialized(head))
         self._bound_prefix()
 
     def remove(self, seq) -> None:
@@ -415,14 +427,14 @@ class Batch:
 
     def _leave(self, uid: int, in_gen: bool, store: bool) -> None:
         m = self.members.pop(uid)
-        if self.speculation is not None:
-            self.speculation.drop(uid)
-        self._reserve()
         if in_gen:
             caches = self.gen.remove([uid], return_prompt_caches=store)
             if store:
                 for cache, tokens in caches.values():
-                    self._store(m, tokens, cache)
+                    self._store(uid, m, tokens, cache)
+        if self.speculation is not None:  # (after `_store`: the MTP head's row with it)
+            self.speculation.drop(uid)
+        self._reserve()
 
     def reset(self) -> list:
         """After a failed step: a fresh generator; returns the sequences that were in it."""

@@ -23,10 +23,11 @@ target's (`prefilled`, from mtp_prefill.py, which runs the prompt batch's target
 and LM head); the step that reads the prompt's last token and samples the first one
 hands the head the last positions, and the sequence's row joins the head's batch with
 its whole prompt (`started`: its first draft is made then, so its first verify step
-already has one). A prompt resumed from the prefix cache gives the head only its new
-part (the head's state of the cached part is not kept with the cache entry: its cache
-starts at the first position prefilled), as does an image's prompt after its last image
-(mlx-vlm prefills that part: worker/vision/batch.py).
+already has one). A prompt resumed from the prefix cache or a snapshot resumes the head
+too: the KV cache keeps the head's state beside the target's (`state_of`, `resumed`:
+mtp_state.py); where an entry has none (trimmed to a shorter prefix), the head reads
+only the new part, its cache starting at the first position prefilled, as it does for an
+image's prompt after its last image (mlx-vlm prefills that part: worker/vision/batch.py).
 
 Inside the batch (worker/speculative/verify.py) the verify forward runs the target's body
 and head as two calls (`MTPSpeculation.forward`): the same computation as the model's own
@@ -68,7 +69,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
-from worker.speculative import rejection
+from worker.speculative import mtp_state, rejection
 from worker.speculative.adaptive import Speculation
 from worker.speculative.mtp_prefill import Prefill
 from worker.speculative.rows import Rows
@@ -155,6 +156,11 @@ class MTPDrafter:
                                 # per head layer, joined to the batch's when it starts)
         self.last = None        # (1, 1, hidden) the target's hidden state at the last
                                 # prompt position read, whose next token the head awaits
+        self.start = 0          # the position its head cache starts at (past 0: resumed
+                                # without the head's state: mtp_state.py)
+        self.tail = None        # (hidden states, row, index) of the last position read
+        self.final = None       # (hidden states, row, tokens): the verify step it ended
+                                # in kept `tokens`, which its head has not read
         self.guess = None       # (k,) the draft that follows the pending token
         self.sampling = None    # rejection.RowSampling: it samples the draft (None: greedy)
         self.q = None           # that draft's q log-probabilities (k, vocab), if sampled
@@ -214,6 +220,20 @@ class MTPSpeculation(Speculation):
     def nbytes(self) -> int:  # (the head's batch cache and those of prompts it reads)
         return self.batch.nbytes + sum(c.nbytes for t in self.tracks.values()
                                        for c in getattr(t.drafter, "prompt", None) or ())
+
+    def state_of(self, uid: int, tokens: int) -> list | None:
+        """The head's state beside the target's state of the sequence's first `tokens`
+        tokens, for the KV cache to keep with it (None: its head holds not exactly that:
+        mtp_state.py)."""
+        t = self.tracks.get(uid)
+        d = t.drafter if t is not None else None
+        return mtp_state.state_of(self, d, tokens) if isinstance(d, MTPDrafter) else None
+
+    def resumed(self, uid: int, cached: int, head: list | None) -> None:
+        """The sequence starts from the KV cache's state of its first `cached` prompt
+        tokens, with the head's beside it (`head`; None: its head reads what follows)."""
+        for _, d, _ in self._drafters([uid]):
+            mtp_state.restore(d, cached, head, len(self.head.layers))
 
     def attached(self, generator) -> None:
         """The generator's prompt batch runs the target through `Prefill`, which keeps
@@ -300,9 +320,12 @@ class MTPSpeculation(Speculation):
         row of the verify forward), then sampled `following`: the head reads them (each
         hidden state with the token after it) in `stepped`, with every other row's."""
         super().verified(uid, draft, accepted, tokens)
-        if uid not in self.rows or following is None:
-            return
         for _, d, k in self._drafters([uid]):
+            if uid not in self.rows:
+                continue
+            if following is None:  # (it ended: what it kept, for its state: mtp_state.py)
+                d.final = (self.hidden, self.rows[uid], list(tokens))
+                continue
             read = list(tokens) + [following]
             self.seen[d] = _New(len(read), k, row=self.rows[uid], tokens=read)
 
@@ -320,6 +343,7 @@ class MTPSpeculation(Speculation):
             t = self.tracks.get(r.uid)
             if t is not None and isinstance(t.drafter, MTPDrafter):
                 t.drafter.forget()
+                t.drafter.tail = None  # (its head's cache now skips a position)
 
     def leave(self, drafter: MTPDrafter) -> None:
         if drafter in self.batch:
@@ -357,8 +381,10 @@ class MTPSpeculation(Speculation):
         cache = self.batch.cache
         tokens, hidden = self._inputs(seen, rows, max(lengths))
         h = self.batch.run(lengths, lambda: self.head(self.embed(tokens), hidden, cache))
-        for d in seen:
-            d.length += seen[d].n
+        for d, s in seen.items():
+            d.length += s.n
+            d.tail = (s.hidden, 0, s.n - 1) if s.hidden is not None \
+                else (self.hidden, s.row, s.n - 1)
         samplings = [d.sampling for d in rows]
         sampling = [i for i, s in enumerate(samplings) if s is not None]
         # (a row not seen drafts with throwaway keys: its own key moves only when it

@@ -20,8 +20,10 @@ tests/mtp_model.py's tiny checkpoint (4 layers, the last its one attention layer
 hidden states, 0.38-0.40 s with the head's pass too (this CPU, best of 3 runs each):
 about a layer of 4; on a real checkpoint's 48 or 64 layers, about two of them.
 
-Only the tokens the batch prefills: a prompt resumed from the prefix cache (or an image
-prefilled by mlx-vlm: worker/vision/batch.py) gives the head its new part only.
+Only the tokens the batch prefills: a prompt resumed from the prefix cache starts its
+head from the head's state kept with the cached part (mtp_state.py), or, where the entry
+has none (trimmed), gives the head its new part only, as an image prefilled by mlx-vlm
+does (worker/vision/batch.py).
 """
 
 from __future__ import annotations
