@@ -179,6 +179,12 @@ def test_a_burst_of_image_chats_prefills_in_one_step_and_none_is_cut_short(vlm_e
     assert len(wide.prefilling) == 3
     kept = [list(job.keep) for job in wide.prefilling]
     assert all(kept) == (not wide.kvcache.trimmable)  # (Gemma's windows, Qwen3.5's state)
+    # Kept on the way: the state before the first image alone (these prompts are far
+    # shorter than the KV cache's checkpoint interval), none just before the last
+    # image's end (no later prompt could use it: an extra pass for nothing).
+    firsts = [[min(i for i, t in enumerate(job.prep.ids) if t in wide.media_tokens)]
+              for job in wide.prefilling]
+    assert kept == ([[]] * 3 if wide.kvcache.trimmable else firsts)
     wide.step()
     assert wide.prefilling == [] and len(wide.members) == 3
     # A chunk that the first prompt leaves 2 tokens of: the next, longer, is not begun.

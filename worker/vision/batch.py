@@ -209,12 +209,16 @@ class VisionBatch(Batch):
         for a cache that cannot be trimmed (a sliding window, recurrent layers): the
         prompt before its first image, so that the same text (an agent's system prompt,
         the turns before) with another image resumes there, as a trimmable cache's final
-        state would be trimmed to it; and the KV cache's own checkpoints before the last
-        image (worker/kvcache/manager.py `checkpoints`)."""
+        state would be trimmed to it; and the KV cache's own checkpoints of the whole
+        prompt (worker/kvcache/manager.py `checkpoints`) that fall before the last
+        image's end (the batch keeps those after it). Asked of the images' part alone,
+        the checkpoints would end with its "prompt but its last token", a state inside
+        the last image that no later prompt can use: an extra pass each image prompt
+        (and a copy of its KV) for nothing."""
         if self.kvcache is None or self.kvcache.trimmable:
             return []
         first = min(i for i, t in enumerate(ids) if t in self.media_tokens)
-        points = {first} | {p for p in self.kvcache.checkpoints(cached, end) if p < end}
+        points = {first} | {p for p in self.kvcache.checkpoints(cached, len(ids)) if p < end}
         return sorted(p for p in points if p > cached)
 
     def step(self) -> list:
