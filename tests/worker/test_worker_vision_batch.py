@@ -379,3 +379,20 @@ def test_a_worker_batches_a_vision_checkpoint_with_max_kv_size(spawn, vision_mod
     while not any(isinstance(e, Done) for e in events):
         events.append(w.recv(timeout=30))
     assert sum(e.n_tokens for e in events if isinstance(e, Delta)) == 3
+
+
+def test_the_engine_detokenizes_as_mlx_lm_does_for_the_checkpoint(vlm_engine, loaded):
+    """The vision engine's streaming detokenizer is the one mlx-lm's `load` picks from the
+    checkpoint's tokenizer.json (not the naive one a bare TokenizerWrapper gets), and
+    streams the same text as the tokenizer's own decode."""
+    from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, load
+
+    theirs = load(loaded[2]).detokenizer
+    mine = vlm_engine.tokenizer.detokenizer
+    assert type(mine) is type(theirs) and not isinstance(mine, NaiveStreamingDetokenizer)
+    ids = vlm_engine.tokenizer.encode("Tell me a story about a model that reads\nevery line.")
+    mine.reset()
+    for t in ids:
+        mine.add_token(t)
+    mine.finalize()
+    assert mine.text == vlm_engine.tokenizer.decode(ids)

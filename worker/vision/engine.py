@@ -151,6 +151,33 @@ def remember_images(processor):
     return processor.image_processor
 
 
+def streaming_detokenizer(tokenizer):
+    """mlx-lm's streaming detokenizer for `tokenizer`, chosen by its tokenizer.json's
+    decoder as mlx-lm's own `load` chooses it (a text model's engine has it so). mlx-vlm
+    hands over the tokenizer alone, and a TokenizerWrapper made from it gets the naive
+    one, which decodes the whole line so far at every token: on a 256-token line 12.7 us
+    a token against the BPE one's 1.1 (this CPU, a sequence's every token)."""
+    import json
+    from functools import partial
+    from pathlib import Path
+
+    from mlx_lm import tokenizer_utils as tu
+
+    try:
+        path = Path(getattr(tokenizer, "name_or_path", "") or "") / "tokenizer.json"
+        decoder = json.loads(path.read_text(encoding="utf-8")).get("decoder")
+    except (OSError, ValueError):  # (no tokenizer.json: a slow tokenizer's files)
+        decoder = None
+    if decoder:
+        if tu._is_spm_decoder(decoder):
+            return tu.SPMStreamingDetokenizer
+        if tu._is_spm_decoder_no_space(decoder):
+            return partial(tu.SPMStreamingDetokenizer, trim_space=False)
+        if tu._is_bpe_decoder(decoder):
+            return tu.BPEStreamingDetokenizer
+    return tu.NaiveStreamingDetokenizer
+
+
 class VisionEngine(TextEngine):
     def __init__(self, vlm, processor, context_length: int, prefill_step: int = 512,
                  vocab_size: int | None = None, lm=None):
@@ -161,8 +188,9 @@ class VisionEngine(TextEngine):
         tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
         if getattr(tokenizer, "chat_template", None) is None:
             tokenizer.chat_template = getattr(processor, "chat_template", None)
-        super().__init__(lm or vlm.language_model, TokenizerWrapper(tokenizer), context_length,
-                         prefill_step, vocab_size)
+        super().__init__(lm or vlm.language_model,
+                         TokenizerWrapper(tokenizer, streaming_detokenizer(tokenizer)),
+                         context_length, prefill_step, vocab_size)
         self.vlm = vlm
         self.processor = processor
         self._media: dict[str, dict] = {}  # rid → processed images, prompt_ids → prepare
