@@ -63,3 +63,15 @@ def test_the_start_is_in_the_identity_and_the_budget_bounds_the_bytes(kvq):
     for n in (1, 64, 65, 1000):  # full precision up to the start, 8 bits after
         assert kv.of(n) >= (full if n <= 64 else q8).of(n)
     assert kv.of(1000) < full.of(1000) / 2
+
+
+def test_a_lone_sequence_that_decodes_past_the_start_converts(kvq):
+    """A short prompt alone in the batch decodes on plain views of its caches
+    (worker/loop/mlx_lm_patches.py); once its length passes the start, it is quantized all
+    the same (its final state stored quantized), and it keeps decoding."""
+    engine, _ = kvq
+    batch = make_batch(engine, prefix=PrefixCache(1 << 30), kv_format=S8)
+    _, out = run_one(batch, engine, ids_gen(SHORT, max_tokens=60))
+    assert len(out) == 60 and len(SHORT) < S8.start < len(SHORT) + len(out)
+    longest = max(batch.kvcache.prefix._lru.items(), key=lambda kv: len(kv[0][1]))
+    assert len(longest[0][1]) > S8.start and type(longest[1].cache[0]) is QuantizedKVCache

@@ -121,6 +121,21 @@ def _window_view(c: BatchRotatingKVCache) -> RotatingKVCache:
     return c.extract(0)
 
 
+def lone_tokens(gb):
+    """The tokens a lone batch's row holds, read from its plain views (on the host), or
+    None when the batch does not decode on views."""
+    lone = gb.__dict__.get("_lone")
+    if lone is None:
+        return None
+    return max((v.offset for v in lone[1] if type(v) is KVCache), default=None)
+
+
+def as_batch(gb) -> None:
+    """`gb`'s caches as mlx-lm's batch caches again, where it decodes on views (for code
+    that converts them: worker/kvcache/quantized.py `pass_start`)."""
+    _batched(gb)
+
+
 def _batched(gb) -> None:
     """A lone batch's plain caches written back to its batch caches (no-op otherwise)."""
     lone = gb.__dict__.pop("_lone", None)
