@@ -7,10 +7,11 @@ the vision batch with its prefix cache, samplers, per-row `Decoding` and every p
 eight chats decoding, which is the served path but the scheduler and the sockets; ms a
 step, pipelined as mlx-lm decodes, the best of 3.
 
-    python -m bench.vision_step [tiny|small|2b] [steps] [layers]
+    python -m bench.vision_step [tiny|small|2b] [steps] [layers] [rows]
 
 (`layers`: the size's but that many language layers: `tiny 32 56` is the 2b's depth at a
-width whose step is all launches and Python, as a small model's step is on a GPU.)
+width whose step is all launches and Python, as a small model's step is on a GPU; ""
+for the size's own. `rows`: only the rows whose name holds this text, e.g. "1 row".)
 
 On a lent H200 (2b, bf16) the BatchGenerator's 8-row step (25.5 ms) was no dearer than
 mlx-vlm's model on plain caches (29.1 ms): the 0.46 x of the served 8-stream row is not
@@ -125,7 +126,8 @@ def main() -> None:
     size = sys.argv[1] if len(sys.argv) > 1 else "tiny"
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 32
     dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
-    layers = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    layers = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[3] else None
+    only = sys.argv[4] if len(sys.argv) > 4 else ""
     path = MODELS_DIR / f"vision-step-{size}{f'-{layers}L' if layers else ''}-{dtype}"
     build_vision_model(path, size, family="gemma4", dtype=dtype, layers=layers)
     vlm = load_model(path)
@@ -145,7 +147,8 @@ def main() -> None:
              lambda: batch_generator(lm, 8, False, steps)),
             ("the worker's batch, 1 row", lambda: worker_batch(path, 1, steps)),
             ("the worker's batch, 8 rows", lambda: worker_batch(path, 8, steps))]:
-        print(f"  {name:42} {f():8.2f} ms a step", flush=True)
+        if only in name:
+            print(f"  {name:42} {f():8.2f} ms a step", flush=True)
 
 
 if __name__ == "__main__":
