@@ -66,3 +66,41 @@ def test_a_processor_that_does_not_ask_gets_the_real_images_and_nothing_is_kept(
     assert r.nbytes == 0 and r.budget == 0
     r.process((b"a",), lambda: ["img"], processor_call(r))
     assert cutter.calls == 2 and r.nbytes == 0
+
+
+
+def test_two_threads_at_once_each_get_their_own_output():
+    """The preparation threads run two requests at once (worker/loop/preparer.py): one
+    whose image is known (its call hands the processor the kept output) and one whose
+    image is new (a real run), both calling the processor at the same moment (a barrier
+    holds each until the other is there): each gets its own output, and the new one's
+    is kept. What a call hands the processor is the calling thread's."""
+    import threading
+
+    cutter = Cutter()
+    r = Remembered(cutter, budget=1000)
+    kept, _ = r.process((b"known",), lambda: ["img"], processor_call(r, pops=False))
+    meet = threading.Barrier(2, timeout=30)
+
+    def met(call):
+        def wrapped(images):
+            meet.wait()  # (the known one's kept output is handed over by now)
+            return call(images)
+        return wrapped
+
+    got = {}
+
+    def run(name):
+        got[name] = r.process((name.encode(),), lambda: ["img"],
+                              met(processor_call(r, pops=False)))
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("known", "new")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert (got["known"][0]["pixel_values"] == kept["pixel_values"]).all()
+    assert got["known"][1][0].size == (1, 1) and got["new"][1] == ["img"]
+    assert cutter.calls == 2 and (got["new"][0]["pixel_values"] == 2).all()
+    assert r.hits == 1 and set(r._kept) == {(b"known",), (b"new",)}
+    assert (r._kept[(b"new",)][0]["pixel_values"] == 2).all()

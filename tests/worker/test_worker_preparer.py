@@ -62,7 +62,7 @@ def test_decoding_goes_on_while_a_request_is_prepared(engine, monkeypatch):
     assert held.released_in_time and len(after_entered) >= 5
     assert link.of("a")[-1].finish_reason == "length"
     assert link.kinds("b")[0] == "started" and link.of("b")[-1].finish_reason == "length"
-    assert held.threads == {"prepare"}  # never the MLX (here: the test's) thread
+    assert held.threads <= {"prepare", "prepare-2"}  # never the MLX (here: the test's) thread
 
 
 def run_with_client(engine, commands, client, stop_after: str | None = None) -> FakeLink:
@@ -100,6 +100,47 @@ def test_cancel_during_preparation_is_answered_at_once_and_only_once(engine, mon
     # Behind it in the preparation queue, the next request is served normally.
     assert link.kinds("after")[0] == "started"
     assert link.of("after")[-1].finish_reason == "length"
+
+
+def test_a_long_preparation_does_not_hold_up_the_request_behind_it(engine, monkeypatch):
+    """Two preparation threads (scheduler PREPARERS): while one request's preparation
+    stays open (a grammar's compile, a huge prompt's tokenizing), the next one is
+    prepared, admitted and answered; the first is served once released."""
+    held = HeldPreparation(engine, monkeypatch, "slow")
+    done_while_held = []
+
+    def client(link):
+        held.entered.wait(WAIT)
+        link.commands.put(gen("quick"))
+        for _ in range(int(WAIT / 2 / 0.01)):  # well within the hold
+            if "done" in link.kinds("quick"):
+                break
+            threading.Event().wait(0.01)
+        done_while_held.append("done" in link.kinds("quick"))
+        held.release.set()
+
+    link = run_with_client(engine, [gen("slow")], client, stop_after="slow")
+    assert done_while_held == [True] and held.released_in_time
+    assert link.of("quick")[-1].finish_reason == "length"
+    assert link.kinds("slow")[0] == "started" and link.of("slow")[-1].finish_reason == "length"
+    assert held.threads == {"prepare", "prepare-2"}
+
+
+def test_requests_prepared_out_of_order_wait_in_arrival_order(engine):
+    """Of the prepared requests, the earliest is admitted first, whichever preparation
+    ended first; suspects re-queued at the front stay there."""
+    from worker.loop.sequence import Sequence
+
+    scheduler = Scheduler(engine, FakeLink(), WorkerStatus(epoch=3), make_batch(engine))
+    seqs = {r: Sequence(gen(r)) for r in "abcd"}
+    for i, r in enumerate("abcd"):
+        seqs[r].t0 = float(i)
+    suspect = Sequence(gen("s"))
+    suspect.t0, suspect.suspect = 9.0, True
+    scheduler.waiting.append(suspect)
+    for r in "dbca":  # the order the preparations ended in
+        scheduler._queue(seqs[r])
+    assert [s.rid for s in scheduler.waiting] == ["s", "a", "b", "c", "d"]
 
 
 def test_shutdown_during_preparation_answers_it_once(engine, monkeypatch):

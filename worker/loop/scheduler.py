@@ -62,6 +62,7 @@ _CLEAR_AFTER_IDLE = 2.0  # s idle before MLX's buffer cache goes back to the sys
 # s after a request arrives that a batch with nothing decoding waits, at most, for it to be
 # prepared, so that requests arriving together are prefilled together (`_gather`).
 GATHER = 0.010
+PREPARERS = 2  # preparation threads (worker/loop/preparer.py says why two)
 _pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, cheaper
 CANCELLED = FinishReason.CANCELLED
 
@@ -91,7 +92,7 @@ class Scheduler:
         self.active: dict[str, Sequence] = {}
         self.waiting: deque[Sequence] = deque()
         self.preparing: dict[str, Sequence] = {}
-        self.preparer = Preparer(self._prepare, link.commands)
+        self.preparer = Preparer(self._prepare, link.commands, threads=PREPARERS)
         self.stopping = False
         self._next_memory = 0.0
         self._clear_at: float | None = None   # when the buffer cache goes back, if idle
@@ -237,8 +238,17 @@ class Scheduler:
             self._answer(seq, result)
         else:
             seq.prep = result
-            self.waiting.append(seq)
+            self._queue(seq)
             self._publish()
+
+    def _queue(self, seq: Sequence) -> None:
+        """`seq` into `waiting` by arrival, behind the suspects re-queued at its front:
+        the preparation threads may finish a later request first (worker/loop/preparer.py),
+        and of the prepared ones the earliest is admitted first."""
+        i = len(self.waiting)
+        while i and not self.waiting[i - 1].suspect and self.waiting[i - 1].t0 > seq.t0:
+            i -= 1
+        self.waiting.insert(i, seq)
 
     def _answer(self, seq: Sequence, answered: Answered) -> None:
         """Tokenize or detokenize, answered whole in preparation: its result and its

@@ -19,13 +19,16 @@ for the vision tower should the KV cache no longer hold the image. A processor t
 makes its image arrays some other way than by calling its image processor (the kept
 output was not asked for) gets the real images again, and nothing more is kept.
 
-Held in bytes up to a budget, least recently used out first. The preparation thread is
-the only caller (worker/loop/preparer.py), and the warm-up before it starts.
+Held in bytes up to a budget, least recently used out first. The preparation threads
+call it (worker/loop/preparer.py: two at once), and the warm-up before they start: what
+a call hands its processor, whether it was asked for it and what a real run made are
+the calling thread's own, and the kept outputs change under a lock.
 """
 
 from __future__ import annotations
 
 import copy
+import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -54,48 +57,57 @@ class Remembered:
         self.nbytes = 0
         self.hits = 0
         self._kept: OrderedDict[tuple, tuple[Any, int]] = OrderedDict()  # LRU first
-        self._given = None   # the output the next call answers with
-        self._asked = False  # whether the processor asked for it
-        self._made = None    # the output the last real call made
+        self._lock = threading.Lock()  # (over `_kept`, `nbytes`, `hits`)
+        # Per calling thread: `given`, the output its next call answers with; `asked`,
+        # whether the processor asked for it; `made`, the output its last real call made.
+        self._call = threading.local()
 
     def __getattr__(self, name):
-        if name == "inner":  # (not set yet: copying, pickling)
+        if name in ("inner", "_call"):  # (not set yet: copying, pickling)
             raise AttributeError(name)
         return getattr(self.inner, name)
 
     def __call__(self, *args, **kwargs):
-        if self._given is not None:
-            self._asked = True
-            return copy.copy(self._given)  # (processors pop from it: Gemma 3's num_crops)
+        call = self._call
+        given = getattr(call, "given", None)
+        if given is not None:
+            call.asked = True
+            return copy.copy(given)  # (processors pop from it: Gemma 3's num_crops)
         output = self.inner(*args, **kwargs)
-        self._made = copy.copy(output)
+        call.made = copy.copy(output)
         return output
 
     def process(self, digests: tuple, decode: Callable[[], list], call: Callable[[list], Any]):
         """`call(images)` (the processor's run over a request's images) for the images of
         these `digests`: with stand-ins and the kept output when they are known, with
         `decode()`'s images otherwise (their output then kept)."""
-        entry = self._kept.get(digests)
+        state = self._call
+        with self._lock:
+            entry = self._kept.get(digests)
+            if entry is not None:
+                self._kept.move_to_end(digests)
         if entry is not None:
-            self._kept.move_to_end(digests)
-            self._given, self._asked = entry[0], False
+            state.given, state.asked = entry[0], False
             try:
                 inputs = call([Image.new("RGB", (1, 1)) for _ in digests])
             finally:
-                self._given = None
-            if self._asked:
-                self.hits += 1
-                return inputs
-            self.budget = 0  # this processor makes its arrays otherwise: keep nothing
-            self._drop(digests)
-        self._made = None
+                state.given = None
+            with self._lock:
+                if state.asked:
+                    self.hits += 1
+                    return inputs
+                self.budget = 0  # this processor makes its arrays otherwise: keep nothing
+                self._drop(digests)
+        state.made = None
         inputs = call(decode())
-        if self._made is not None:
-            self._keep(digests, self._made)
-            self._made = None
+        if state.made is not None:
+            with self._lock:
+                self._keep(digests, state.made)
+            state.made = None
         return inputs
 
     def _keep(self, digests: tuple, output) -> None:
+        """(under the lock)"""
         size = _nbytes(output)
         if size > self.budget:
             return
@@ -111,5 +123,6 @@ class Remembered:
             self.nbytes -= entry[1]
 
     def clear(self) -> None:
-        for digests in list(self._kept):
-            self._drop(digests)
+        with self._lock:
+            for digests in list(self._kept):
+                self._drop(digests)
