@@ -41,12 +41,22 @@ class WorkerProc:
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(self.argv, cwd=REPO, env=env, stderr=err)
         self.heartbeats = []
+        # Other requests' events that `collect` read while it waited for its own: the
+        # worker prepares two requests at once, so two requests' events may come in
+        # either order, and the next `collect` (or `recv`) gets them first.
+        self.later: list = []
 
     def send(self, msg) -> None:
         self.cmd.send(msg if isinstance(msg, bytes) else encode(msg))
 
     def recv(self, timeout: float = 10.0, heartbeats: bool = False):
-        """The next event (heartbeats are collected aside unless asked for)."""
+        """The next event (heartbeats are collected aside unless asked for); those
+        `collect` kept aside first."""
+        if self.later:
+            return self.later.pop(0)
+        return self._recv(timeout, heartbeats)
+
+    def _recv(self, timeout: float, heartbeats: bool = False):
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -71,15 +81,21 @@ class WorkerProc:
             skipped.append(msg)
 
     def collect(self, rid: str, timeout: float = 20.0) -> list:
-        """All events of `rid` up to and including its Done."""
-        out = []
+        """All events of `rid` up to and including its Done; other requests' events
+        are kept for later (`later`), anything else is skipped."""
+        out = [m for m in self.later if getattr(m, "rid", None) == rid]
+        self.later = [m for m in self.later if getattr(m, "rid", None) != rid]
+        if out and out[-1].kind == "done":
+            return out
         deadline = time.monotonic() + timeout
         while True:
-            msg = self.recv(max(0.01, deadline - time.monotonic()))
+            msg = self._recv(max(0.01, deadline - time.monotonic()))
             if getattr(msg, "rid", None) == rid:
                 out.append(msg)
                 if msg.kind == "done":
                     return out
+            elif getattr(msg, "rid", None):
+                self.later.append(msg)
 
     def dump_stacks(self) -> str:
         """The worker's thread stacks (faulthandler on SIGUSR1) and its stderr."""

@@ -50,7 +50,6 @@ from mlx_lm.models.cache import (BatchKVCache, CacheList, ChunkedKVCache, KVCach
                                  QuantizedKVCache, create_attention_mask, make_prompt_cache)
 
 from worker.kvcache import attention
-from worker.loop import mlx_lm_patches
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)   # what mx.quantize accepts
@@ -106,12 +105,11 @@ class KVFormat:
 
     def pass_start(self, gen) -> None:
         """After a step of mlx-lm's BatchGenerator `gen`: once a row of its prompt or
-        generation batch holds more than `start` tokens, both batches are quantized."""
+        generation batch holds more than `start` tokens, both batches are quantized. (A
+        row decoding alone on plain views of its caches is put back on the batch caches
+        first, by the batch: worker/loop/batch.py.)"""
         if not self.quantized or not self.start:
             return
-        lone = mlx_lm_patches.lone_tokens(gen._generation_batch)
-        if lone is not None and lone > self.start:  # (a row decoding alone on plain views
-            mlx_lm_patches.as_batch(gen._generation_batch)  # of its caches: back first)
         batches = [b.prompt_cache for b in (gen._prompt_batch, gen._generation_batch)
                    if b.prompt_cache]
         # One attention layer per batch tells its rows' lengths (every layer of a batch

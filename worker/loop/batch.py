@@ -331,7 +331,12 @@ class Batch:
         self._fit_chunk()
         t0 = self._clock()
         prompt_responses, token_responses = gen.next()
-        self.kv_format.pass_start(self.gen)  # (--quantized-kv-start: worker/kvcache/quantized.py)
+        if self.kv_format.start and self.kv_format.quantized:  # --quantized-kv-start
+            # (worker/kvcache/quantized.py), a row alone on plain views back first
+            lone = mlx_lm_patches.lone_tokens(gen._generation_batch)
+            if lone is not None and lone > self.kv_format.start:
+                mlx_lm_patches.as_batch(gen._generation_batch)
+            self.kv_format.pass_start(gen)
         if any(not r.end_of_prompt for r in prompt_responses):  # it prefilled a chunk:
             size = self.chunks.size                            # size the next by its time
             if self.chunks.observe(self._clock() - t0) != size:
