@@ -10,7 +10,8 @@ CLOCK_MONOTONIC is system-wide, so the lines merge with the client's own times.
 MLXD_GATHER (seconds), when set, replaces the scheduler's GATHER: the same build run with
 the gather off and on, side by side. MLXD_SWITCH (seconds), when set, is the worker's
 `sys.setswitchinterval`: how long a thread that wants the GIL waits before it asks the
-holder for it (the MLX thread launching a step and the I/O threads sending its tokens)."""
+holder for it (the MLX thread launching a step and the I/O threads sending its tokens).
+MLXD_PREPARERS, when set, replaces the scheduler's PREPARERS (its preparation threads)."""
 import importlib.abc
 import importlib.util
 import os
@@ -42,6 +43,9 @@ def patch(mod) -> None:
     if os.environ.get("MLXD_GATHER"):
         mod.GATHER = float(os.environ["MLXD_GATHER"])
     event("gather", mod.GATHER)
+    if os.environ.get("MLXD_PREPARERS"):
+        mod.PREPARERS = int(os.environ["MLXD_PREPARERS"])
+    event("preparers", mod.PREPARERS)
     if os.environ.get("MLXD_SWITCH"):
         sys.setswitchinterval(float(os.environ["MLXD_SWITCH"]))
     event("switch", sys.getswitchinterval())
