@@ -80,6 +80,15 @@ def run_with_client(engine, commands, client, stop_after: str | None = None) -> 
     return link
 
 
+def done_within(link, rid: str, seconds: float) -> bool:
+    """Whether `rid`'s Done went out within `seconds` (looked for every 10 ms)."""
+    for _ in range(int(seconds / 0.01)):
+        if "done" in link.kinds(rid):
+            return True
+        threading.Event().wait(0.01)
+    return "done" in link.kinds(rid)
+
+
 def test_cancel_during_preparation_is_answered_at_once_and_only_once(engine, monkeypatch):
     held = HeldPreparation(engine, monkeypatch, "slow")
     answered_while_held = []
@@ -87,11 +96,7 @@ def test_cancel_during_preparation_is_answered_at_once_and_only_once(engine, mon
     def client(link):
         held.entered.wait(WAIT)
         link.commands.put(Cancel(rid="slow"))
-        for _ in range(int(WAIT / 2 / 0.01)):  # well within the hold
-            if "done" in link.kinds("slow"):
-                break
-            threading.Event().wait(0.01)
-        answered_while_held.append("done" in link.kinds("slow"))
+        answered_while_held.append(done_within(link, "slow", WAIT / 2))  # within the hold
         held.release.set()
 
     link = run_with_client(engine, [gen("slow"), gen("after")], client, stop_after="after")
@@ -112,11 +117,7 @@ def test_a_long_preparation_does_not_hold_up_the_request_behind_it(engine, monke
     def client(link):
         held.entered.wait(WAIT)
         link.commands.put(gen("quick"))
-        for _ in range(int(WAIT / 2 / 0.01)):  # well within the hold
-            if "done" in link.kinds("quick"):
-                break
-            threading.Event().wait(0.01)
-        done_while_held.append("done" in link.kinds("quick"))
+        done_while_held.append(done_within(link, "quick", WAIT / 2))  # within the hold
         held.release.set()
 
     link = run_with_client(engine, [gen("slow")], client, stop_after="slow")
