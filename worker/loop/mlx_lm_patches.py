@@ -132,7 +132,7 @@ def lone_tokens(gb):
 
 def as_batch(gb) -> None:
     """`gb`'s caches as mlx-lm's batch caches again, where it decodes on views (for code
-    that converts them: worker/kvcache/quantized.py `pass_start`)."""
+    that converts them: --quantized-kv-start, worker/loop/batch.py)."""
     _batched(gb)
 
 
