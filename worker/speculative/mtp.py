@@ -258,22 +258,27 @@ class MTPSpeculation(Speculation):
         row. Returns the arrays to evaluate with the chunk."""
         out = []
         for i, d, _ in self._drafters(uids):
-            ids = tokens[i]
-            if not ids:
-                continue
-            h = hidden[i:i + 1, :len(ids)]
-            if d.last is not None:
-                h, d.last = mx.concatenate([d.last, h], axis=1), h[:, -1:]
-                read, h = ids, h[:, :-1]
-            else:
-                read, h, d.last = ids[1:], h[:, :-1], h[:, -1:]
-            if read:
-                if d.prompt is None:
-                    d.prompt = [KVCache() for _ in self.head.layers]
-                self.head(self.embed(mx.array([read])), h, d.prompt)
-                d.length += len(read)
-                out += [c.state for c in d.prompt]
-            out.append(d.last)
+            if tokens[i]:
+                out += self.read(d, tokens[i], hidden[i:i + 1, :len(tokens[i])])
+        return out
+
+    def read(self, d: MTPDrafter, ids: list, h: mx.array) -> list:
+        """`d`'s head reads a prompt chunk `ids` whose final hidden states are `h` (1,
+        len(ids), H) into its own head cache (`prefilled`, for a row of the batch; the
+        warm prompt's reader: mtp_prefill.py `PromptReader`). The arrays to evaluate."""
+        out = []
+        if d.last is not None:
+            h, d.last = mx.concatenate([d.last, h], axis=1), h[:, -1:]
+            read, h = ids, h[:, :-1]
+        else:
+            read, h, d.last = ids[1:], h[:, :-1], h[:, -1:]
+        if read:
+            if d.prompt is None:
+                d.prompt = [KVCache() for _ in self.head.layers]
+            self.head(self.embed(mx.array([read])), h, d.prompt)
+            d.length += len(read)
+            out += [c.state for c in d.prompt]
+        out.append(d.last)
         return out
 
     def started(self, uids: list, last: list, hidden: mx.array, first: mx.array) -> None:
