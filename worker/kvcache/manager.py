@@ -130,10 +130,11 @@ class KVCache:
             self.snapshots.keep(spec.keep_as, spec.namespace or "", tokens, cache, kept,
                                 head)
 
-    def pin(self, tokens: list[int], cache: list) -> bool:
-        """The operator's --warm-prompt (worker/kvcache/warm.py): kept for the worker's
-        life, for prompts of every namespace."""
-        return self.prefix.pin(tokens, cache)
+    def pin(self, tokens: list[int], cache: list, head: Optional[list] = None) -> bool:
+        """The operator's --warm-prompt (worker/kvcache/warm.py), with the MTP head's
+        state beside it (`head`): kept for the worker's life, for prompts of every
+        namespace."""
+        return self.prefix.pin(tokens, cache, head)
 
     def trim_to(self, room: int) -> None:
         """The prefix cache within `room` bytes (and its own bound)."""

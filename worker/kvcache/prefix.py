@@ -30,9 +30,10 @@ always right, reusing a wrong state never is.
 
 An entry may carry the MTP head's state beside the model's (`head`: the drafter's own
 cache, one position shorter, and the hidden state of the last position, as cache
-objects: worker/speculative/mtp.py `MTPSpeculation.state_of`), so that a resumed prompt's
-head reads the whole prompt too. Its bytes count with the entry's; it travels only with
-the whole entry: trimmed, an entry gives none (the hidden state at the cut is not kept).
+objects: worker/speculative/mtp.py `MTPSpeculation.state_of`; the pinned warm prompt's:
+warm.py), so that a resumed prompt's head reads the whole prompt too. Its bytes count
+with the entry's; it travels only with the whole entry: trimmed, an entry gives none
+(the hidden state at the cut is not kept).
 
 Only the MLX thread touches this (it holds MLX arrays); the figures in `stats()` are
 plain ints the status publisher copies.
@@ -229,10 +230,11 @@ class PrefixCache:
         self.trim_to(self.max_bytes)
         return True
 
-    def pin(self, tokens: list[int], cache: list) -> bool:
-        """Keep `cache` (holding exactly `tokens`) for the worker's life, in the shared
-        namespace, for prompts of every namespace that begin with `tokens`."""
-        if not self.store(SHARED, tokens, cache):
+    def pin(self, tokens: list[int], cache: list, head: Optional[list] = None) -> bool:
+        """Keep `cache` (holding exactly `tokens`, the MTP head's state `head` beside it)
+        for the worker's life, in the shared namespace, for prompts of every namespace
+        that begin with `tokens`."""
+        if not self.store(SHARED, tokens, cache, head):
             return False
         self._lru[(SHARED, tuple(tokens))].pinned = True
         self._pinned.append(tuple(tokens))

@@ -8,6 +8,12 @@ every next turn shares, whatever the template: the conversation is rendered twic
 different user message after it, and the tokens the renderings share are the prefix (up
 to and including the opening of the user turn). Its state is computed once, before the
 worker says it is ready, and pinned (worker/kvcache/prefix.py `pin`).
+
+Where the batch drafts with the checkpoint's MTP head, the prompt is prefilled as the
+batch prefills one (its speculation's `prompt_reader`: worker/speculative/mtp_prefill.py),
+and the head's state is pinned beside the model's: a conversation that starts from the
+pinned prefix then has a head that has read all of it, and so have its later entries
+(a head cache that starts past position 0 is never kept: worker/speculative/mtp_state.py).
 """
 
 from __future__ import annotations
@@ -61,18 +67,27 @@ def shared_prefix(engine, gen: Generate) -> list[int]:
     return renders[0][:n]
 
 
-def prefill(engine, ids: list[int], step: int, max_kv_size=None, kv_format=None) -> list:
-    """The model's cache after `ids` (in `kv_format`: worker/kvcache/quantized.py),
-    prefilled `step` tokens at a time. MLX thread."""
+def prefill(engine, ids: list[int], step: int, max_kv_size=None, kv_format=None,
+            reader=None) -> tuple[list, list | None]:
+    """(The model's cache after `ids` (in `kv_format`: worker/kvcache/quantized.py),
+    prefilled `step` tokens at a time; the drafter's state beside it, or None). `reader`:
+    the batch's speculation's `prompt_reader` (None: the model alone). MLX thread."""
     import mlx.core as mx
 
     from worker.kvcache.quantized import KVFormat
 
     cache = (kv_format or KVFormat()).make(engine.model, max_kv_size)
     for start in range(0, len(ids), step):
-        engine.model(mx.array(ids[start:start + step])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-    return cache
+        chunk, more = ids[start:start + step], []
+        if reader is None:
+            engine.model(mx.array(chunk)[None], cache=cache)
+        else:
+            more = reader(chunk, cache)
+        mx.eval([c.state for c in cache] + more)
+    head = reader.state(len(ids)) if reader is not None else None
+    if head is not None:
+        mx.eval([c.state for c in head])
+    return cache, head
 
 
 def pin_warm_prompt(batch, path: Path, step: int) -> int:
@@ -90,7 +105,9 @@ def pin_warm_prompt(batch, path: Path, step: int) -> int:
     if len(ids) >= engine.context_length:
         raise LoadError(f"--warm-prompt {path}: {len(ids)} tokens do not fit the context "
                         f"({engine.context_length})")
-    if not ids or not batch.kvcache.pin(ids, prefill(engine, ids, step, batch.max_kv_size,
-                                                     batch.kv_format)):
+    if not ids:
         return 0
-    return len(ids)
+    spec = batch.speculation  # (the MTP head's reads the prompt too: module doc)
+    cache, head = prefill(engine, ids, step, batch.max_kv_size, batch.kv_format,
+                          spec.prompt_reader() if spec is not None else None)
+    return len(ids) if batch.kvcache.pin(ids, cache, head) else 0

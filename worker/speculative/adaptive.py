@@ -208,6 +208,12 @@ class Speculation:
         head's cache: mtp.py); none here."""
         return 0
 
+    def prompt_reader(self):
+        """What prefills a prompt outside the batch (the warm prompt: worker/kvcache/
+        warm.py) where the drafter keeps a state of the prompt beside the target's (the
+        MTP head's: mtp_prefill.py `PromptReader`); None: the model alone, as here."""
+        return None
+
     def add(self, uid: int, track: Track) -> None:
         self.tracks[uid] = track
         if self.rejection and hasattr(track.drafter, "sampling"):  # (it has a q)

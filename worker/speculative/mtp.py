@@ -25,9 +25,11 @@ hands the head the last positions, and the sequence's row joins the head's batch
 its whole prompt (`started`: its first draft is made then, so its first verify step
 already has one). A prompt resumed from the prefix cache or a snapshot resumes the head
 too: the KV cache keeps the head's state beside the target's (`state_of`, `resumed`:
-mtp_state.py); where an entry has none (trimmed to a shorter prefix), the head reads
-only the new part, its cache starting at the first position prefilled, as it does for an
-image's prompt after its last image (mlx-vlm prefills that part: worker/vision/batch.py).
+mtp_state.py; the pinned --warm-prompt's is read by `prompt_reader`, as the batch reads
+a prompt: mtp_prefill.py); where an entry has none (trimmed to a shorter prefix), the
+head reads only the new part, its cache starting at the first position prefilled, as it
+does for an image's prompt after its last image (mlx-vlm prefills that part: worker/
+vision/batch.py).
 
 Inside the batch (worker/speculative/verify.py) the verify forward runs the target's body
 and head as two calls (`MTPSpeculation.forward`): the same computation as the model's own
@@ -71,7 +73,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from worker.speculative import mtp_state, rejection
 from worker.speculative.adaptive import Speculation
-from worker.speculative.mtp_prefill import Prefill
+from worker.speculative.mtp_prefill import Prefill, PromptReader
 from worker.speculative.rows import Rows
 
 # A chained draft (the head fed its own output) degrades fast: mlx-vlm drafts
@@ -234,6 +236,11 @@ class MTPSpeculation(Speculation):
         tokens, with the head's beside it (`head`; None: its head reads what follows)."""
         for _, d, _ in self._drafters([uid]):
             mtp_state.restore(d, cached, head, len(self.head.layers))
+
+    def prompt_reader(self) -> PromptReader:
+        """The warm prompt (worker/kvcache/warm.py) prefilled as the batch prefills a
+        prompt drafting with the head, its head's state kept beside it."""
+        return PromptReader(self)
 
     def attached(self, generator) -> None:
         """The generator's prompt batch runs the target through `Prefill`, which keeps

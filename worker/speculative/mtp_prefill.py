@@ -24,6 +24,13 @@ Only the tokens the batch prefills: a prompt resumed from the prefix cache start
 head from the head's state kept with the cached part (mtp_state.py), or, where the entry
 has none (trimmed), gives the head its new part only, as an image prefilled by mlx-vlm
 does (worker/vision/batch.py).
+
+The one prompt prefilled outside the batch, the operator's --warm-prompt (worker/kvcache/
+warm.py, pinned before the worker is ready), is read the same way (`PromptReader`): each
+chunk through the target's body and the head's own cache, so its pinned entry carries
+the head's state (mtp_state.py) and a conversation that starts from it resumes its head
+whole; without it that conversation's head cache would start past position 0, and none
+of its later entries could carry one.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from contextlib import contextmanager
 
 import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch
+
+from worker.speculative import mtp_state
 
 
 class Prefill:
@@ -73,6 +82,29 @@ class Prefill:
         if more:  # (with the chunk: mlx-lm evaluates its cache right after)
             mx.async_eval(more)
         return spec.lm_head(self.hidden)
+
+
+class PromptReader:
+    """A prompt prefilled outside the batch (the warm prompt: module doc) as `Prefill`
+    prefills one drafting with the head: the target's body into the model's cache, its
+    hidden states read by a head cache of this reader's own (`MTPSpeculation.read`, as
+    for a row of the batch: `prefilled`); `state` is then the head's state beside the
+    target's, as the KV cache keeps it. MLX thread."""
+
+    def __init__(self, speculation):
+        self.speculation = speculation
+        self.drafter = speculation.drafter()  # (never a track of the batch: no row)
+
+    def __call__(self, ids: list, cache: list) -> list:
+        """The next chunk `ids` through the target into `cache` and through the head: the
+        head's arrays to evaluate with the cache (the LM head is not run: no logits are
+        read)."""
+        spec = self.speculation
+        return spec.read(self.drafter, ids, spec.body(mx.array(ids)[None], cache=cache))
+
+    def state(self, tokens: int) -> list | None:
+        """The head's state beside the target's state of the `tokens` read (lazy)."""
+        return mtp_state.state_of(self.speculation, self.drafter, tokens)
 
 
 def install() -> None:
