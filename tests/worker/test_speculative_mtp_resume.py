@@ -67,6 +67,14 @@ def same(a, b) -> bool:
         for pa, pb in zip(a, b) for x, y in zip(pa, pb))
 
 
+def as_cold(engine, head, prompt: list, read, out) -> bool:
+    """Whether a resumed turn's head cache (`read`) and tokens (`out`) are those of a
+    cold prefill of its whole `prompt`."""
+    _, cold_out, cold_read = turn(engine, make_batch(engine, speculative="mtp", mtp_head=head),
+                                  prompt)
+    return read is not None and same(read, cold_read) and out == cold_out
+
+
 def test_a_turn_resumed_from_the_prefix_cache_has_the_heads_cache_of_a_cold_prefill(mtp):  # noqa: F811
     """A hybrid model (recurrent layers: entries are never trimmed): the next turn
     resumes from the previous one's final state, and another turn that leaves its reply
@@ -81,10 +89,8 @@ def test_a_turn_resumed_from_the_prefix_cache_has_the_heads_cache_of_a_cold_pref
                           (TURN1 + [40, 41, 42, 43], len(TURN1) - 1)):
         cached, out, read = turn(engine, batch, prompt)
         assert cached >= least
-        cold = make_batch(engine, speculative="mtp", mtp_head=head)
-        _, cold_out, cold_read = turn(engine, cold, prompt)
-        assert read is not None and same(read, cold_read)
-        assert out == cold_out == turn(engine, make_batch(engine), prompt)[1]
+        assert as_cold(engine, head, prompt, read, out)
+        assert out == turn(engine, make_batch(engine), prompt)[1]
 
 
 @pytest.mark.parametrize("end", ["first token", "stop string"])
@@ -107,9 +113,7 @@ def test_a_turn_that_ended_outside_a_verify_step_keeps_the_heads_state_too(mtp, 
     prompt = list(tokens) + [30, 31, 32]
     cached, out, read = turn(engine, batch, prompt)
     assert cached == len(tokens)
-    _, cold_out, cold_read = turn(engine, make_batch(engine, speculative="mtp",
-                                                     mtp_head=head), prompt)
-    assert same(read, cold_read) and out == cold_out
+    assert as_cold(engine, head, prompt, read, out)
 
 
 def test_a_turn_whose_head_missed_a_step_keeps_no_heads_state(mtp, monkeypatch):  # noqa: F811
@@ -151,9 +155,7 @@ def test_an_attention_models_entry_resumes_whole_with_its_head_and_trimmed_witho
     whole = TURN1 + reply + [30, 31, 32]
     cached, out, read = turn(engine, batch, whole)
     assert cached >= len(TURN1) + len(reply) - 1
-    _, cold_out, cold_read = turn(engine, make_batch(engine, speculative="mtp",
-                                                     mtp_head=head), whole)
-    assert same(read, cold_read) and out == cold_out
+    assert as_cold(engine, head, whole, read, out)
 
     batch = make_batch(engine, prefix=PrefixCache(1 << 30), speculative="mtp", mtp_head=head)
     turn(engine, batch, TURN1)
@@ -192,9 +194,7 @@ def test_a_named_snapshot_keeps_the_heads_state_in_memory_and_on_disk(mtp, tmp_p
     cached, out, read = turn(engine, fresh, prompt, resume_from="resp_1")
     assert cached >= len(TURN1) + len(reply) - 1
     assert fresh.kvcache.snapshots.hits_disk == 1
-    _, cold_out, cold_read = turn(engine, make_batch(engine, speculative="mtp",
-                                                     mtp_head=head), prompt)
-    assert same(read, cold_read) and out == cold_out
+    assert as_cold(engine, head, prompt, read, out)
 
 
 def test_the_prefix_caches_bytes_count_the_heads_part(mtp):  # noqa: F811

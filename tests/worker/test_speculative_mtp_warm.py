@@ -13,7 +13,7 @@ import pytest
 from tests.generates import generate
 from tests.worker.batchrun import make_batch
 from tests.worker.test_speculative_mtp import mtp  # noqa: F401  (a fixture)
-from tests.worker.test_speculative_mtp_resume import same, turn
+from tests.worker.test_speculative_mtp_resume import as_cold, turn
 from worker.kvcache.prefix import PrefixCache, cache_nbytes
 from worker.kvcache.warm import pin_warm_prompt
 
@@ -75,10 +75,8 @@ def test_the_pinned_prompt_carries_the_heads_state_and_its_turns_resume_whole(
     assert prompt[:pinned] == tokens
     cached, out, read = turn(engine, batch, prompt)
     assert cached == pinned
-    cold = make_batch(engine, speculative="mtp", mtp_head=head)
-    _, cold_out, cold_read = turn(engine, cold, prompt)
-    assert read is not None and same(read, cold_read)
-    assert out == cold_out == turn(engine, make_batch(engine), prompt)[1]
+    assert as_cold(engine, head, prompt, read, out)
+    assert out == turn(engine, make_batch(engine), prompt)[1]
 
     # The turn's own entries (the checkpoint at its prompt, its final state) carry the
     # head's state: the next turn resumes from the final one with it.
@@ -92,9 +90,7 @@ def test_the_pinned_prompt_carries_the_heads_state_and_its_turns_resume_whole(
     follow = final + [30, 31, 32]
     cached, out, read = turn(engine, batch, follow)
     assert cached == len(final)
-    _, cold_out, cold_read = turn(engine, make_batch(engine, speculative="mtp",
-                                                     mtp_head=head), follow)
-    assert same(read, cold_read) and out == cold_out
+    assert as_cold(engine, head, follow, read, out)
 
 
 def test_without_the_head_the_pinned_entry_has_none(mtp, warm_file):  # noqa: F811
