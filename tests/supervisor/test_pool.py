@@ -88,6 +88,20 @@ async def until(predicate, timeout=5.0):
         await asyncio.sleep(0.01)
 
 
+async def broken_pinned(tmp_path):
+    """(pool, model, runner): a pool whose pinned model ("bad weights") failed to load,
+    its runner BROKEN. The caller stops the pool."""
+    a = model_dir(tmp_path, "a")
+    pool = make_pool(tmp_path, Worlds(FakeBehaviour(load_error="bad weights")))
+    runner = pool.add(a, pinned=True)  # --model / mlxctl load: the admin must see it
+    try:
+        await until(lambda: runner.state == BROKEN)
+    except BaseException:
+        await pool.stop()
+        raise
+    return pool, a, runner
+
+
 async def test_a_request_for_a_local_model_loads_it_and_unknown_names_are_404(tmp_path):
     a = model_dir(tmp_path, "a")
     pool = make_pool(tmp_path, Worlds(FakeBehaviour(tokens=2)))
@@ -361,11 +375,8 @@ async def test_admin_kill_without_restart_unloads(tmp_path):
 
 
 async def test_unload_of_a_broken_model_and_health_while_idle(tmp_path):
-    a = model_dir(tmp_path, "a")
-    pool = make_pool(tmp_path, Worlds(FakeBehaviour(load_error="bad weights")))
+    pool, a, runner = await broken_pinned(tmp_path)
     try:
-        runner = pool.add(a, pinned=True)
-        await until(lambda: runner.state == BROKEN)
         report = pool.health()
         assert report.state is Health.UNAVAILABLE and "bad weights" in report.reason
         await pool.unload(a)

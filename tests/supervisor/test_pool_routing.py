@@ -10,11 +10,12 @@ import asyncio
 import pytest
 
 from supervisor.http.errors import APIError
-from supervisor.workers.runner import BROKEN, READY
+from supervisor.workers.runner import READY
 from tests.generates import generate
 from tests.supervisor.errors_seen import raises_api
 from tests.supervisor.fakes import FakeBehaviour
-from tests.supervisor.test_pool import Worlds, collect, make_pool, model_dir, until
+from tests.supervisor.test_pool import (Worlds, broken_pinned, collect, make_pool, model_dir,
+                                        until)
 
 
 def shape(err: APIError, name: str) -> tuple:
@@ -119,11 +120,8 @@ async def test_a_failed_load_on_request_leaves_no_entry_and_may_be_retried(tmp_p
 
 
 async def test_a_pinned_model_that_fails_to_load_stays_visible(tmp_path):
-    a = model_dir(tmp_path, "a")
-    pool = make_pool(tmp_path, Worlds(FakeBehaviour(load_error="bad weights")))
+    pool, a, runner = await broken_pinned(tmp_path)
     try:
-        runner = pool.add(a, pinned=True)  # --model / mlxctl load: the admin must see it
-        await until(lambda: runner.state == BROKEN)
         await asyncio.sleep(0.05)
         assert pool.find(a) is runner
     finally:
