@@ -27,8 +27,8 @@ class HeldPreparation:
 
     def __init__(self, engine, monkeypatch, rid: str):
         self.rid = rid
-        self.entered, self.release = threading.Event(), threading.Event()
-        self.released_in_time = None
+        self.entered, self.release, self.left = (threading.Event() for _ in range(3))
+        self._released_in_time = None
         self.threads = set()
         real = engine.prepare
 
@@ -36,10 +36,18 @@ class HeldPreparation:
             self.threads.add(threading.current_thread().name)
             if gen.rid == rid:
                 self.entered.set()
-                self.released_in_time = self.release.wait(WAIT)
+                self._released_in_time = self.release.wait(WAIT)
+                self.left.set()
             return real(gen)
 
         monkeypatch.setattr(engine, "prepare", prepare)
+
+    @property
+    def released_in_time(self) -> bool:
+        """Whether the held preparation was released before WAIT ran out. Waits for its
+        thread to have left the hold: a cancelled request's preparation may still be
+        leaving it when the scheduler has already answered and stopped."""
+        return self.left.wait(2 * WAIT) and self._released_in_time
 
 
 def gen(rid: str, max_tokens: int = 5) -> Generate:
@@ -65,11 +73,12 @@ def test_decoding_goes_on_while_a_request_is_prepared(engine, monkeypatch):
     assert held.threads <= {"prepare", "prepare-2"}  # never the MLX (here: the test's) thread
 
 
-def run_with_client(engine, commands, client, stop_after: str | None = None) -> FakeLink:
+def run_with_client(engine, commands, client, stop_after: tuple[str, ...] = ()) -> FakeLink:
     """Run a scheduler over `commands` while `client(link)` acts from another thread; a
-    Shutdown follows the Done of `stop_after`."""
+    Shutdown follows the last Done of the requests `stop_after`."""
     link, status = FakeLink(), WorkerStatus(epoch=3)
-    link.on_send = lambda msg: (msg.kind == "done" and msg.rid == stop_after
+    link.on_send = lambda msg: (msg.kind == "done" and msg.rid in stop_after
+                                and all("done" in link.kinds(r) for r in stop_after)
                                 and link.commands.put(Shutdown()))
     for c in commands:
         link.commands.put(c)
@@ -99,7 +108,7 @@ def test_cancel_during_preparation_is_answered_at_once_and_only_once(engine, mon
         answered_while_held.append(done_within(link, "slow", WAIT / 2))  # within the hold
         held.release.set()
 
-    link = run_with_client(engine, [gen("slow"), gen("after")], client, stop_after="after")
+    link = run_with_client(engine, [gen("slow"), gen("after")], client, stop_after=("slow", "after"))
     assert answered_while_held == [True] and held.released_in_time
     assert link.kinds("slow") == ["done"] and link.of("slow")[0].finish_reason == "cancelled"
     # Behind it in the preparation queue, the next request is served normally.
@@ -120,7 +129,7 @@ def test_a_long_preparation_does_not_hold_up_the_request_behind_it(engine, monke
         done_while_held.append(done_within(link, "quick", WAIT / 2))  # within the hold
         held.release.set()
 
-    link = run_with_client(engine, [gen("slow")], client, stop_after="slow")
+    link = run_with_client(engine, [gen("slow")], client, stop_after=("slow",))
     assert done_while_held == [True] and held.released_in_time
     assert link.of("quick")[-1].finish_reason == "length"
     assert link.kinds("slow")[0] == "started" and link.of("slow")[-1].finish_reason == "length"
