@@ -98,8 +98,10 @@ def patch(mod) -> None:
 
 
 def patch_vision(mod) -> None:
-    """A vision worker's image prefill chunks (the vision tower with a prompt's first)."""
-    chunk = mod.VisionBatch._prefill_chunk
+    """A vision worker's image prefill: each prompt's vision tower, its chunks one by one,
+    and the image prompts prefilled together (worker/vision/group.py)."""
+    V = mod.VisionBatch
+    chunk, embed, together = V._prefill_chunk, V._embed, V._together
 
     def _prefill_chunk(self, job, size):
         t0, start = time.monotonic(), job.pos
@@ -107,7 +109,20 @@ def patch_vision(mod) -> None:
         event("image-chunk", _ms(t0), job.seq.rid, f"{start}-{start + n}", "of", job.end)
         return n
 
-    mod.VisionBatch._prefill_chunk = _prefill_chunk
+    def _embed(self, job):
+        t0, fresh = time.monotonic(), job.cache is None
+        embed(self, job)
+        if fresh:
+            event("vision-tower", _ms(t0), job.seq.rid)
+
+    def _together(self, budget):
+        t0 = time.monotonic()
+        n = together(self, budget)
+        if n:
+            event("images-together", _ms(t0), f"{n} tokens")
+        return n
+
+    V._prefill_chunk, V._embed, V._together = _prefill_chunk, _embed, _together
 
 
 PATCHES = {"worker.loop.scheduler": patch, "worker.vision.batch": patch_vision}

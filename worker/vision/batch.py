@@ -53,6 +53,7 @@ from worker.kvcache.quantized import to_quantized
 from worker.loop.batch import Batch, materialized
 from worker.vision import spans
 from worker.vision.engine import KEY, encoded, media_tokens, model_inputs, warm_requests
+from worker.vision.group import Together, groupable
 
 log = logging.getLogger("worker.vision")
 
@@ -232,11 +233,14 @@ class VisionBatch(Batch):
         a tiny Gemma 4, bench.worker_timeline --images). A prompt's chunk that ends at a
         point where the KV cache keeps its state goes on past it in the same step while
         the next chunk fits what is left; an image kept whole that does not fit waits for
-        the next step, a chunk of its own."""
+        the next step, a chunk of its own. Those at the front that start from nothing
+        and fit whole go first, as one batch where two or more can (`_together`)."""
         budget = max(1, self.chunks.size)
+        together = self._together(budget)
+        budget -= together
         for n, job in enumerate(list(self.prefilling)):
-            if n and job.end - job.pos > budget:  # (the next ones wait for a chunk of
-                break                            # their own: none is cut short here)
+            if (n or together) and job.end - job.pos > budget:  # (the next ones wait for
+                break                   # a chunk of their own: none is cut short here)
             first = True  # (a chunk ends at each point the KV cache keeps: the next goes
             while budget > 0 and job in self.prefilling:  # on where it fits what is left)
                 if not first and self._cut(job, budget) - job.pos > budget:
@@ -247,47 +251,92 @@ class VisionBatch(Batch):
                 break
         return super().step()
 
+    def _together(self, budget: int) -> int:
+        """The image prompts at the front of the queue that start from nothing and fit
+        whole in the step's `budget` (left-padded to the longest), prefilled as one batch
+        where two or more can be (worker/vision/group.py); the tokens it prefilled."""
+        if self.max_kv_size is not None:  # (its windows: mlx-vlm's per-prompt caches)
+            return 0
+        run, width = [], 0  # (rows × the longest: what a left-padded pass computes)
+        for job in self.prefilling:
+            if job.pos or job.hit is not None or (len(run) + 1) * max(width, job.end) > budget:
+                break
+            run.append(job)
+            width = max(width, job.end)
+        if len(run) < 2:
+            return 0
+        for job in run:
+            self._embed(job)
+        group = [job for job in run if groupable(job)]
+        if len(group) < 2:
+            return 0
+        batch = Together(self.vlm.language_model, group)
+        for column in sorted({batch.column(job, p) for job in group for p in job.keep}
+                             | {batch.width}):
+            batch.run_to(column)
+            for job in group:
+                if job.keep and batch.column(job, job.keep[0]) == column:
+                    self._keep(job, job.keep.pop(0), batch.state(job))
+        for job in group:
+            job.pos = job.end
+            self._finish(job, batch.state(job))
+        return sum(job.end for job in group)
+
+    def _embed(self, job: _Prefill) -> None:
+        """`job`'s embeddings (the vision tower) and mlx-vlm's caches for its prefill,
+        once."""
+        if job.cache is not None:
+            return
+        vlm = self.vlm
+        embedded = vlm.get_input_embeddings(job.inputs, job.pixels, mask=job.mask,
+                                            **job.kwargs)
+        job.embeds = embedded.inputs_embeds
+        job.extra = {k: v for k, v in embedded.to_dict().items()
+                     if k != "inputs_embeds" and v is not None}
+        job.cache = make_vlm_cache(vlm.language_model, self.max_kv_size)
+        if job.hit is not None:
+            _carry(job.hit.cache, job.cache)
+        if not chunked_prefill_enabled(vlm, input_ids=job.inputs, inputs_embeds=job.embeds,
+                                       prefill_kwargs={**job.kwargs, **job.extra}):
+            types = next((v for k, v in job.kwargs.items() if k in _TYPES), None)
+            job.whole = spans.spans(types) if types is not None else [(0, job.end)]
+
     def _prefill_chunk(self, job: _Prefill, size: int) -> int:
         """One chunk of `job`'s prefill, of about `size` tokens (an image kept whole may
         make it longer); the tokens it prefilled."""
-        vlm = self.vlm
-        if job.cache is None:
-            embedded = vlm.get_input_embeddings(job.inputs, job.pixels, mask=job.mask,
-                                                **job.kwargs)
-            job.embeds = embedded.inputs_embeds
-            job.extra = {k: v for k, v in embedded.to_dict().items()
-                         if k != "inputs_embeds" and v is not None}
-            job.cache = make_vlm_cache(vlm.language_model, self.max_kv_size)
-            if job.hit is not None:
-                _carry(job.hit.cache, job.cache)
-            if not chunked_prefill_enabled(vlm, input_ids=job.inputs, inputs_embeds=job.embeds,
-                                           prefill_kwargs={**job.kwargs, **job.extra}):
-                types = next((v for k, v in job.kwargs.items() if k in _TYPES), None)
-                job.whole = spans.spans(types) if types is not None else [(0, job.end)]
+        self._embed(job)
         a, b = job.pos, self._cut(job, size)
         types = {k: v[:, a:b] for k, v in job.kwargs.items() if k in _TYPES and job.whole}
-        vlm.language_model(job.inputs[:, a:b], inputs_embeds=job.embeds[:, a:b],
-                           cache=job.cache, n_to_process=b - a, **job.extra, **types)
+        self.vlm.language_model(job.inputs[:, a:b], inputs_embeds=job.embeds[:, a:b],
+                                cache=job.cache, n_to_process=b - a, **job.extra, **types)
         mx.eval([c.state for c in job.cache])
         job.pos = b
         while job.keep and job.keep[0] < b:  # (inside an image kept whole: passed)
             job.keep.pop(0)
         if job.keep and job.keep[0] == b:
-            job.keep.pop(0)
-            state = _carry(job.cache, self.kv_format.make(self.engine.model, self.max_kv_size))
-            self.kvcache.keep(job.prep.gen.cache, self.cache_key(job.prep)[:b],
-                              materialized(state))
-            self._bound_prefix()
+            self._keep(job, job.keep.pop(0), job.cache)
         if b == job.end:
-            self.prefilling.remove(job)
-            deltas = job.extra.get("rope_deltas")
-            fresh = self.kv_format.make(self.engine.model, self.max_kv_size)
-            start = Start(_carry(job.cache, fresh), job.end,
-                          job.hit.tier if job.hit is not None else Tier.PREFIX)
-            delta = int(deltas.reshape(-1)[0].item()) if deltas is not None else 0
-            self._keep_delta(job.prep.media, delta)
-            self._join(job.seq, job.prep, start, delta)
+            self._finish(job, job.cache)
         return b - a
+
+    def _keep(self, job: _Prefill, point: int, cache: list) -> None:
+        """The KV cache keeps `cache` (mlx-vlm's, `job`'s first `point` tokens)."""
+        state = _carry(cache, self.kv_format.make(self.engine.model, self.max_kv_size))
+        self.kvcache.keep(job.prep.gen.cache, self.cache_key(job.prep)[:point],
+                          materialized(state))
+        self._bound_prefix()
+
+    def _finish(self, job: _Prefill, cache: list) -> None:
+        """`job` prefilled through its last image (`cache`, mlx-vlm's): into mlx-lm's
+        batch from there."""
+        self.prefilling.remove(job)
+        deltas = job.extra.get("rope_deltas")
+        fresh = self.kv_format.make(self.engine.model, self.max_kv_size)
+        start = Start(_carry(cache, fresh), job.end,
+                      job.hit.tier if job.hit is not None else Tier.PREFIX)
+        delta = int(deltas.reshape(-1)[0].item()) if deltas is not None else 0
+        self._keep_delta(job.prep.media, delta)
+        self._join(job.seq, job.prep, start, delta)
 
     def _cut(self, job: _Prefill, size: int) -> int:
         """Where `job`'s next chunk of about `size` tokens ends: at its last image token,

@@ -1,0 +1,85 @@
+"""Image prompts of one step prefilled as one left-padded batch (worker/vision/group.py),
+in-process on the tiny Qwen2-VL, Qwen3.5 (hybrid), Gemma 3 (whose 4-D image mask keeps
+its prompts one by one, as mlx-vlm's own batch does) and Gemma 4 (windows, shared-KV
+layers, per-layer inputs): the same tokens and log-probabilities as each prompt alone, in
+one forward pass for the burst (two where the KV cache keeps the state before each
+image), and the states kept on the way are each prompt's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.worker.batchrun import Seq, run_all
+from tests.worker.test_worker_vision import png
+from tests.worker.test_worker_vision_batch import (  # noqa: F401 (fixtures)
+    ask, loaded, one, same, vbatch, vlm_engine)
+from worker.kvcache.prefix import PrefixCache
+
+# Chats with one image of one size after words of different lengths: rows of different
+# lengths whose images line up at the end (left padding).
+TEXTS = ("What is this?", "Describe it please", "Tell me about the picture here",
+         "Colour?")
+
+
+@pytest.fixture
+def passes(loaded, monkeypatch):
+    """The widths (rows, tokens) of mlx-vlm's language model's forward passes."""
+    language = type(loaded[0].language_model)
+    seen = []
+    original = language.__call__
+
+    def counted(self, inputs, *a, **kw):
+        seen.append(tuple(inputs.shape))
+        return original(self, inputs, *a, **kw)
+
+    monkeypatch.setattr(language, "__call__", counted)
+    return seen
+
+
+def burst(seed: int = 10) -> dict:
+    return {f"c{i}": ask(rid=f"c{i}", max_tokens=6, logprobs=True, text=text,
+                         images=(png(seed=seed + i),)) for i, text in enumerate(TEXTS)}
+
+
+def run(batch, preps: dict, passes: list) -> tuple[dict, list]:
+    """Each request's outcomes, `preps` added to `batch` at once and run to the end; and
+    the widths of the forward passes of its first step (the images' prefill)."""
+    for n, prep in preps.items():
+        batch.add(Seq(n), prep)
+    out, first = {n: [] for n in preps}, None
+    passes.clear()
+    while len(batch):
+        for seq, o in batch.step():
+            out[seq.rid].append(o)
+        first = list(passes) if first is None else first
+    return out, first
+
+
+def test_a_burst_of_image_chats_prefills_as_one_batch_with_each_ones_tokens(
+        vlm_engine, passes):
+    gens = burst()
+    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
+             for n, g in gens.items()}
+    batch = vbatch(vlm_engine, PrefixCache(1 << 28), prefill_step=2048)
+    preps = {n: vlm_engine.prepare(g) for n, g in gens.items()}
+    kept = [batch._keep_points(p.ids, 0, 1 + max(i for i, t in enumerate(p.ids)
+                                                 if t in batch.media_tokens))
+            for p in preps.values()]
+    out, first = run(batch, preps, passes)
+    together = [p for p in first if p[0] > 1]
+    if vlm_engine.vlm.config.model_type == "gemma3":  # (one by one)
+        assert not together and len(first) == sum(1 + len(k) for k in kept)
+    else:  # one pass for all, two where each keeps its state before its image
+        assert len(first) == len(together) == 1 + bool(kept[0])
+        assert {p[0] for p in first} == {len(gens)}
+    for n in gens:
+        assert len(out[n]) == 6 and same(out[n], alone[n]), n
+    # The states kept on the way are each row's own: the same words about another image
+    # resume from the state before the image (a cache that cannot be trimmed keeps it
+    # there; one that can, trims the prompt's end to it), and say what a cold run says.
+    for n, text in zip(gens, TEXTS):
+        other = ask(rid=f"{n}-other", max_tokens=4, text=text, images=(png(seed=99),))
+        prep = vlm_engine.prepare(other)
+        image = min(i for i, t in enumerate(prep.ids) if t in batch.media_tokens)
+        theirs, cached = one(batch, vlm_engine, other)
+        assert cached == image and theirs == one(vbatch(vlm_engine), vlm_engine, other)[0], n

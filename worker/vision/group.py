@@ -1,0 +1,82 @@
+"""Image prompts of one step prefilled as one batch (worker/vision/batch.py `VisionBatch`).
+
+An image prompt's prefill runs mlx-vlm's language model on the prompt's embeddings, up to
+its last image token; done prompt by prompt, a burst of 8 image chats took 16 forward
+passes before any joined the text batch (the pass before the image, where the KV cache
+keeps the state, then the image), each a new shape for MLX to build on a GPU (15-78 ms a
+pass on an H200, session 14). mlx-vlm's own `batch_generate` embeds a group of image
+prompts and prefills them as one left-padded batch; here the same, with mlx-vlm's own
+parts: each prompt's embeddings and the arrays its step takes (per-layer inputs, 3-D
+positions) merged and left-padded by `_merge_prefill_prompt_kwargs`, its batch caches by
+`_make_cache`, and each row's state taken out by the caches' `extract` (mlx-vlm's batch
+prefill's own), then carried into mlx-lm's caches as a lone prompt's is.
+
+Left padding lines the prompts' ends up, so a point where the KV cache keeps one prompt's
+state (worker/vision/batch.py `_keep_points`: before its first image, on a cache that
+cannot be trimmed) is a column of the batch: the batch's passes end at every such
+column, and each row's state is taken there. A burst of chats with one image of one size
+each after their text keeps its states at one column, in two passes in all.
+
+Which prompts go together (`groupable`): those that start from nothing (a cached prefix
+is a different length of state per row, which a left-padded batch cannot start from);
+whose step takes nothing the batch cannot pad (Gemma 3's 4-D image mask: mlx-vlm's own
+batch refuses its image prompts too); and no image attended both ways (the large Gemma 4
+layouts: their images go whole, a chunk each, worker/vision/spans.py). The rest go one by
+one, as before.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_vlm.generate.ar import _is_sequence_aligned_prompt_kwarg as aligned
+from mlx_vlm.generate.ar import _left_pad_prompts as left_pad
+from mlx_vlm.generate.ar import _make_cache as batch_caches
+from mlx_vlm.generate.ar import _merge_prefill_prompt_kwargs as merge_rows
+from mlx_vlm.generate.ar import _slice_sequence_aligned_prompt_kwarg as cut
+
+# What an image prompt's step may take, beside its embeddings, and go in a batch: each
+# a row of its own (Qwen's 3-D positions and position deltas, Gemma 4's per-layer inputs).
+PADDABLE = frozenset({"position_ids", "rope_deltas", "per_layer_inputs"})
+
+
+def groupable(job) -> bool:
+    """Whether `job` (embedded: its `extra` known, batch.py `_Prefill`) may be prefilled in
+    a batch with others (the module's doc)."""
+    return job.pos == 0 and job.hit is None and not job.whole and set(job.extra) <= PADDABLE
+
+
+class Together:
+    """Image prompts' prefills (`_Prefill`s, embedded, from nothing) as one left-padded
+    batch on mlx-vlm's batch caches, through each one's `end`."""
+
+    def __init__(self, lm, jobs: list):
+        self.lm, self.jobs = lm, jobs
+        ids = [list(job.prep.ids[:job.end]) for job in jobs]
+        self.width = max(len(i) for i in ids)
+        self.pad = [self.width - len(i) for i in ids]
+        rows = [{"inputs_embeds": job.embeds[:, :job.end],
+                 **{k: cut(k, v, stop=job.end) if aligned(k, v, job.embeds.shape[1]) else v
+                    for k, v in job.extra.items()}} for job in jobs]
+        self.embeds, self.kwargs = merge_rows(rows, ids)
+        self.inputs = left_pad(ids)
+        self.cache = batch_caches(lm, self.pad)
+        self.done = 0  # columns prefilled
+
+    def column(self, job, point: int) -> int:
+        """The batch's column after `job`'s first `point` prompt tokens."""
+        return self.pad[self.jobs.index(job)] + point
+
+    def run_to(self, column: int) -> None:
+        """Prefill every row through `column` (one forward pass)."""
+        a, b = self.done, column
+        kwargs = {k: cut(k, v, start=a, stop=b) if aligned(k, v, self.width) else v
+                  for k, v in self.kwargs.items()}
+        self.lm(self.inputs[:, a:b], inputs_embeds=self.embeds[:, a:b], cache=self.cache,
+                n_to_process=b - a, **kwargs)
+        mx.eval([c.state for c in self.cache])
+        self.done = b
+
+    def state(self, job) -> list:
+        """`job`'s row of the caches as it stands: mlx-vlm's caches of one prompt."""
+        i = self.jobs.index(job)
+        return [c.extract(i) for c in self.cache]
