@@ -216,3 +216,33 @@ def test_a_decoding_sequence_never_waits_for_a_request_being_prepared(engine, mo
     assert held.released_in_time
     assert link.of("a")[-1].finish_reason == "length"
     assert link.of("b")[-1].finish_reason == "length"
+
+
+def test_a_burst_that_arrives_over_time_is_prefilled_together(engine, monkeypatch):
+    """Requests that arrive less than QUIET apart are a burst: with nothing decoding, the
+    prefill waits up to QUIET after the last for the next (within GATHER), so the clients'
+    one-by-one sends join in one prefill; a request that arrives alone waits for none."""
+    import worker.loop.scheduler as sched
+
+    monkeypatch.setattr(sched, "GATHER", 3 * WAIT)
+    monkeypatch.setattr(sched, "QUIET", WAIT / 5)  # (2 s: were it not waited for, the
+    rids = ["a", "b", "c", "d"]                    # tiny model streamed meanwhile)
+
+    def client(link):
+        for r in rids[:2]:
+            link.commands.put(gen(r))
+        threading.Event().wait(WAIT / 20)  # the rest of the burst, half a second later
+        for r in rids[2:]:
+            link.commands.put(gen(r))
+
+    link = run_with_client(engine, [], client, stop_after=tuple(rids))
+    kinds = [(m.kind, m.rid) for m in link.sent if m.kind in ("started", "delta")]
+    first_delta = next(i for i, (kind, _) in enumerate(kinds) if kind == "delta")
+    assert sorted(rid for kind, rid in kinds[:first_delta] if kind == "started") == rids
+    assert all(link.of(r)[-1].finish_reason == "length" for r in rids)
+
+    # Alone, a request waits for no burst: its Done well within QUIET.
+    answered = []
+    link = run_with_client(engine, [gen("lone")], lambda link: answered.append(
+        done_within(link, "lone", WAIT / 10)), stop_after=("lone",))
+    assert answered == [True] and link.of("lone")[-1].finish_reason == "length"
