@@ -7,7 +7,7 @@ admissions, steps with the batch's counts before them, a vision batch's image pr
 chunks, flushes, finishes, settles).
 CLOCK_MONOTONIC is system-wide, so the lines merge with the client's own times.
 
-MLXD_GATHER (seconds), when set, replaces the scheduler's GATHER: the same build run with
+MLXD_GATHER (seconds), when set, replaces the worker's GATHER (worker/loop/gathering.py): the same build run with
 the gather off and on, side by side. MLXD_SWITCH (seconds), when set, is the worker's
 `sys.setswitchinterval`: how long a thread that wants the GIL waits before it asks the
 holder for it (the MLX thread launching a step and the I/O threads sending its tokens).
@@ -40,9 +40,11 @@ def patch(mod) -> None:
     from worker.loop import batch as batch_mod
     from worker.loop import preparer
 
+    from worker.loop import gathering
+
     if os.environ.get("MLXD_GATHER"):
-        mod.GATHER = float(os.environ["MLXD_GATHER"])
-    event("gather", mod.GATHER)
+        gathering.GATHER = float(os.environ["MLXD_GATHER"])
+    event("gather", gathering.GATHER)
     if os.environ.get("MLXD_PREPARERS"):
         mod.PREPARERS = int(os.environ["MLXD_PREPARERS"])
     event("preparers", mod.PREPARERS)

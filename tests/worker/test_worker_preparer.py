@@ -175,7 +175,7 @@ def test_requests_arriving_together_are_prefilled_together(engine, monkeypatch):
     every request is admitted (its Started) before any first token goes out."""
     import time
 
-    import worker.loop.scheduler as sched
+    import worker.loop.gathering as sched
 
     monkeypatch.setattr(sched, "GATHER", WAIT)  # the bound is not what is tested here
     real = engine.prepare
@@ -197,7 +197,7 @@ def test_a_decoding_sequence_never_waits_for_a_request_being_prepared(engine, mo
     """Gathering holds a prefill only while nothing decodes: a request that arrives
     while another streams, and whose preparation stays open, never stops that stream
     (here the preparation is released only after five more of its tokens went out)."""
-    import worker.loop.scheduler as sched
+    import worker.loop.gathering as sched
 
     monkeypatch.setattr(sched, "GATHER", 3 * WAIT)  # were it to wait, it would wait long
     held = HeldPreparation(engine, monkeypatch, "b")
@@ -222,7 +222,7 @@ def test_a_burst_that_arrives_over_time_is_prefilled_together(engine, monkeypatc
     """Requests that arrive less than QUIET apart are a burst: with nothing decoding, the
     prefill waits up to QUIET after the last for the next (within GATHER), so the clients'
     one-by-one sends join in one prefill; a request that arrives alone waits for none."""
-    import worker.loop.scheduler as sched
+    import worker.loop.gathering as sched
 
     monkeypatch.setattr(sched, "GATHER", 3 * WAIT)
     monkeypatch.setattr(sched, "QUIET", WAIT / 5)  # (2 s: were it not waited for, the
@@ -246,3 +246,42 @@ def test_a_burst_that_arrives_over_time_is_prefilled_together(engine, monkeypatc
     link = run_with_client(engine, [gen("lone")], lambda link: answered.append(
         done_within(link, "lone", WAIT / 10)), stop_after=("lone",))
     assert answered == [True] and link.of("lone")[-1].finish_reason == "length"
+
+
+def test_a_prefill_waits_for_a_preparation_as_long_as_a_prefill_step_took(engine, monkeypatch):
+    """The gathering bound is what the last step that began a prefill took (up to
+    GATHER_MAX), not GATHER alone: a request whose preparation outlasts GATHER (an image
+    decoded and resized) still joins the burst's prefill when a prefill step costs more
+    than the wait; and a step is timed as a prefill only when one begins in it."""
+    import time
+
+    import worker.loop.gathering as gathering
+
+    monkeypatch.setattr(gathering, "GATHER", 0.05)
+    monkeypatch.setattr(gathering, "GATHER_MAX", 3 * WAIT)
+    monkeypatch.setattr(gathering.Gathering, "_prefill_took", WAIT)  # a slow prefill step
+    real = engine.prepare
+
+    def prepare(gen):
+        if gen.rid == "slow":
+            time.sleep(0.5)  # ten times GATHER
+        return real(gen)
+
+    monkeypatch.setattr(engine, "prepare", prepare)
+    rids = ["quick", "slow"]
+    link, _ = serve(engine, [gen(r) for r in rids], max_size=2)
+    kinds = [(m.kind, m.rid) for m in link.sent if m.kind in ("started", "delta")]
+    first_delta = next(i for i, (kind, _) in enumerate(kinds) if kind == "delta")
+    assert sorted(rid for kind, rid in kinds[:first_delta] if kind == "started") == rids
+
+    class Seq:
+        def __init__(self, tokens):
+            self.completion_tokens = tokens
+
+    timed = gathering.Gathering()
+    timed.active = {"a": Seq(3)}
+    timed._timed_step(lambda: time.sleep(0.05))  # a decode step: not a prefill's time
+    assert timed._prefill_took == WAIT
+    timed.active["b"] = Seq(0)
+    timed._timed_step(lambda: time.sleep(0.05))
+    assert 0.05 <= timed._prefill_took < WAIT

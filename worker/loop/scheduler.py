@@ -30,8 +30,8 @@ active sequence by one batched step. A step that fails cannot be pinned on one s
 those that already streamed end with an error, the others run again one at a time until
 their first token (so the one that fails again is the culprit), and the engine proves a
 step still runs before anything else does (`_batch_failed`). While nothing decodes, a
-prefill waits briefly for requests that arrived with it and are still being prepared
-(`_gather`), so a burst is prefilled together.
+prefill waits briefly for requests that arrived with it (worker/loop/gathering.py), so a
+burst is prefilled together.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from protocol.messages import (
 )
 from worker.kvcache import admin as cache_admin
 from worker.loop.batch import Batch
+from worker.loop.gathering import Gathering
 from worker.errors import RequestError, WorkerBroken
 from worker.loop.preparer import PrepDone, Preparer, prepare
 from worker.loop.sequence import Held, Sequence
@@ -60,12 +61,6 @@ log = logging.getLogger("worker.loop.scheduler")
 _IDLE_WAIT = 0.1         # s; idle get() timeout, so memory figures stay fresh
 _MEMORY_EVERY = 0.1      # s; how often the MLX thread refreshes the memory figures
 _CLEAR_AFTER_IDLE = 2.0  # s idle before MLX's buffer cache goes back to the system
-# s after a request arrives that a batch with nothing decoding waits, at most, for it to be
-# prepared, so that requests arriving together are prefilled together (`_gather`).
-GATHER = 0.010
-# s: requests of one burst arrive closer together than this; while two did, a batch with
-# nothing decoding waits this long after the last for the next (within GATHER: `_gather`).
-QUIET = 0.002
 PREPARERS = 2  # preparation threads (worker/loop/preparer.py says why two)
 _pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, cheaper
 CANCELLED = FinishReason.CANCELLED
@@ -77,7 +72,7 @@ def return_buffers() -> None:
     mx.clear_cache()
 
 
-class Scheduler:
+class Scheduler(Gathering):
     def __init__(self, engine, link, status, batch: Batch, *, log_prompts: bool = False,
                  stream_interval: float = 0.0, faults=None):
         self.engine = engine
@@ -97,7 +92,6 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.preparing: dict[str, Sequence] = {}
         self.preparer = Preparer(self._prepare, link.commands, threads=PREPARERS)
-        self._arrived = (float("-inf"), float("-inf"))  # the last two Generates' t0
         self.stopping = False
         self._next_memory = 0.0
         self._clear_at: float | None = None   # when the buffer cache goes back, if idle
@@ -132,7 +126,7 @@ class Scheduler:
             if self.stopping:
                 break
             if self.active:
-                self._step()
+                self._timed_step(self._step)
             if time.monotonic() >= self._next_memory:
                 self._publish(memory=True)
         self.drain()
@@ -166,7 +160,7 @@ class Scheduler:
                 log.warning("ignored a duplicate Generate for rid=%s", cmd.rid)
                 return
             seq = Sequence(cmd)
-            self._arrived = (self._arrived[1], seq.t0)
+            self._arrival(seq.t0)
             self.preparing[seq.rid] = seq
             self.preparer.submit(seq)
             self._publish()
@@ -251,67 +245,6 @@ class Scheduler:
                              param=e.param))
         self._finish(seq, FinishReason.ERROR, log_it=False)
         log.info("rid=%s refused: %s", seq.rid, e.code)
-
-    def _gather(self) -> None:
-        """Admit what waits, gathering first: requests that arrive together are
-        prefilled together. While nothing in the batch decodes and it has a free slot,
-        a prefill does not start as long as a request that arrived less than GATHER ago
-        is still being prepared (its PrepDone is awaited, and whatever else arrives
-        meanwhile), nor while requests that arrived during the admissions wait to be
-        handled; never longer than GATHER in all. Why: a burst (8 chats sent at once)
-        otherwise reaches the batch as the few requests prepared first, then the rest
-        behind their prefill: two or three prefills and merges, each a step, where one
-        would do. On an H200 (2b Gemma 4, 8 short chats, issue 33) each of those steps
-        took 120-250 ms, MLX's CUDA backend building kernels and cuDNN graphs for
-        every new shape, and the last of the 8 got its first token at 0.6-0.7 s
-        against 0.3 s for all 8 gathered. A lone request is prepared in well under a
-        millisecond and waits for nothing; a sequence that decodes is never held (its
-        next token is due). Within a burst, it waits QUIET for the next (`_bursting`)."""
-        until = None
-        commands = self.link.commands
-        while True:
-            while self.preparing and self._may_gather():
-                now = time.monotonic()
-                until = until or now + GATHER
-                left = min(until, min(s.t0 for s in self.preparing.values()) + GATHER) - now
-                if left <= 0:
-                    break
-                try:
-                    self._handle(commands.get(timeout=left))
-                except queue.Empty:
-                    break
-            if self.stopping:
-                return
-            self._admit_waiting()
-            if not self._may_gather():
-                return
-            now = time.monotonic()
-            until = until or now + GATHER
-            if commands.empty():  # (the next of a burst: see `_bursting`)
-                left = min(until, self._arrived[1] + QUIET) - now
-                if not self._bursting() or left <= 0:
-                    return
-                try:
-                    self._handle(commands.get(timeout=left))
-                except queue.Empty:
-                    return
-            if now >= until:
-                return
-            while not commands.empty() and not self.stopping:  # (arrived while admitting)
-                self._handle(commands.get_nowait())
-
-    def _bursting(self) -> bool:
-        """The last two requests arrived less than QUIET apart: more of a burst may come.
-        (8 chats sent at once reached a tiny model's worker over 3-6 ms on a 2-core CPU:
-        the first prefilled before the rest arrived, who joined three steps later, issue
-        33.) A request that arrives alone waits for nothing."""
-        return self._arrived[1] - self._arrived[0] < QUIET
-
-    def _may_gather(self) -> bool:
-        """Nothing decodes (a sequence with a token has its next one due), there is a
-        free slot, and the worker is not stopping."""
-        return (not self.stopping and len(self.active) < self.batch.max_size
-                and not any(s.completion_tokens for s in self.active.values()))
 
     def _admit_waiting(self) -> None:
         """Prepared requests join the batch in order while they fit. A suspect (see
