@@ -41,18 +41,18 @@ def burst(seed: int = 10) -> dict:
                          images=(png(seed=seed + i),)) for i, text in enumerate(TEXTS)}
 
 
-def run(batch, preps: dict, passes: list) -> tuple[dict, list]:
-    """Each request's outcomes, `preps` added to `batch` at once and run to the end; and
-    the widths of the forward passes of its first step (the images' prefill)."""
-    for n, prep in preps.items():
-        batch.add(Seq(n), prep)
+def run(batch, preps: dict, passes: list) -> tuple[dict, list, list]:
+    """Each request's outcomes, `preps` added to `batch` at once and run to the end; the
+    widths of the forward passes of its first step (the images' prefill); and the
+    prompt tokens each one's start had cached."""
+    cached = [batch.add(Seq(n), prep) for n, prep in preps.items()]
     out, first = {n: [] for n in preps}, None
     passes.clear()
     while len(batch):
         for seq, o in batch.step():
             out[seq.rid].append(o)
         first = list(passes) if first is None else first
-    return out, first
+    return out, first, cached
 
 
 def test_a_burst_of_image_chats_prefills_as_one_batch_with_each_ones_tokens(
@@ -65,7 +65,7 @@ def test_a_burst_of_image_chats_prefills_as_one_batch_with_each_ones_tokens(
     kept = [batch._keep_points(p.ids, 0, 1 + max(i for i, t in enumerate(p.ids)
                                                  if t in batch.media_tokens))
             for p in preps.values()]
-    out, first = run(batch, preps, passes)
+    out, first, _ = run(batch, preps, passes)
     together = [p for p in first if p[0] > 1]
     if vlm_engine.vlm.config.model_type == "gemma3":  # (one by one)
         assert not together and len(first) == sum(1 + len(k) for k in kept)
@@ -83,3 +83,29 @@ def test_a_burst_of_image_chats_prefills_as_one_batch_with_each_ones_tokens(
         image = min(i for i, t in enumerate(prep.ids) if t in batch.media_tokens)
         theirs, cached = one(batch, vlm_engine, other)
         assert cached == image and theirs == one(vbatch(vlm_engine), vlm_engine, other)[0], n
+
+
+def test_a_burst_with_cached_starts_prefills_as_one_batch_from_nothing(vlm_engine, passes):
+    """Served, nearly every image chat starts from a cached state (a template's header,
+    the same words before another image): those go in the batch from nothing, the start
+    computed again in the pass the batch runs anyway, rather than two passes each; a
+    step's prefill bound is as text prompts have it, `prefill_batch` chunks' positions."""
+    gens = burst()
+    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
+             for n, g in gens.items()}
+    batch = vbatch(vlm_engine, PrefixCache(1 << 28))  # (64-token chunks: 4 rows fit in
+    # `prefill_batch` chunks' positions, as text prompts do, not in one)
+    for n, text in zip(gens, TEXTS):  # (the same words about another image, before)
+        one(batch, vlm_engine, ask(rid=f"{n}-before", max_tokens=2, text=text,
+                                   images=(png(seed=99),)))
+    preps = {n: vlm_engine.prepare(g) for n, g in gens.items()}
+    images = [min(i for i, t in enumerate(p.ids) if t in batch.media_tokens)
+              for p in preps.values()]
+    out, first, cached = run(batch, preps, passes)
+    assert cached == images  # (each one's words were in the cache: reported so)
+    if vlm_engine.vlm.config.model_type == "gemma3":  # (one by one, from its start)
+        assert first and {p[0] for p in first} == {1}
+    else:  # every pass of the images' prefill holds the burst's four rows
+        assert first and {p[0] for p in first} == {len(gens)}, first
+    for n in gens:
+        assert len(out[n]) == 6 and same(out[n], alone[n]), n

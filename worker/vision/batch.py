@@ -252,14 +252,28 @@ class VisionBatch(Batch):
         return super().step()
 
     def _together(self, budget: int) -> int:
-        """The image prompts at the front of the queue that start from nothing and fit
-        whole in the step's `budget` (left-padded to the longest), prefilled as one batch
-        where two or more can be (worker/vision/group.py); the tokens it prefilled."""
+        """The image prompts at the front of the queue that fit whole in a chunk of
+        `budget` and together in `prefill_batch` chunks' positions (left-padded to the
+        longest: the bound on a step's prefill that text prompts have, sizing.py
+        `prompts_for_step`), prefilled as one batch where two or more can be
+        (worker/vision/group.py); the tokens it prefilled.
+
+        A prompt with a cached start (a chat template's header, the same words before
+        another image) goes in the batch from nothing, its start dropped, where the
+        whole of it fits that bound: the batch computes those tokens again in the pass
+        it runs anyway, where keeping them would take a pass or two of its own (the rows
+        of a left-padded batch start at one length). Served on an H200, every image chat
+        of a burst had such a start (11-13 tokens, 2b Gemma 4) and went alone: two
+        passes of 15-100 ms each. One whose start is longer than a chunk (an agent's
+        system prompt) keeps it and goes alone. Its `cached_tokens` still report the
+        start: the cache held them."""
         if self.max_kv_size is not None:  # (its windows: mlx-vlm's per-prompt caches)
             return 0
         run, width = [], 0  # (rows × the longest: what a left-padded pass computes)
         for job in self.prefilling:
-            if job.pos or job.hit is not None or (len(run) + 1) * max(width, job.end) > budget:
+            cached = job.hit.tokens if job.hit is not None else 0
+            if job.pos != cached or job.end > budget or (
+                    (len(run) + 1) * max(width, job.end) > self.prefill_batch * budget):
                 break
             run.append(job)
             width = max(width, job.end)
@@ -270,6 +284,9 @@ class VisionBatch(Batch):
         group = [job for job in run if groupable(job)]
         if len(group) < 2:
             return 0
+        for job in group:
+            job.hit, job.pos = None, 0  # (its points to keep stay those after its start:
+            # the KV cache holds the start and what came before it)
         batch = Together(self.vlm.language_model, group)
         for column in sorted({batch.column(job, p) for job in group for p in job.keep}
                              | {batch.width}):

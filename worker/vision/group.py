@@ -17,8 +17,10 @@ cannot be trimmed) is a column of the batch: the batch's passes end at every suc
 column, and each row's state is taken there. A burst of chats with one image of one size
 each after their text keeps its states at one column, in two passes in all.
 
-Which prompts go together (`groupable`): those that start from nothing (a cached prefix
-is a different length of state per row, which a left-padded batch cannot start from);
+Which prompts go together (`groupable`, and batch.py `_together`): those that start from
+nothing, or from a cached start short enough to compute again in the batch (a chat
+template's header: a cached prefix is a different length of state per row, which a
+left-padded batch cannot start from; served on a GPU, nearly every image chat has one);
 whose step takes nothing the batch cannot pad (Gemma 3's 4-D image mask: mlx-vlm's own
 batch refuses its image prompts too); and no image attended both ways (the large Gemma 4
 layouts: their images go whole, a chunk each, worker/vision/spans.py). The rest go one by
@@ -40,9 +42,9 @@ PADDABLE = frozenset({"position_ids", "rope_deltas", "per_layer_inputs"})
 
 
 def groupable(job) -> bool:
-    """Whether `job` (embedded: its `extra` known, batch.py `_Prefill`) may be prefilled in
-    a batch with others (the module's doc)."""
-    return job.pos == 0 and job.hit is None and not job.whole and set(job.extra) <= PADDABLE
+    """Whether `job` (embedded: its `extra` known, batch.py `_Prefill`) has a step that a
+    batch can take with others' (the module's doc)."""
+    return not job.whole and set(job.extra) <= PADDABLE
 
 
 class Together:
