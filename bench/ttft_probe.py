@@ -14,12 +14,21 @@ row is the same kind of cold prompt as a user message: raw renders mlx-lm's
 (template, tokenizer, the worker's preparation, the SSE chunks). Last, the chunks a worker
 with the default settings picks for a cold 2000-token prompt on this device, from the
 working memory it measures here (worker/loop/batch.py `_fit_chunk`).
+
+With --trace, one more server (the default flags) runs the cold 2000-token prompt and
+the cold chat message again with the worker traced (bench/timeline/sitecustomize.py),
+and prints where each one's time to first token went, medians in ms: from the client's
+send to the worker reading the Generate (HTTP, the supervisor, IPC), its preparation
+(template, tokenizing, checks: a thread of its own), to its admission into the batch,
+the admission itself (prefix lookup), the steps until its first token, and from that
+step's end to the client's first content (the token's way back).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import random
 import statistics
 import time
@@ -51,6 +60,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--dtype", default=None)
     p.add_argument("--timers", action="store_true", help="time mlx-lm's batch methods")
+    p.add_argument("--trace", action="store_true",
+                   help="where the server's cold rows' time goes, from the worker's trace")
     p.add_argument("--server-args", default=None,
                    help="mlxd flags, one server per ';'-separated set (default: the default "
                    "server, and on a GPU also one tuned with --kv-budget 24G "
@@ -142,6 +153,65 @@ def main() -> None:
     for line in TIMED[-40:]:
         print("   ", line)
     default_chunks(eng, prompt(2000))
+    if a.trace:
+        traced(path, a.rounds, lambda: prompt(2000),
+               [chat_text(raw.tokenizer, rng, SHAPES[a.shape]["vocab_size"], 2000)[0]
+                for _ in range(a.rounds + 1)])
+
+
+STAGES = ("to worker", "preparation", "to admission", "admission", "steps", "to client")
+
+
+def traced(path, rounds: int, prompt, chats: list[str]) -> None:
+    """The cold rows again on a traced server: each request's time by stage (the
+    module's doc), medians of `rounds` (the first dropped)."""
+    import tempfile
+
+    from bench.worker_timeline import SITE, read_trace
+
+    kinds = {"cold 2000": [], "chat cold 2000": []}
+    with tempfile.TemporaryDirectory(prefix="mlxd-ttft-") as tmp:
+        env = {"MLXD_TRACE": os.path.join(tmp, "trace"), "PYTHONPATH": os.pathsep.join(
+            q for q in (str(SITE), os.environ.get("PYTHONPATH")) if q)}
+        with ServerProcess([str(path)], "--max-batch-size", "32", env=env) as srv:
+            srv.wait_healthy(timeout=900)
+            for i in range(rounds + 1):
+                for kind, send in (
+                        ("cold 2000", lambda: server_stream(srv.port, str(path), prompt(), 2)),
+                        ("chat cold 2000", lambda: chat_rate(
+                            srv.port, str(path), [{"role": "user", "content": chats[i]}], 2))):
+                    t0 = time.monotonic()  # (the trace's clock: CLOCK_MONOTONIC)
+                    ttft = send()[0]
+                    kinds[kind].append((t0, t0 + ttft))
+                    time.sleep(0.05)  # (the worker's trace lines of this one written)
+        events = read_trace(os.path.join(tmp, "trace"))
+    print("  where a cold request's TTFT goes on the server (ms, medians):")
+    for kind, sent in kinds.items():
+        stages = [_stages(events, t0, t1) for t0, t1 in sent[1:]]
+        stages = [s for s in stages if s is not None]
+        if not stages:
+            print(f"    {kind}: no trace (is bench/timeline importable?)")
+            continue
+        med = [statistics.median(s[k] for s in stages) * 1000 for k in range(len(STAGES))]
+        print(f"    {kind:15} " + ", ".join(f"{n} {v:.1f}" for n, v in zip(STAGES, med))
+              + f"  (sum {sum(med):.1f}, TTFT {statistics.median(t1 - t0 for t0, t1 in sent[1:]) * 1000:.1f})")
+
+
+def _stages(events: list, t0: float, t1: float) -> list[float] | None:
+    """A request's stages (STAGES, s) from the trace lines between its send `t0` and its
+    first content `t1`; None where a line is missing."""
+    mine = [(t, e.split()) for t, e in events if t0 <= t <= t1]
+    cmd = next(((t, f[2]) for t, f in mine if f[:2] == ["cmd", "Generate"]), None)
+    if cmd is None:
+        return None
+    rid = cmd[1]
+    prep = next((t for t, f in mine if f[:2] == ["prepare", rid]), None)
+    admit = next(((t, float(f[3]) / 1000) for t, f in mine if f[:2] == ["admit", rid]), None)
+    steps = [t for t, f in mine if f[0] == "step" and admit and t > admit[0]]
+    if prep is None or admit is None or not steps:
+        return None
+    return [cmd[0] - t0, prep - cmd[0], admit[0] - admit[1] - prep, admit[1],
+            steps[-1] - admit[0], t1 - steps[-1]]
 
 
 def default_chunks(eng, ids: list[int]) -> None:
