@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from protocol.messages import pack_ids
 from tests.generates import generate
-from tests.worker.batchrun import make_batch, run_all
+from tests.worker.batchrun import make_batch, run_all, steps
 from tests.worker.test_worker_batching import alone, gen, tokens
 
 
@@ -290,3 +290,49 @@ def test_a_lone_sequence_on_a_sliding_window_model_decodes_on_plain_rotating_cac
     for name in preps:
         n = len(tokens(out[name]))
         assert tokens(out[name]) == tokens(alone(engine, window_gen(name, max_tokens=n))), name
+
+
+def test_a_lone_prompt_prefilled_in_buckets_gives_the_same_output_and_cache(engine, monkeypatch):
+    # On CUDA (mlx_lm_patches.BUCKET) a lone prompt's chunk is padded at its end to a
+    # multiple of BUCKET and the caches trimmed back: the same tokens and log-probabilities
+    # as without, every prefill pass a multiple (or the whole chunk), and the state the
+    # prefix cache keeps is the prompt's own (a longer prompt resumes from it and says
+    # what it says cold).
+    import random
+
+    from worker.kvcache.prefix import PrefixCache
+    from worker.loop import mlx_lm_patches
+
+    rng = random.Random(3)
+    ids = [rng.randrange(10, 200) for _ in range(150)]  # (64 + 64 + 21 before its last)
+    longer = ids + [rng.randrange(10, 200) for _ in range(9)]
+
+    def ask(prompt, batch):
+        g = generate(rid="b", prompt_ids=pack_ids(prompt), max_tokens=8, temperature=0.0,
+                     logprobs=True)
+        return [o for o in steps(engine, engine.prepare(g), batch) if o is not None]
+
+    def cold(prompt):
+        return ask(prompt, make_batch(engine))
+
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 0)
+    plain, plain_longer = cold(ids), cold(longer)
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
+    widths = []
+    model = type(engine.model)
+    own = model.__call__
+
+    def spy(self, inputs, *a, **kw):
+        widths.append(inputs.shape[1])
+        return own(self, inputs, *a, **kw)
+
+    monkeypatch.setattr(model, "__call__", spy)
+    batch = make_batch(engine, prefix=PrefixCache(1 << 26))
+    padded = ask(ids, batch)
+    assert [w for w in widths if w > 1] == [64, 64, 32]  # (21 tokens padded by 11)
+    before = len(widths)
+    resumed = ask(longer, batch)
+    assert [w for w in widths[before:] if w > 1] == [16]  # (its last 9 but one, cached before)
+    for got, want in ((padded, plain), (resumed, plain_longer)):
+        assert len(got) == 8 and tokens(got) == tokens(want)
+        assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(got, want))

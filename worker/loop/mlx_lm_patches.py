@@ -32,6 +32,7 @@ def apply() -> None:
     _one_sequence_masks_as_a_plain_cache()
     _a_whole_prompt_batch_moves_without_a_copy()
     _one_padding_read_per_batch()
+    _a_lone_prompt_prefills_in_buckets()
     _a_lone_sequence_decodes_on_plain_caches()  # last: its write-back wraps the others
 
 
@@ -210,6 +211,61 @@ def _split_by_gathers(batch, indices):
     batch.filter(rest)
     new.filter(indices)
     return new
+
+
+# Prompt chunk lengths a lone prompt's prefill rounds up to (tokens; 0: none). Only
+# where MLX builds per shape: its CUDA backend.
+BUCKET = 128 if mx.cuda.is_available() else 0
+
+
+def bucket_pad(n: int, step: int) -> int:
+    """The tokens a prefill chunk of `n` is padded by (`BUCKET`), never past `step`
+    (mlx-lm's prefill_step_size: the chunk stays one forward pass)."""
+    if not BUCKET or n <= 0 or n >= step:
+        return 0
+    return min(-(-n // BUCKET) * BUCKET, step) - n
+
+
+def _a_lone_prompt_prefills_in_buckets() -> None:
+    """MLX's CUDA backend builds kernels, CUDA graphs and cuDNN attention graphs for each
+    new shape of a forward pass: a prompt chunk of a length not seen before costs 50-110
+    ms more than the same chunk the second time (an H200, session 13). Served prompts
+    are each a new length, so every cold chat paid it in its last chunk: on a lent H200,
+    a 1,988-token chat message's prefill took 83.6 ms on the 0.5B shape where a
+    2,000-token prompt seen before took 27.1 (bench.ttft_probe --trace); mlx-lm's own
+    server and `stream_generate` pay it too. So on CUDA a lone prompt's chunk is padded
+    at its end to a multiple of `BUCKET` (a few per cent more positions), run with its
+    causal mask (the padding comes after every real token: none of them attends to it),
+    and the caches trimmed back by the padding: the next write overwrites it. Shapes
+    repeat, and each is built once. Only for a batch of one on plain attention caches
+    (trimmable; a window or a recurrent state would keep what the padding left), a
+    chunk under `step`; anything else is mlx-lm's own `prompt`."""
+    original = PromptProcessingBatch.prompt
+    if getattr(original, "mlxd_buckets", False):
+        return
+
+    def prompt(self, tokens):
+        pad = bucket_pad(len(tokens[0]), self.prefill_step_size) if len(tokens) == 1 else 0
+        if not pad or len(self.uids) != 1 or not _plain_model(self.model) or not all(
+                type(c) is BatchKVCache for c in self.prompt_cache):
+            return original(self, tokens)
+        self.tokens[0] += tokens[0]
+        self.model(mx.array([list(tokens[0]) + [tokens[0][-1]] * pad]), cache=self.prompt_cache)
+        for c in self.prompt_cache:
+            c.trim(pad)
+        mx.eval([c.state for c in self.prompt_cache])
+        mx.clear_cache()
+
+    prompt.mlxd_buckets = True
+    PromptProcessingBatch.prompt = prompt
+
+
+def _plain_model(model) -> bool:
+    """An mlx-lm text model as loaded: not one whose forward reads its positions from the
+    rows (a vision checkpoint's language model, worker/vision/language.py) nor the MTP
+    head's reader (worker/speculative/mtp_prefill.py), which would see the padding."""
+    return (type(model).__module__.startswith("mlx_lm.")
+            and getattr(model, "mlxd_positions", None) is None)
 
 
 def _one_padding_read_per_batch() -> None:
