@@ -109,3 +109,29 @@ def test_a_burst_with_cached_starts_prefills_as_one_batch_from_nothing(vlm_engin
         assert first and {p[0] for p in first} == {len(gens)}, first
     for n in gens:
         assert len(out[n]) == 6 and same(out[n], alone[n]), n
+
+
+def test_a_bucketed_width_gives_each_its_own_tokens(vlm_engine, passes, monkeypatch):
+    """On CUDA (mlx_lm_patches.BUCKET) the batch's width is a multiple of BUCKET, every
+    row's left padding longer by as much: the same tokens and log-probabilities, and the
+    state kept before each image is still the row's own."""
+    from worker.loop import mlx_lm_patches
+
+    if vlm_engine.vlm.config.model_type == "gemma3":
+        pytest.skip("one by one: no batch width")
+    gens = burst(seed=40)
+    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
+             for n, g in gens.items()}
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 48)
+    batch = vbatch(vlm_engine, PrefixCache(1 << 28), prefill_step=2048)
+    preps = {n: vlm_engine.prepare(g) for n, g in gens.items()}
+    longest = max(1 + max(i for i, t in enumerate(p.ids) if t in batch.media_tokens)
+                  for p in preps.values())
+    out, first, _ = run(batch, preps, passes)
+    assert longest % 48 and sum(p[1] for p in first) == 48 * -(-longest // 48), first
+    for n in gens:
+        assert len(out[n]) == 6 and same(out[n], alone[n]), n
+    for n, text in zip(gens, TEXTS):  # (the state before the image: as in the first test)
+        other = ask(rid=f"{n}-other", max_tokens=4, text=text, images=(png(seed=98),))
+        theirs, cached = one(batch, vlm_engine, other)
+        assert cached and theirs == one(vbatch(vlm_engine), vlm_engine, other)[0], n

@@ -218,12 +218,12 @@ def _split_by_gathers(batch, indices):
 BUCKET = 128 if mx.cuda.is_available() else 0
 
 
-def bucket_pad(n: int, step: int) -> int:
+def bucket_pad(n: int, step: int | None = None) -> int:
     """The tokens a prefill chunk of `n` is padded by (`BUCKET`), never past `step`
     (mlx-lm's prefill_step_size: the chunk stays one forward pass)."""
-    if not BUCKET or n <= 0 or n >= step:
+    if not BUCKET or n <= 0 or (step is not None and n >= step):
         return 0
-    return min(-(-n // BUCKET) * BUCKET, step) - n
+    return min(-(-n // BUCKET) * BUCKET, step or n + BUCKET) - n
 
 
 def _a_lone_prompt_prefills_in_buckets() -> None:

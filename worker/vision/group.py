@@ -17,6 +17,14 @@ cannot be trimmed) is a column of the batch: the batch's passes end at every suc
 column, and each row's state is taken there. A burst of chats with one image of one size
 each after their text keeps its states at one column, in two passes in all.
 
+On CUDA the batch's width is rounded up to a multiple of mlx_lm_patches.BUCKET (more
+left padding for every row): MLX's CUDA backend builds each new shape of a forward pass
+(50-110 ms), and a burst's widths differ with its words, so the group's passes (a
+column before the images, then the images) were each a new shape: 267-400 ms for 3-5
+rows of 280 tokens on a lent H200 (2b Gemma 4, bench.worker_timeline --images) where a
+prompt alone took two passes of 15-70 ms. With the width bucketed, and the images of a
+size, both passes repeat their shapes from one burst of as many rows to the next.
+
 Which prompts go together (`groupable`, and batch.py `_together`): those that start from
 nothing, or from a cached start short enough to compute again in the batch (a chat
 template's header: a cached prefix is a different length of state per row, which a
@@ -34,7 +42,10 @@ from mlx_vlm.generate.ar import _is_sequence_aligned_prompt_kwarg as aligned
 from mlx_vlm.generate.ar import _left_pad_prompts as left_pad
 from mlx_vlm.generate.ar import _make_cache as batch_caches
 from mlx_vlm.generate.ar import _merge_prefill_prompt_kwargs as merge_rows
+from mlx_vlm.generate.ar import _pad_sequence_aligned_prompt_kwarg as pad_to
 from mlx_vlm.generate.ar import _slice_sequence_aligned_prompt_kwarg as cut
+
+from worker.loop.mlx_lm_patches import bucket_pad
 
 # What an image prompt's step may take, beside its embeddings, and go in a batch: each
 # a row of its own (Qwen's 3-D positions and position deltas, Gemma 4's per-layer inputs).
@@ -54,13 +65,18 @@ class Together:
     def __init__(self, lm, jobs: list):
         self.lm, self.jobs = lm, jobs
         ids = [list(job.prep.ids[:job.end]) for job in jobs]
-        self.width = max(len(i) for i in ids)
+        longest = max(len(i) for i in ids)
+        self.width = longest + bucket_pad(longest)
         self.pad = [self.width - len(i) for i in ids]
         rows = [{"inputs_embeds": job.embeds[:, :job.end],
                  **{k: cut(k, v, stop=job.end) if aligned(k, v, job.embeds.shape[1]) else v
                     for k, v in job.extra.items()}} for job in jobs]
         self.embeds, self.kwargs = merge_rows(rows, ids)
-        self.inputs = left_pad(ids)
+        if self.width > longest:  # (CUDA: each row's left padding grows by as much)
+            self.embeds = pad_to("inputs_embeds", self.embeds, self.width, left=True)
+            self.kwargs = {k: pad_to(k, v, self.width, left=True)
+                           if aligned(k, v, longest) else v for k, v in self.kwargs.items()}
+        self.inputs = left_pad(ids, self.width)
         self.cache = batch_caches(lm, self.pad)
         self.done = 0  # columns prefilled
 
