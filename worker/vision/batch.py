@@ -284,9 +284,11 @@ class VisionBatch(Batch):
         group = [job for job in run if groupable(job)]
         if len(group) < 2:
             return 0
-        for job in group:
-            job.hit, job.pos = None, 0  # (its points to keep stay those after its start:
-            # the KV cache holds the start and what came before it)
+        for job in group:  # (its points to keep stay those after its start: the KV
+            # cache holds the start and what came before it)
+            if job.hit is not None:
+                job.hit, job.pos = None, 0
+                job.cache = make_vlm_cache(self.vlm.language_model, self.max_kv_size)
         batch = Together(self.vlm.language_model, group)
         for column in sorted({batch.column(job, p) for job in group for p in job.keep}
                              | {batch.width}):
