@@ -193,8 +193,9 @@ def traced(path, rounds: int, prompt, chats: list[str]) -> None:
             print(f"    {kind}: no trace (is bench/timeline importable?)")
             continue
         med = [statistics.median(s[k] for s in stages) * 1000 for k in range(len(STAGES))]
+        ttft = statistics.median(t1 - t0 for t0, t1 in sent[1:]) * 1000
         print(f"    {kind:15} " + ", ".join(f"{n} {v:.1f}" for n, v in zip(STAGES, med))
-              + f"  (sum {sum(med):.1f}, TTFT {statistics.median(t1 - t0 for t0, t1 in sent[1:]) * 1000:.1f})")
+              + f"  (sum {sum(med):.1f}, TTFT {ttft:.1f})")
 
 
 def _stages(events: list, t0: float, t1: float) -> list[float] | None:

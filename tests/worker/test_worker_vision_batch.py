@@ -66,6 +66,17 @@ def vbatch(engine, prefix: PrefixCache | None = None, max_size: int = 8,
                        kv=KVSize.measure(engine.model, max_kv_size), max_kv_size=max_kv_size)
 
 
+def each_alone(engine, gens: dict) -> dict:
+    """Each request's outcomes, run alone in a batch of its own."""
+    return {n: run_all(vbatch(engine), {n: engine.prepare(g)})[n] for n, g in gens.items()}
+
+
+def image_span(batch, ids: list[int]) -> tuple[int, int]:
+    """(the index of the first image token in `ids`, one past the last's)."""
+    at = [i for i, t in enumerate(ids) if t in batch.media_tokens]
+    return at[0], at[-1] + 1
+
+
 def tokens(outcomes) -> list[int]:
     return [o[0] for o in outcomes]
 
@@ -113,8 +124,7 @@ def test_text_and_image_requests_mixed_in_one_batch_give_each_its_own_tokens(
 
 def test_cancelling_one_of_four_leaves_the_others_their_tokens(vlm_engine):
     gens = asks()
-    alone = {n: tokens(run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n])
-             for n, g in gens.items()}
+    alone = {n: tokens(o) for n, o in each_alone(vlm_engine, gens).items()}
     batch = vbatch(vlm_engine)
     seqs = {n: Seq(n) for n in gens}
     for n, g in gens.items():
@@ -136,8 +146,7 @@ def test_cancelling_one_of_four_leaves_the_others_their_tokens(vlm_engine):
 def test_an_image_prompt_prefills_a_chunk_a_step_beside_a_running_stream(vlm_engine, cancel):
     gens = {"text": ask(rid="text", max_tokens=24, logprobs=True, **REQUESTS["text"]),
             "image": ask(rid="image", max_tokens=4, logprobs=True, **REQUESTS["two"])}
-    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
-             for n, g in gens.items()}
+    alone = each_alone(vlm_engine, gens)
     batch = vbatch(vlm_engine, prefill_step=4)  # the image prompt: several 4-token chunks
     seqs = {n: Seq(n) for n in gens}
     out = {n: [] for n in gens}
@@ -217,8 +226,7 @@ def test_grammars_and_stop_strings_stay_per_sequence_in_a_mixed_batch(vlm_engine
         "stop": ask(rid="stop", max_tokens=8, stop=[stop], **REQUESTS["two"]),
         "text": ask(rid="text", max_tokens=8, **REQUESTS["text"]),
     }
-    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
-             for n, g in gens.items()}
+    alone = each_alone(vlm_engine, gens)
     mixed = run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g) for n, g in gens.items()})
     assert {n: tokens(o) for n, o in mixed.items()} == {n: tokens(o) for n, o in alone.items()}
     assert mixed["json"][-1][2] == "stop"
@@ -285,8 +293,7 @@ def test_the_prefix_cache_knows_an_image_by_its_content(vlm_engine, tower_runs):
     batch = vbatch(vlm_engine, PrefixCache(1 << 28))
     first = ask(rid="a", max_tokens=4, **REQUESTS["image"])
     prep = vlm_engine.prepare(first)
-    image_end = 1 + max(i for i, t in enumerate(prep.ids) if t in batch.media_tokens)
-    first_image = min(i for i, t in enumerate(prep.ids) if t in batch.media_tokens)
+    first_image, image_end = image_span(batch, prep.ids)
     cold, cached = one(batch, vlm_engine, first)
     assert cached == 0 and len(tower_runs) == 1
     # The same words and image again: its prompt from the cache, no vision tower.

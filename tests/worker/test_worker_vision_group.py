@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.worker.batchrun import Seq, run_all
+from tests.worker.batchrun import Seq
 from tests.worker.test_worker_vision import png
 from tests.worker.test_worker_vision_batch import (  # noqa: F401 (fixtures)
-    ask, loaded, one, same, vbatch, vlm_engine)
+    ask, each_alone, image_span, loaded, one, same, vbatch, vlm_engine)
 from worker.kvcache.prefix import PrefixCache
 
 # Chats with one image of one size after words of different lengths: rows of different
@@ -58,13 +58,10 @@ def run(batch, preps: dict, passes: list) -> tuple[dict, list, list]:
 def test_a_burst_of_image_chats_prefills_as_one_batch_with_each_ones_tokens(
         vlm_engine, passes):
     gens = burst()
-    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
-             for n, g in gens.items()}
+    alone = each_alone(vlm_engine, gens)
     batch = vbatch(vlm_engine, PrefixCache(1 << 28), prefill_step=2048)
     preps = {n: vlm_engine.prepare(g) for n, g in gens.items()}
-    kept = [batch._keep_points(p.ids, 0, 1 + max(i for i, t in enumerate(p.ids)
-                                                 if t in batch.media_tokens))
-            for p in preps.values()]
+    kept = [batch._keep_points(p.ids, 0, image_span(batch, p.ids)[1]) for p in preps.values()]
     out, first, _ = run(batch, preps, passes)
     together = [p for p in first if p[0] > 1]
     if vlm_engine.vlm.config.model_type == "gemma3":  # (one by one)
@@ -80,7 +77,7 @@ def test_a_burst_of_image_chats_prefills_as_one_batch_with_each_ones_tokens(
     for n, text in zip(gens, TEXTS):
         other = ask(rid=f"{n}-other", max_tokens=4, text=text, images=(png(seed=99),))
         prep = vlm_engine.prepare(other)
-        image = min(i for i, t in enumerate(prep.ids) if t in batch.media_tokens)
+        image = image_span(batch, prep.ids)[0]
         theirs, cached = one(batch, vlm_engine, other)
         assert cached == image and theirs == one(vbatch(vlm_engine), vlm_engine, other)[0], n
 
@@ -91,16 +88,14 @@ def test_a_burst_with_cached_starts_prefills_as_one_batch_from_nothing(vlm_engin
     computed again in the pass the batch runs anyway, rather than two passes each; a
     step's prefill bound is as text prompts have it, `prefill_batch` chunks' positions."""
     gens = burst()
-    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
-             for n, g in gens.items()}
+    alone = each_alone(vlm_engine, gens)
     batch = vbatch(vlm_engine, PrefixCache(1 << 28))  # (64-token chunks: 4 rows fit in
     # `prefill_batch` chunks' positions, as text prompts do, not in one)
     for n, text in zip(gens, TEXTS):  # (the same words about another image, before)
         one(batch, vlm_engine, ask(rid=f"{n}-before", max_tokens=2, text=text,
                                    images=(png(seed=99),)))
     preps = {n: vlm_engine.prepare(g) for n, g in gens.items()}
-    images = [min(i for i, t in enumerate(p.ids) if t in batch.media_tokens)
-              for p in preps.values()]
+    images = [image_span(batch, p.ids)[0] for p in preps.values()]
     out, first, cached = run(batch, preps, passes)
     assert cached == images  # (each one's words were in the cache: reported so)
     if vlm_engine.vlm.config.model_type == "gemma3":  # (one by one, from its start)
@@ -120,13 +115,11 @@ def test_a_bucketed_width_gives_each_its_own_tokens(vlm_engine, passes, monkeypa
     if vlm_engine.vlm.config.model_type == "gemma3":
         pytest.skip("one by one: no batch width")
     gens = burst(seed=40)
-    alone = {n: run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g)})[n]
-             for n, g in gens.items()}
+    alone = each_alone(vlm_engine, gens)
     monkeypatch.setattr(mlx_lm_patches, "BUCKET", 48)
     batch = vbatch(vlm_engine, PrefixCache(1 << 28), prefill_step=2048)
     preps = {n: vlm_engine.prepare(g) for n, g in gens.items()}
-    longest = max(1 + max(i for i, t in enumerate(p.ids) if t in batch.media_tokens)
-                  for p in preps.values())
+    longest = max(image_span(batch, p.ids)[1] for p in preps.values())
     out, first, _ = run(batch, preps, passes)
     assert longest % 48 and sum(p[1] for p in first) == 48 * -(-longest // 48), first
     for n in gens:
