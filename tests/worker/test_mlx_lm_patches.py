@@ -336,3 +336,40 @@ def test_a_lone_prompt_prefilled_in_buckets_gives_the_same_output_and_cache(engi
     for got, want in ((padded, plain), (resumed, plain_longer)):
         assert len(got) == 8 and tokens(got) == tokens(want)
         assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(got, want))
+
+
+def test_prompts_prefilled_together_in_buckets_give_each_its_own_output(engine, monkeypatch):
+    # Several prompts in one prefill step on CUDA: mlx-lm's right padding to a multiple of
+    # BUCKET rather than to the longest, then its `finalize`: each its own tokens and
+    # log-probabilities, and a row left alone afterwards decodes as before.
+    import random
+
+    from worker.loop import mlx_lm_patches
+
+    rng = random.Random(5)
+    prompts = {f"p{n}": [rng.randrange(10, 200) for _ in range(n)] for n in (20, 33, 41)}
+
+    def preps():
+        return {name: engine.prepare(generate(rid=name, prompt_ids=pack_ids(ids),
+                                              max_tokens=4 + len(ids) // 4, temperature=0.0,
+                                              logprobs=True))
+                for name, ids in prompts.items()}
+
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 0)
+    plain = run_all(make_batch(engine), preps())
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
+    widths = []
+    model = type(engine.model)
+    own = model.__call__
+
+    def spy(self, inputs, *a, **kw):
+        widths.append(tuple(inputs.shape))
+        return own(self, inputs, *a, **kw)
+
+    monkeypatch.setattr(model, "__call__", spy)
+    padded = run_all(make_batch(engine), preps())
+    assert [w for w in widths if w[1] > 1] == [(3, 48)]  # (the three, but their last tokens)
+    for name in prompts:
+        got, want = padded[name], plain[name]
+        assert len(got) == len(want) > 4 and tokens(got) == tokens(want), name
+        assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(got, want))

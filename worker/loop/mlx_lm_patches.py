@@ -15,7 +15,7 @@ import copy
 import functools
 
 import mlx.core as mx
-from mlx_lm.generate import GenerationBatch, PromptProcessingBatch
+from mlx_lm.generate import GenerationBatch, PromptProcessingBatch, _right_pad_prompts
 from mlx_lm.models.cache import (BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache,
                                   create_attention_mask)
 
@@ -32,7 +32,7 @@ def apply() -> None:
     _one_sequence_masks_as_a_plain_cache()
     _a_whole_prompt_batch_moves_without_a_copy()
     _one_padding_read_per_batch()
-    _a_lone_prompt_prefills_in_buckets()
+    _prompts_prefill_in_buckets()
     _a_lone_sequence_decodes_on_plain_caches()  # last: its write-back wraps the others
 
 
@@ -213,7 +213,7 @@ def _split_by_gathers(batch, indices):
     return new
 
 
-# Prompt chunk lengths a lone prompt's prefill rounds up to (tokens; 0: none). Only
+# Prompt chunk lengths a prefill rounds up to (tokens; 0: none). Only
 # where MLX builds per shape: its CUDA backend.
 BUCKET = 128 if mx.cuda.is_available() else 0
 
@@ -226,33 +226,50 @@ def bucket_pad(n: int, step: int | None = None) -> int:
     return min(-(-n // BUCKET) * BUCKET, step or n + BUCKET) - n
 
 
-def _a_lone_prompt_prefills_in_buckets() -> None:
+def _prompts_prefill_in_buckets() -> None:
     """MLX's CUDA backend builds kernels, CUDA graphs and cuDNN attention graphs for each
     new shape of a forward pass: a prompt chunk of a length not seen before costs 50-110
     ms more than the same chunk the second time (an H200, session 13). Served prompts
     are each a new length, so every cold chat paid it in its last chunk: on a lent H200,
     a 1,988-token chat message's prefill took 83.6 ms on the 0.5B shape where a
     2,000-token prompt seen before took 27.1 (bench.ttft_probe --trace); mlx-lm's own
-    server and `stream_generate` pay it too. So on CUDA a lone prompt's chunk is padded
-    at its end to a multiple of `BUCKET` (a few per cent more positions), run with its
-    causal mask (the padding comes after every real token: none of them attends to it),
-    and the caches trimmed back by the padding: the next write overwrites it. Shapes
-    repeat, and each is built once. Only for a batch of one on plain attention caches
-    (trimmable; a window or a recurrent state would keep what the padding left), a
-    chunk under `step`; anything else is mlx-lm's own `prompt`."""
+    server and `stream_generate` pay it too. So on CUDA a prompt chunk is padded at its
+    end to a multiple of `BUCKET` (a few per cent more positions): shapes repeat, and
+    each is built once. A lone prompt runs with its causal mask (the padding comes after
+    every real token: none of them attends to it) and the caches are trimmed back by the
+    padding, so that the row stays a batch of one without left padding (the plain masks
+    and lone decode above rely on that); several prompts take mlx-lm's own right padding
+    (`prepare`, then `finalize` moves each row's padding to its left), to the bucket
+    rather than to the longest. Only on plain attention caches (a window or a recurrent
+    state would keep what a lone prompt's padding left) of an mlx-lm text model as
+    loaded (`_plain_model`), a chunk under `step`; anything else is mlx-lm's own
+    `prompt`."""
     original = PromptProcessingBatch.prompt
     if getattr(original, "mlxd_buckets", False):
         return
 
     def prompt(self, tokens):
-        pad = bucket_pad(len(tokens[0]), self.prefill_step_size) if len(tokens) == 1 else 0
-        if not pad or len(self.uids) != 1 or not _plain_model(self.model) or not all(
+        longest = max((len(t) for t in tokens), default=0)
+        pad = bucket_pad(longest, self.prefill_step_size)
+        if not pad or len(self.uids) != len(tokens) or not _plain_model(self.model) or not all(
                 type(c) is BatchKVCache for c in self.prompt_cache):
             return original(self, tokens)
-        self.tokens[0] += tokens[0]
-        self.model(mx.array([list(tokens[0]) + [tokens[0][-1]] * pad]), cache=self.prompt_cache)
-        for c in self.prompt_cache:
-            c.trim(pad)
+        for held, new in zip(self.tokens, tokens):
+            held += new
+        width = longest + pad
+        if len(tokens) == 1:
+            self.model(mx.array([list(tokens[0]) + [tokens[0][-1]] * pad]),
+                       cache=self.prompt_cache)
+            for c in self.prompt_cache:
+                c.trim(pad)
+        else:  # (mlx-lm's own `prompt` with its padding to `width`)
+            for c in self.prompt_cache:
+                c.prepare(lengths=[len(t) for t in tokens],
+                          right_padding=[width - len(t) for t in tokens])
+            self.model(_right_pad_prompts(tokens, max_length=width), cache=self.prompt_cache)
+            mx.eval([c.state for c in self.prompt_cache])
+            for c in self.prompt_cache:
+                c.finalize()
         mx.eval([c.state for c in self.prompt_cache])
         mx.clear_cache()
 
