@@ -38,7 +38,7 @@ serve: $(STAMP)
 	$(BIN)/mlxd --model $(MODEL) --port $(PORT)
 
 # The coding agents' CLIs that tests/integration drives against a real mlxd (Codex, Claude
-# Code), pinned in tests/clients/package.json and installed from the npm registry into
+# Code, opencode), pinned in tests/clients/package.json and installed from the npm registry into
 # tests/clients/node_modules (git-ignored). Each ships its native binary as a platform
 # package (an optional dependency), so nothing else is downloaded. Without npm their tests
 # skip (and fail under MLXD_REQUIRE_UI_TOOLS=1, as CI runs them).
@@ -48,7 +48,7 @@ $(CLIENTS_STAMP): tests/clients/package.json
 	@if command -v npm >/dev/null; then \
 	  npm install --prefix tests/clients --no-package-lock --no-audit --no-fund --loglevel=error \
 	  && touch $@; \
-	else echo "npm not found: the Codex and Claude Code tests will skip"; fi
+	else echo "npm not found: the Codex, Claude Code and opencode tests will skip"; fi
 
 clients: $(CLIENTS_STAMP)
 

@@ -13,6 +13,7 @@ where the package is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -35,19 +36,27 @@ def smollm2_gguf() -> Path:
 
 @pytest.fixture(scope="session")
 def real_server(smollm2_gguf, tmp_path_factory) -> ServerProcess:
-    """mlxd serving `demo` from a fresh state directory. The run's first one converts the
-    GGUF in its worker and publishes the result (`shared_conversion`); later ones, in
-    either xdist process, start with it hard-linked in, and their worker checks its
-    marker (source hash, converter version, options) before using it."""
+    """mlxd serving `demo` from a fresh state directory (`serving_demo`)."""
+    with serving_demo(smollm2_gguf, tmp_path_factory) as srv:
+        yield srv
+
+
+@contextlib.contextmanager
+def serving_demo(gguf: Path, tmp_path_factory, *args: str):
+    """A healthy mlxd serving `demo` (with `args`) from a fresh state directory. The run's
+    first one converts the GGUF in its worker and publishes the result
+    (`shared_conversion`); later ones, in either xdist process, start with it hard-linked
+    in, and their worker checks its marker (source hash, converter version, options)
+    before using it."""
     state = tmp_path_factory.mktemp("real-state")
-    shared = shared_conversion(smollm2_gguf, tmp_path_factory)
+    shared = shared_conversion(gguf, tmp_path_factory)
     lock = FileLock(f"{shared}.lock")
     lock.acquire()   # held until this server is healthy: one conversion, not two at once
     try:
         converted = shared.is_dir()
         if converted:
             shutil.copytree(shared, demo_dir(state, DEMO), copy_function=os.link)
-        with ServerProcess(["demo"], state_dir=state) as srv:
+        with ServerProcess(["demo"], *args, state_dir=state) as srv:
             srv.wait_healthy(timeout=300)
             if not converted:
                 publish = shared.with_name(f".{shared.name}.{os.getpid()}")

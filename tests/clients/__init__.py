@@ -1,7 +1,7 @@
 """The coding agents' command-line clients that the integration tests drive against a
-real mlxd (Codex, Claude Code). They are pinned in package.json here, since the tests were
-written against what those versions send, and `make clients` (part of `make test`)
-installs them from the npm registry into node_modules/ here (git-ignored). Without npm
+real mlxd (Codex, Claude Code, opencode). They are pinned in package.json here, since the
+tests were written against what those versions send, and `make clients` (part of `make
+test`) installs them from the npm registry into node_modules/ here (git-ignored). Without npm
 their tests skip; CI sets MLXD_REQUIRE_UI_TOOLS=1, and there a missing client fails, as a
 missing browser does for tests/ui/.
 """

@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
 
 import pytest
-from aiohttp import ClientSession, web
-from aiohttp.test_utils import TestServer
 
 from tests.clients import cli
+from tests.clients.recorder import Exchange, Recorder
 from tests.serverproc import ServerProcess
 
 pytestmark = pytest.mark.integration
@@ -43,56 +41,20 @@ def notes(n: int) -> str:
     return " ".join(f"note{i} says the river flows past hill {i * 7}." for i in range(n))
 
 
-@dataclass
-class Exchange:
-    request: dict
-    status: int
-    body: bytes
-
-    @property
-    def user_texts(self) -> list[str]:
-        return [c if isinstance(c, str) else "".join(b.get("text", "") for b in c)
-                for c in (m["content"] for m in self.request["messages"]
-                          if m["role"] == "user")]
-
-    def events(self) -> list[dict]:
-        return [json.loads(line[6:]) for line in self.body.decode().splitlines()
-                if line.startswith("data: ")]
-
-    @property
-    def reply(self) -> str:
-        return "".join(e["delta"].get("text", "") for e in self.events()
-                       if e["type"] == "content_block_delta")
-
-    @property
-    def message_id(self) -> str:
-        return self.events()[0]["message"]["id"]
+def user_texts(x: Exchange) -> list[str]:
+    """The text of each user message of a Messages request."""
+    return [c if isinstance(c, str) else "".join(b.get("text", "") for b in c)
+            for c in (m["content"] for m in x.request["messages"] if m["role"] == "user")]
 
 
-@dataclass
-class Recorder:
-    """A pass-through proxy in front of mlxd that keeps each Messages exchange."""
-    upstream: str
-    exchanges: list[Exchange] = field(default_factory=list)
+def reply(x: Exchange) -> str:
+    """The text mlxd streamed back."""
+    return "".join(e["delta"].get("text", "") for e in x.events()
+                   if e["type"] == "content_block_delta")
 
-    async def forward(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in ("host", "content-length")}
-        async with ClientSession() as session, session.request(
-                request.method, self.upstream + request.path_qs, data=body,
-                headers=headers) as up:
-            out = web.StreamResponse(status=up.status, headers={
-                "Content-Type": up.headers.get("Content-Type", "application/json")})
-            await out.prepare(request)
-            answer = b""
-            async for chunk in up.content.iter_any():
-                answer += chunk
-                await out.write(chunk)
-            await out.write_eof()
-        if request.path == "/v1/messages":
-            self.exchanges.append(Exchange(json.loads(body), up.status, answer))
-        return out
+
+def message_id(x: Exchange) -> str:
+    return x.events()[0]["message"]["id"]
 
 
 async def claude_session(server: ServerProcess, tmp_path, turns: int, size: int,
@@ -100,13 +62,11 @@ async def claude_session(server: ServerProcess, tmp_path, turns: int, size: int,
     """Runs up to `turns` turns of `size` notes each, of one Claude Code session through a
     Recorder, until a turn compacts; returns the recorder, that turn's stream-json events
     and its prompt."""
-    recorder = Recorder(server.url)
-    app = web.Application(client_max_size=2**26)
-    app.router.add_route("*", "/{path:.*}", recorder.forward)
+    recorder = Recorder(server.url, ("/v1/messages",))
     model = server.model
-    async with TestServer(app, host="127.0.0.1") as proxy:
+    async with recorder.serving() as proxy:
         base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "ANTHROPIC_API_KEY": "unused",
-                "ANTHROPIC_BASE_URL": str(proxy.make_url("")).rstrip("/"),
+                "ANTHROPIC_BASE_URL": proxy,
                 "ANTHROPIC_MODEL": model, "ANTHROPIC_SMALL_FAST_MODEL": model,
                 "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
         for turn in range(1, turns + 1):
@@ -134,21 +94,21 @@ def assert_compacted_and_went_on(recorder: Recorder, events: list, prompt: str) 
     assert result["type"] == "result" and result["subtype"] == "success"
     assert not result["is_error"]
     # Its summarisation requests (it asks again once when a reply has no <summary> tags).
-    asked = [i for i, x in enumerate(recorder.exchanges) if "<summary>" in x.user_texts[-1]]
+    asked = [i for i, x in enumerate(recorder.exchanges) if "<summary>" in user_texts(x)[-1]]
     assert asked, "Claude Code sent no summarisation request"
-    summaries = [recorder.exchanges[i].reply for i in asked
+    summaries = [reply(recorder.exchanges[i]) for i in asked
                  if recorder.exchanges[i].status == 200]
     assert summaries and all(summaries)
     after = recorder.exchanges[asked[-1] + 1:]
     assert after and all(x.status == 200 for x in after)
     went_on = after[-1]
-    texts = went_on.user_texts
+    texts = user_texts(went_on)
     assert "continued from a previous conversation" in texts[0]
     assert any(summary in texts[0] for summary in summaries)  # what mlxd's model wrote
     assert "Turn 1. " not in "".join(texts)  # the first turn was compacted away
     assert texts[-1].endswith(prompt)  # the turn that compacted goes on after the summary
     answered = [e for e in events if e["type"] == "assistant"][-1]
-    assert answered["message"]["id"] == went_on.message_id  # mlxd's reply to the turn
+    assert answered["message"]["id"] == message_id(went_on)  # mlxd's reply to the turn
 
 
 @pytest.mark.timeout(600)
@@ -158,7 +118,7 @@ async def test_claude_code_compacts_on_mlxds_context_error(stopping_server, tmp_
                                                     size=80)
     refused = [x for x in recorder.exchanges if x.status == 400]
     assert refused, "the window was never passed"
-    error = json.loads(refused[0].body)["error"]
+    error = refused[0].error()
     assert error["message"].startswith("prompt is too long: ")
     assert error["message"].endswith(f" > {CONTEXT} maximum")
     assert_compacted_and_went_on(recorder, events, prompt)
