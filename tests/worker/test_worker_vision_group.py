@@ -128,3 +128,30 @@ def test_a_bucketed_width_gives_each_its_own_tokens(vlm_engine, passes, monkeypa
         other = ask(rid=f"{n}-other", max_tokens=4, text=text, images=(png(seed=98),))
         theirs, cached = one(batch, vlm_engine, other)
         assert cached and theirs == one(vbatch(vlm_engine), vlm_engine, other)[0], n
+
+
+def test_a_bursts_images_go_through_the_tower_in_one_call(vlm_engine, passes, monkeypatch):
+    """mlx-vlm's own batch runs a group's images through the vision tower at once; so does
+    the burst's prefill here, for the families worker/vision/towers.py knows (each
+    prompt given its share of the features), with each prompt's own tokens."""
+    from worker.vision import towers
+
+    tower = type(vlm_engine.vlm.vision_tower)
+    calls = []
+    original = tower.__call__
+
+    def counted(self, pixels, *a, **kw):
+        calls.append(pixels.shape)
+        return original(self, pixels, *a, **kw)
+
+    gens = burst(seed=70)
+    alone = each_alone(vlm_engine, gens)
+    monkeypatch.setattr(tower, "__call__", counted)
+    batch = vbatch(vlm_engine, PrefixCache(1 << 28), prefill_step=2048)
+    out, _, _ = run(batch, {n: vlm_engine.prepare(g) for n, g in gens.items()}, passes)
+    if vlm_engine.vlm.config.model_type in towers.FAMILIES:
+        assert len(calls) == 1, calls
+    else:  # (Gemma 3: a tower call a prompt, as before)
+        assert len(calls) == len(gens), calls
+    for n in gens:
+        assert len(out[n]) == 6 and same(out[n], alone[n]), n

@@ -51,7 +51,7 @@ from worker.kvcache.attention import dequantize
 from worker.kvcache.manager import Start, Tier
 from worker.kvcache.quantized import to_quantized
 from worker.loop.batch import Batch, materialized
-from worker.vision import spans
+from worker.vision import spans, towers
 from worker.vision.engine import KEY, encoded, media_tokens, model_inputs, warm_requests
 from worker.vision.group import Together, groupable
 
@@ -279,8 +279,9 @@ class VisionBatch(Batch):
             width = max(width, job.end)
         if len(run) < 2:
             return 0
-        for job in run:
-            self._embed(job)
+        fresh = [job for job in run if job.cache is None]  # (the images' tower: once)
+        for job, features in zip(fresh, towers.encode(self.vlm, fresh)):
+            self._embed(job, features)
         group = [job for job in run if groupable(job)]
         if len(group) < 2:
             return 0
@@ -301,14 +302,16 @@ class VisionBatch(Batch):
             self._finish(job, batch.state(job))
         return sum(job.end for job in group)
 
-    def _embed(self, job: _Prefill) -> None:
-        """`job`'s embeddings (the vision tower) and mlx-vlm's caches for its prefill,
-        once."""
+    def _embed(self, job: _Prefill, features=None) -> None:
+        """`job`'s embeddings (the vision tower, or its images' `features` from the
+        tower run for several: worker/vision/towers.py) and mlx-vlm's caches for its
+        prefill, once."""
         if job.cache is not None:
             return
         vlm = self.vlm
+        given = {} if features is None else {"cached_image_features": features}
         embedded = vlm.get_input_embeddings(job.inputs, job.pixels, mask=job.mask,
-                                            **job.kwargs)
+                                            **job.kwargs, **given)
         job.embeds = embedded.inputs_embeds
         job.extra = {k: v for k, v in embedded.to_dict().items()
                      if k != "inputs_embeds" and v is not None}
