@@ -111,11 +111,19 @@ def patch_vision(mod) -> None:
         event("image-chunk", _ms(t0), job.seq.rid, f"{start}-{start + n}", "of", job.end)
         return n
 
-    def _embed(self, job):
+    def _embed(self, job, features=None):
         t0, fresh = time.monotonic(), job.cache is None
-        embed(self, job)
-        if fresh:
-            event("vision-tower", _ms(t0), job.seq.rid)
+        embed(self, job, features)
+        if fresh:  # (given its features: the tower ran for several, below)
+            event("vision-tower" if features is None else "embedding", _ms(t0), job.seq.rid)
+
+    def encode(vlm, jobs):
+        t0 = time.monotonic()
+        out = encode_together(vlm, jobs)
+        if any(f is not None for f in out):
+            event("vision-tower-together", _ms(t0),
+                  f"{sum(f is not None for f in out)} prompts")
+        return out
 
     def _together(self, budget):
         t0 = time.monotonic()
@@ -125,6 +133,7 @@ def patch_vision(mod) -> None:
         return n
 
     V._prefill_chunk, V._embed, V._together = _prefill_chunk, _embed, _together
+    encode_together, mod.towers.encode = mod.towers.encode, encode
 
 
 PATCHES = {"worker.loop.scheduler": patch, "worker.vision.batch": patch_vision}

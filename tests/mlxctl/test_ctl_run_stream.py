@@ -89,6 +89,15 @@ def ctrl_c(send):
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
+@pytest.fixture
+def interruptible():
+    """Ctrl-C's default handler (KeyboardInterrupt), as a terminal's mlxctl has it: a test
+    run started in the background of a shell (`make test &`) ignores SIGINT."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def chat(srv, **kw) -> Chat:
     return Chat(srv.url, "org/m", api_key=kw.pop("api_key", None),
                 options=kw.pop("options", {}), out=io.StringIO(), err=io.StringIO(), **kw)
@@ -129,7 +138,7 @@ def test_one_shot_prints_the_answer_only(serve):
     lambda send: ctrl_c(send),                                       # before the status line
     lambda send: (send(HEAD + delta(content="par") + delta(content="tial")), ctrl_c(send)),
 ], ids=["queued", "mid-reply"])
-def test_ctrl_c_stops_the_reply_and_closes_the_connection(serve, script):
+def test_ctrl_c_stops_the_reply_and_closes_the_connection(serve, script, interruptible):
     srv = serve(script)
     reply = chat(srv).ask([{"role": "user", "content": "q"}])
     assert reply.stopped and reply.text in ("", "partial")

@@ -55,10 +55,17 @@ def argv_for(*args) -> list[str]:
             "pull", *args]
 
 
+def ctrl_c_reaches_it() -> None:
+    """In the child before it runs: Ctrl-C's default, which a test run started in the
+    background of a shell (`make test &`: SIGINT ignored, and inherited) would not give."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def pull(url, cache, *args, wait=True, **env):
     if not wait:
         return subprocess.Popen(argv_for(*args), cwd=REPO, env=env_for(url, cache, **env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=ctrl_c_reaches_it)
     return subprocess.run(argv_for(*args), cwd=REPO, env=env_for(url, cache, **env),
                           capture_output=True, text=True, timeout=120)
 
