@@ -108,7 +108,9 @@ class ServerProcess:
 
     def wait_healthy(self, timeout: float = 120.0) -> dict:
         """/health's body once it says ok; else mlxd and what it started are stopped, and
-        RuntimeError (it exited) or TimeoutError is raised with its log."""
+        RuntimeError (it exited, or a model is broken: one that failed to load never
+        recovers, and a traced bench's worker that could not load took the whole timeout
+        to say so) or TimeoutError is raised with its log."""
         deadline = time.monotonic() + timeout
         last = None
         try:
@@ -122,6 +124,10 @@ class ServerProcess:
                         return body
                 except (urllib.error.URLError, OSError, ValueError):
                     pass
+                else:  # a model that failed to load stays broken: no use waiting on
+                    broken = [w for w in body.get("workers", []) if w.get("state") == "broken"]
+                    if broken:
+                        raise RuntimeError(f"mlxd's model is broken: {broken}\n{self.log()}")
                 time.sleep(0.1)
             raise TimeoutError(f"mlxd not healthy after {timeout}s: {last}\n{self.log()}")
         except BaseException:

@@ -10,6 +10,7 @@ import time
 
 import httpx
 import psutil
+import pytest
 
 from tests.integration.conftest import assert_envelope, sse_events
 from tests.serverproc import ServerProcess
@@ -166,6 +167,15 @@ def test_missing_model_makes_health_say_why(tmp_path):
             return code == 503 and body["workers"][0]["state"] == "broken" and body
         body = wait_for(broken, 60, 0.1)
         assert "nowhere" in body["reason"]
+
+
+def test_waiting_for_a_server_whose_model_is_broken_ends_at_once(tmp_path):
+    """The helper every integration test starts servers with: a model that failed to load
+    ends its wait for health with the reason, not after its whole timeout."""
+    with ServerProcess([str(tmp_path / "nowhere")], state_dir=tmp_path) as srv:
+        with pytest.raises(RuntimeError, match="broken") as e:
+            srv.wait_healthy(timeout=3600)
+        assert "nowhere" in str(e.value)
 
 
 def test_context_too_long_is_refused_at_once_behind_a_long_generation(tiny_model):
