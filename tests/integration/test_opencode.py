@@ -1,6 +1,9 @@
-"""opencode (1.18.33, from npm: tests/clients/) end to end against mlxd's chat completions,
-configured as README.md tells users: its opencode block is read from README.md here, so
-a README whose config no longer works fails this test.
+"""opencode (1.18.33, from npm: tests/clients/) end to end against mlxd, configured as
+README.md tells users: its opencode block is read from README.md here, so a README whose
+config no longer works fails this test. README's provider speaks chat completions (the
+AI SDK's openai-compatible package); the same provider through the SDK's OpenAI package
+speaks the Responses API (with the session's id as `prompt_cache_key`) and through its
+Anthropic package the Messages API: each is driven for two turns.
 
 What opencode sends (recorded here, through tests/clients/recorder.py): every request
 asks for `max_tokens` = the model's `limit.output` from its config, and without a limit
@@ -18,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -29,6 +34,7 @@ from tests.realmodel import serving_demo
 pytestmark = pytest.mark.integration
 
 README = Path(__file__).parents[2] / "README.md"
+README_NPM = "@ai-sdk/openai-compatible"  # (chat completions)
 CONTEXT = 3072   # the server's --max-context-tokens
 OUTPUT = 32      # the config's limit.output: each reply's cap, kept short for the CPU
 
@@ -46,28 +52,88 @@ def readme_config() -> dict:
     return json.loads(re.search(r"```json\n(.*?)```", section, re.S).group(1))
 
 
-def config_for(base_url: str, context: int) -> dict:
-    """README's config pointed at `base_url`, its model's limits this test's."""
+def config_for(base_url: str, context: int, npm: str = README_NPM) -> dict:
+    """README's config pointed at `base_url`, its model's limits this test's; with another
+    of opencode's AI SDK packages (`npm`: OpenAI's, which speaks the Responses API, or
+    Anthropic's, the Messages API), the same provider through it."""
     config = readme_config()
     (provider,) = config["provider"].values()
     provider["options"]["baseURL"] = f"{base_url}/v1"
+    if npm != README_NPM:
+        provider["npm"] = npm
+        provider["options"]["apiKey"] = "unused"  # (those packages want one)
     (model,) = provider["models"].values()
     model["limit"] = {"context": context, "output": OUTPUT}
+    # Greedy, so each run's replies are the same: none empty, one after another (opencode
+    # sends its agents' temperature to a model that says it takes one).
+    model["temperature"] = True
+    config["agent"] = {a: {"temperature": 0} for a in ("build", "title", "compaction")}
     return config
 
 
+def text_of(content) -> str:
+    """A message's text, whether a string or parts (text, output_text, text blocks)."""
+    if isinstance(content, str):
+        return content
+    return "".join(p.get("text", "") for p in content or [] if isinstance(p, dict))
+
+
+@dataclass(frozen=True)
+class Surface:
+    """How one of mlxd's APIs carries what the test reads: the request's path and the
+    field that caps the reply, the reply's text, the conversation sent ((role, text) of
+    each message but the system prompt) and the prompt tokens the answer says were cached."""
+    path: str
+    cap: str
+    reply: Callable[[Exchange], str]
+    history: Callable[[dict], list[tuple[str, str]]]
+    cached: Callable[[Exchange], int]
+
+
+def _ended(x: Exchange) -> dict:
+    """The response of a Responses stream's last event (incomplete: the reply's cap)."""
+    (done,) = [e for e in x.events()
+               if e.get("type") in ("response.completed", "response.incomplete")]
+    return done["response"]
+
+
+SURFACES = {
+    README_NPM: Surface(
+        "/v1/chat/completions", "max_tokens",
+        lambda x: "".join((c.get("delta") or {}).get("content") or ""
+                          for e in x.events() for c in e.get("choices") or []),
+        lambda r: [(m["role"], text_of(m.get("content"))) for m in r["messages"]
+                   if m["role"] != "system"],
+        lambda x: [e for e in x.events() if e.get("usage")][-1]["usage"][
+            "prompt_tokens_details"]["cached_tokens"]),
+    "@ai-sdk/openai": Surface(
+        "/v1/responses", "max_output_tokens",
+        lambda x: "".join(e["delta"] for e in x.events()
+                          if e.get("type") == "response.output_text.delta"),
+        lambda r: [(i["role"], text_of(i.get("content"))) for i in r["input"]
+                   if i.get("role") not in (None, "system", "developer")],
+        lambda x: _ended(x)["usage"]["input_tokens_details"]["cached_tokens"]),
+    "@ai-sdk/anthropic": Surface(
+        "/v1/messages", "max_tokens",
+        lambda x: "".join(e["delta"].get("text", "") for e in x.events()
+                          if e.get("type") == "content_block_delta"),
+        lambda r: [(m["role"], text_of(m.get("content"))) for m in r["messages"]],
+        lambda x: [e for e in x.events() if e.get("type") == "message_delta"][-1]["usage"][
+            "cache_read_input_tokens"]),
+}
+
+
 def reply(x: Exchange) -> str:
-    """The text mlxd streamed back."""
-    return "".join((c.get("delta") or {}).get("content") or "" for e in x.events()
-                   for c in e.get("choices") or [])
+    """The text mlxd streamed back, on whichever API `x` went."""
+    return next(s for s in SURFACES.values() if s.path == x.path).reply(x)
 
 
 class Session:
     """One opencode session through a Recorder, in its own home and project directory."""
 
-    def __init__(self, server, tmp_path: Path):
-        self.server, self.tmp = server, tmp_path
-        self.recorder = Recorder(server.url, ("/v1/chat/completions",))
+    def __init__(self, server, tmp_path: Path, npm: str = README_NPM):
+        self.server, self.tmp, self.npm = server, tmp_path, npm
+        self.recorder = Recorder(server.url, (SURFACES[npm].path,))
         self.work = tmp_path / "work"
         self.work.mkdir()
 
@@ -75,7 +141,7 @@ class Session:
         """`opencode run` of `text` (continuing the session after the first): its exit
         code and its JSON events."""
         config = self.tmp / "opencode.json"
-        config.write_text(json.dumps(config_for(proxy, CONTEXT)))
+        config.write_text(json.dumps(config_for(proxy, CONTEXT, self.npm)))
         (provider,) = readme_config()["provider"]
         env = {"PATH": "/usr/bin:/bin", "HOME": str(self.tmp), "OPENCODE_CONFIG": str(config),
                "XDG_CONFIG_HOME": str(self.tmp / "config"),
@@ -96,12 +162,6 @@ class Session:
         return proc.returncode, events
 
 
-def content(message: dict) -> str:
-    """A chat message's text, whether a string or text parts."""
-    c = message.get("content") or ""
-    return c if isinstance(c, str) else "".join(p.get("text", "") for p in c)
-
-
 def texts(events: list[dict]) -> list[str]:
     """The reply texts opencode showed (not its own synthetic parts)."""
     return [e["part"]["text"] for e in events
@@ -119,8 +179,11 @@ def test_readme_config_names_the_models_window_and_a_reply_cap(real_server):
 
 
 @pytest.mark.timeout(600)
-async def test_opencode_turns_with_the_readme_config(capped_demo, tmp_path):
-    session = Session(capped_demo, tmp_path)
+@pytest.mark.parametrize("npm", list(SURFACES))
+async def test_opencode_turns_on_readmes_config_over_each_api(capped_demo, tmp_path, npm):
+    """Two turns of one session on README's config, and on the same provider through
+    opencode's packages for the Responses and Messages APIs."""
+    session, surface = Session(capped_demo, tmp_path, npm), SURFACES[npm]
     async with session.recorder.serving() as proxy:
         rc, first = await session.turn(proxy, "Say hi.", first=True)
         assert rc == 0, first
@@ -128,19 +191,21 @@ async def test_opencode_turns_with_the_readme_config(capped_demo, tmp_path):
         assert rc == 0, second
     sent = session.recorder.exchanges
     assert sent and all(x.status == 200 for x in sent)
-    assert {x.request["max_tokens"] for x in sent} == {OUTPUT}  # the config's limit.output
+    assert {x.request[surface.cap] for x in sent} == {OUTPUT}  # the config's limit.output
+    assert {x.request.get("temperature") for x in sent} == {0}
     agent = [x for x in sent if x.request.get("tools")]  # (not its title request)
     assert len(agent) == 2
     # What opencode showed is what mlxd streamed, and its next turn sends it back.
     assert texts(first) == [reply(agent[0])] and texts(second) == [reply(agent[1])]
-    history = agent[1].request["messages"]
-    assert [m["role"] for m in history] == ["system", "user", "assistant", "user"]
-    assert history[2]["content"] == reply(agent[0])
+    history = surface.history(agent[1].request)
+    assert [role for role, _ in history] == ["user", "assistant", "user"]
+    assert history[1][1] == reply(agent[0])
     # The second turn resumed from the first's prefix; opencode read that from usage.
-    usage = json.loads(agent[1].body.decode().split("data: ")[-2])["usage"]
-    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    cached = surface.cached(agent[1])
     (finish,) = [e for e in second if e["type"] == "step_finish"]
     assert cached > 2000 and finish["part"]["tokens"]["cache"]["read"] == cached
+    if surface.path == "/v1/responses":  # (by its key: the session's KV snapshot)
+        assert {x.request.get("prompt_cache_key") for x in agent} == {first[0]["sessionID"]}
 
 
 @pytest.mark.timeout(600)
@@ -167,7 +232,7 @@ async def test_opencode_compacts_on_mlxds_context_error_and_goes_on(capped_demo,
     assert summaries and all(reply(x) for x in summaries)
     went_on = sent[-1]
     assert went_on.status == 200 and went_on.request.get("tools")
-    history = [content(m) for m in went_on.request["messages"]]
+    history = [text_of(m.get("content")) for m in went_on.request["messages"]]
     assert any(reply(summaries[-1]) in c for c in history)
     assert not any(long in c for c in history)
     assert texts(events)[-1] == reply(went_on)
