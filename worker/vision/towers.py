@@ -10,7 +10,9 @@ tower in one call; here the same, handed to each prompt's embedding by the
 its image tokens, in order: the towers return the images' features one after another.
 
 How each family's tower is called differs (its embedding step does it inline), so only
-the families below are batched; any other runs its tower per prompt, as before. Within a
+the families below, each tested against its prompts alone (tests/worker/
+test_worker_vision_group.py), are batched; any other runs its tower per prompt, as
+before. Within a
 family, the prompts batched together are those whose images can be stacked: all for
 Qwen's towers (patch rows, each image's grid beside them), those whose images share one
 shape for Gemma 4's.
@@ -42,7 +44,6 @@ def _gemma4(vlm, pixels, kwargs):
 # the config's image token field, the keyword arguments stacked beside the pixels)
 FAMILIES: dict[str, tuple[Callable, int, str, tuple[str, ...]]] = {
     "qwen2_vl": (_qwen2, 0, "image_token_id", ("image_grid_thw",)),
-    "qwen2_5_vl": (_qwen2, 0, "image_token_id", ("image_grid_thw",)),
     "qwen3_5": (_qwen3_5, 0, "image_token_index", ("image_grid_thw",)),
     "gemma4": (_gemma4, 1, "image_token_id", ("image_position_ids",)),
 }
