@@ -70,6 +70,17 @@ def browser():
         p.stop()
 
 
+@pytest.fixture(scope="session")
+def tiny_model(models_dir) -> Path:
+    """The pages' text model: tests/conftest.py's tiny one with a 32,768-token window. The
+    playground's first reply runs until Stop is clicked and stays in the conversation; on a
+    busy machine the click comes seconds late, and in 4,096 tokens the next turn, sent with
+    that reply, would not fit (session 17's CI run: `finish: error`)."""
+    from worker.demos.text import build_model
+
+    return build_model(models_dir / "tiny-32k", "tiny", context_length=32768).path
+
+
 @pytest.fixture(scope="package")
 def ui_server(tiny_model, vision_model, stt_model, tts_model):
     """One server with a model of each kind the playground talks to."""

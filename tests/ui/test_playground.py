@@ -43,7 +43,9 @@ def test_a_chat_streams_stops_on_stop_and_the_next_reply_shows_its_numbers(
         page, ui_server, tiny_model):
     p = page.page
     open_playground(page, ui_server, tiny_model)
-    p.fill("#max-tokens", "4000")
+    # Long enough that Stop, however late a busy machine clicks it, comes first; the
+    # pages' model has the window for what it wrote by then (tests/ui/conftest.py).
+    p.fill("#max-tokens", "20000")
     p.fill("#temperature", "0")
     p.fill("#prompt", PROMPT)
     p.click("#send")
@@ -69,6 +71,8 @@ def test_a_chat_streams_stops_on_stop_and_the_next_reply_shows_its_numbers(
         p.fill("#prompt", text)
         p.keyboard.press("Enter")   # Enter sends
         p.wait_for_selector(f".msg.assistant:nth-child({turn})[data-finish]")
+        answered = last_reply(p)
+        assert answered.get_attribute("data-finish") == "length", answered.inner_text()[-2000:]
     stats = last_reply(p).locator(".stats").inner_text()
     assert "TTFT" in stats and "tok/s" in stats and re.search(r"\b\d tokens", stats), stats
     cached = int(re.search(r"\((\d+) cached\)", stats).group(1))
