@@ -104,6 +104,13 @@ def test_tool_choice_maps_onto_the_grammar(choice, mode, allowed, parallel):
                                                                              parallel)
 
 
+def test_any_without_tools_is_worded_as_this_api_words_it():
+    with pytest.raises(APIError) as e:
+        parse_messages_request(body(tool_choice={"type": "any"}))
+    assert e.value.param == "tool_choice.type" and "'any'" in e.value.message
+    assert "required" not in e.value.message   # (OpenAI's word for it)
+
+
 def test_server_tools_are_skipped_and_named():
     parsed = parse_messages_request(body(tools=[TOOL, {"type": "web_search_20250305",
                                                        "name": "web_search"}]))

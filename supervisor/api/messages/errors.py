@@ -25,9 +25,17 @@ def error_type(status: int) -> str:
     return TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
 
 
+# The codes Anthropic's API gives in `error.details.error_code`, where its SDK reads them
+# (a thread's: threads.py); the others are mlxd's own and stay out of its envelope.
+DETAILED = frozenset({"thread_not_found", "thread_already_continued",
+                      "thread_continue_in_flight"})
+
+
 def envelope(err: APIError, request_id: str) -> dict:
-    return {"type": "error", "error": {"type": error_type(err.status), "message": message(err)},
-            "request_id": request_id}
+    error = {"type": error_type(err.status), "message": message(err)}
+    if err.code in DETAILED:
+        error["details"] = {"error_code": err.code}
+    return {"type": "error", "error": error, "request_id": request_id}
 
 
 # How the server words a prompt over the context (worker/text/engine.py), and how

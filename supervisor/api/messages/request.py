@@ -370,6 +370,8 @@ def _tool_choice(value, tools: tuple) -> tuple[tooling.ToolChoice, Optional[bool
     if kind == "none":
         return tooling.parse_tool_choice("none", tools), parallel
     if kind == "any":
+        if not tools:
+            raise invalid_value("tool_choice.type", "'any' needs at least one tool in 'tools'.")
         return tooling.parse_tool_choice("required", tools), parallel
     if kind == "tool":
         name = value.get("name")

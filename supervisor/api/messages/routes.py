@@ -2,7 +2,8 @@
 
 A message runs the one request lifecycle (api/lifecycle.py): admission, `started` (errors
 before it keep their own status, in this API's envelope), then the whole message or its
-event stream. count_tokens is the same request, rendered and tokenized by the worker as
+event stream. A request in a message thread (threads.py) is served as the whole
+conversation it continues, and its reply is held for the next. count_tokens is the same request, rendered and tokenized by the worker as
 generation would prefill it, without generating (the TOKENIZE task): its count equals the
 `input_tokens + cache_read_input_tokens` the same request reports. Both do the request's
 `context_management` edits first (context.py) and report what they cleared.
@@ -21,6 +22,7 @@ from supervisor.api.messages import context, shapes
 from supervisor.api.messages.errors import AnthropicEnvelope
 from supervisor.api.messages.request import MessagesRequest, parse_messages_request
 from supervisor.api.messages.stream import PING, BlockWriter, event
+from supervisor.api.messages.threads import THREADS, Threads, Turn
 from supervisor.http import sse
 from supervisor.http.errors import add_envelope, get_request_id, read_json
 from supervisor.keys import CONFIG
@@ -44,10 +46,9 @@ def _headers(request: web.Request, parsed: MessagesRequest, edits: context.Edits
     return headers
 
 
-async def _parse(request: web.Request, count_only: bool = False):
+async def _parse(request: web.Request, body: dict, count_only: bool = False):
     """The request with its context edits done (context.py): (parsed, edits, the
     `context_management` a response carries or None)."""
-    body = await read_json(request)
     parsed = parse_messages_request(body, count_only=count_only)
     edits = context.parse(body.get("context_management"))
     if not edits.edits:
@@ -63,7 +64,15 @@ async def _parse(request: web.Request, count_only: bool = False):
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
-    parsed, edits, managed = await _parse(request)
+    turn = request.app[THREADS].turn(await read_json(request))
+    try:
+        return await _create(request, turn)
+    finally:
+        turn.close()
+
+
+async def _create(request: web.Request, turn: Turn) -> web.StreamResponse:
+    parsed, edits, managed = await _parse(request, turn.body)
     runner, gen = await submit(request, parsed.model,
                                parsed.to_generate(request.app[CONFIG]), PARAMS)
     t0 = time.monotonic()
@@ -72,10 +81,12 @@ async def create_message(request: web.Request) -> web.StreamResponse:
         msg_id, headers = shapes.new_message_id(), _headers(request, parsed, edits)
         extra = {"context_management": managed} if managed is not None else {}
         if parsed.stream:
-            return await _stream(request, gen, started, msg_id, runner.id, headers, extra)
+            return await _stream(request, gen, started, msg_id, runner.id, headers, extra,
+                                 turn)
         output = await gen.collect()
         done = gen.done
         blocks = shapes.content(output.reasoning_text, output.content, output.tool_calls)
+        turn.record(msg_id, blocks, request.content_length or 0)
         body = shapes.message(
             msg_id, runner.id, blocks, shapes.stop_reason(done.finish_reason, done.stop_sequence),
             _stop_sequence(done), shapes.usage(done.prompt_tokens, done.cached_tokens,
@@ -92,7 +103,7 @@ def _stop_sequence(done) -> str | None:
 
 
 async def _stream(request, gen: Generation, started, msg_id: str, model: str,
-                  headers: dict, extra: dict) -> web.StreamResponse:
+                  headers: dict, extra: dict, turn: Turn) -> web.StreamResponse:
     resp = await sse.open_stream(request, headers=headers)
     start = shapes.message(msg_id, model, [], None, None,
                            shapes.usage(started.prompt_tokens, started.cached_tokens, 0))
@@ -108,6 +119,8 @@ async def _stream(request, gen: Generation, started, msg_id: str, model: str,
             await resp.write(chunk)
     for chunk in blocks.finish():
         await resp.write(chunk)
+    # Held before the last events: the client's next turn may come as soon as it reads them.
+    turn.record(msg_id, blocks.blocks, request.content_length or 0)
     done = gen.done
     await resp.write(event("message_delta", {
         "type": "message_delta",
@@ -121,7 +134,8 @@ async def _stream(request, gen: Generation, started, msg_id: str, model: str,
 
 
 async def count_tokens(request: web.Request) -> web.Response:
-    parsed, edits, managed = await _parse(request, count_only=True)
+    body = request.app[THREADS].turn(await read_json(request), reserve=False).body
+    parsed, edits, managed = await _parse(request, body, count_only=True)
     counted = await compute(request, parsed.model,
                             parsed.to_generate(request.app[CONFIG], Task.TOKENIZE), PARAMS)
     n = len(counted.result.id_list())
@@ -133,5 +147,6 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 def setup(app: web.Application) -> None:
     add_envelope(app, PREFIX, AnthropicEnvelope())
+    app[THREADS] = Threads()
     app.router.add_post(PREFIX, create_message)
     app.router.add_post(PREFIX + "/count_tokens", count_tokens)

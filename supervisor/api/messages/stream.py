@@ -21,25 +21,28 @@ FRAGMENT_CHARS = 64  # input_json_delta pieces
 
 
 class BlockWriter:
-    """The events of one message's content blocks, given its output Part by Part."""
+    """The events of one message's content blocks, given its output Part by Part; `blocks`
+    is the content they add up to (what a message thread holds: threads.py)."""
 
     def __init__(self):
         self.index = -1
-        self.open: str | None = None      # "thinking" | "text" | None
-        self.thinking = ""                # the open thinking block's text (for its signature)
+        self.open: str | None = None      # "thinking" | "text" | None: blocks[-1]'s kind
+        self.blocks: list[dict] = []
 
     def part(self, part) -> list[bytes]:
         out = []
         if part.reasoning:
             out += self._ensure("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            self.thinking += part.reasoning
+            self.blocks[-1]["thinking"] += part.reasoning
             out.append(self._delta({"type": "thinking_delta", "thinking": part.reasoning}))
         if part.text:
             out += self._ensure("text", {"type": "text", "text": ""})
+            self.blocks[-1]["text"] += part.text
             out.append(self._delta({"type": "text_delta", "text": part.text}))
         for call in part.tool_calls:
             out += self._close()
             self.index += 1
+            self.blocks.append(shapes.tool_use_block(call))
             out.append(event("content_block_start", {
                 "type": "content_block_start", "index": self.index,
                 "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
@@ -61,6 +64,7 @@ class BlockWriter:
         out = self._close()
         self.index += 1
         self.open = kind
+        self.blocks.append(dict(block))
         out.append(event("content_block_start", {"type": "content_block_start",
                                                  "index": self.index, "content_block": block}))
         return out
@@ -70,9 +74,9 @@ class BlockWriter:
             return []
         out = []
         if self.open == "thinking":
-            out.append(self._delta({"type": "signature_delta",
-                                    "signature": shapes.signature(self.thinking)}))
-            self.thinking = ""
+            block = self.blocks[-1]
+            block["signature"] = shapes.signature(block["thinking"])
+            out.append(self._delta({"type": "signature_delta", "signature": block["signature"]}))
         out.append(event("content_block_stop", {"type": "content_block_stop",
                                                 "index": self.index}))
         self.open = None
