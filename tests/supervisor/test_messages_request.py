@@ -111,6 +111,33 @@ def test_any_without_tools_is_worded_as_this_api_words_it():
     assert "required" not in e.value.message   # (OpenAI's word for it)
 
 
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+          "additionalProperties": False}
+
+
+@pytest.mark.parametrize("extra", [
+    {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}, "effort": "low"}},
+    {"output_format": {"type": "json_schema", "schema": SCHEMA}},   # the beta's own field
+])
+def test_an_output_format_becomes_the_grammars_schema(extra):
+    out = generate(**extra).output
+    assert (out.response_format, out.json_schema) == ("json_schema", SCHEMA)
+
+
+@pytest.mark.parametrize("extra,param", [
+    ({"output_config": {"format": "json"}}, "output_config.format"),
+    ({"output_config": {"format": {"schema": SCHEMA}}}, "output_config.format.type"),
+    ({"output_config": {"format": {"type": "xml", "schema": SCHEMA}}},
+     "output_config.format.type"),
+    ({"output_format": {"type": "json_schema"}}, "output_format.schema"),
+    ({"output_format": {"type": "json_schema", "schema": []}}, "output_format.schema"),
+])
+def test_a_bad_output_format_is_a_400_naming_it(extra, param):
+    with pytest.raises(APIError) as e:
+        parse_messages_request(body(**extra))
+    assert (e.value.status, e.value.param) == (400, param)
+
+
 def test_server_tools_are_skipped_and_named():
     parsed = parse_messages_request(body(tools=[TOOL, {"type": "web_search_20250305",
                                                        "name": "web_search"}]))

@@ -27,7 +27,11 @@ Anthropic's shapes become the chat form the worker's templates render:
   `max_tokens` is required, as Anthropic requires it (not for count_tokens), and is a
   ceiling: Claude Code asks for 32000 on every turn, and a model whose context leaves less
   generates what it leaves rather than refusing;
-- `output_config.effort` picks the reasoning effort of adaptive thinking.
+- `output_config.effort` picks the reasoning effort of adaptive thinking;
+  `output_config.format` (`{"type": "json_schema", "schema": …}`, what the SDK's
+  `messages.parse(output_format=…)` sends; the structured-outputs beta's top-level
+  `output_format` too) → a JSON-schema response format: the reply's text follows the
+  schema, grammar-enforced, as Anthropic's structured outputs guarantee.
 `cache_control` markers, `metadata`, `service_tier` and unknown fields are accepted and
 ignored: the prefix cache caches every prompt anyway.
 """
@@ -68,6 +72,7 @@ class MessagesRequest:
     stop: tuple = ()
     tools: tuple = ()                    # chat (nested) form
     tool_choice: tooling.ToolChoice = tooling.ToolChoice()
+    response_format: tooling.ResponseFormat = tooling.ResponseFormat()
     parallel_tool_calls: Optional[bool] = None
     reasoning_effort: Optional[str] = None
     skipped_tools: tuple = field(default=())  # server tools left out (X-MLXD-Warning)
@@ -80,7 +85,7 @@ class MessagesRequest:
             sampling=build.sampling(config, max_tokens=self.max_tokens,
                                     temperature=self.temperature, top_p=self.top_p,
                                     top_k=self.top_k, max_tokens_ceiling=True),
-            output=tooling.output(self.tools, self.tool_choice, tooling.ResponseFormat(),
+            output=tooling.output(self.tools, self.tool_choice, self.response_format,
                                 parallel_tool_calls=self.parallel_tool_calls,
                                 stop=self.stop, reasoning_effort=self.reasoning_effort),
         )
@@ -111,6 +116,7 @@ def parse_messages_request(body: dict, *, count_only: bool = False) -> MessagesR
         stop=_stop_sequences(body.get("stop_sequences")),
         tools=tools,
         tool_choice=choice,
+        response_format=_output_format(body),
         parallel_tool_calls=parallel,
         reasoning_effort=_thinking(body.get("thinking"), body.get("output_config")),
         skipped_tools=skipped,
@@ -382,6 +388,29 @@ def _tool_choice(value, tools: tuple) -> tuple[tooling.ToolChoice, Optional[bool
         raise missing("tool_choice.type")
     raise invalid_value("tool_choice.type", f"{kind!r}. Expected 'auto', 'any', 'tool' or "
                         "'none'.")
+
+
+def _output_format(body: dict) -> tooling.ResponseFormat:
+    config = body.get("output_config")
+    if isinstance(config, dict) and config.get("format") is not None:
+        value, param = config["format"], "output_config.format"
+    else:
+        value, param = body.get("output_format"), "output_format"
+    if value is None:
+        return tooling.ResponseFormat()
+    if not isinstance(value, dict):
+        raise invalid_type(param, "an object", value)
+    kind = value.get("type")
+    if kind is None:
+        raise missing(f"{param}.type")
+    if kind != "json_schema":
+        raise invalid_value(f"{param}.type", f"{kind!r}. Expected 'json_schema'.")
+    schema = value.get("schema")
+    if schema is None:
+        raise missing(f"{param}.schema")
+    if not isinstance(schema, dict):
+        raise invalid_type(f"{param}.schema", "an object", schema)
+    return tooling.ResponseFormat("json_schema", schema, "output", True)
 
 
 def _stop_sequences(value) -> tuple:

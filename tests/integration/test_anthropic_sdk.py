@@ -1,21 +1,22 @@
-"""Anthropic's message threads end to end, driven by the official `anthropic` SDK's own
-tool loop (`client.beta.messages.tool_runner`, which threads its requests by itself) and
-its thread helper, on a real server: each later request sends only its new messages, and
-the reply is the one the whole conversation gets without a thread. The model is the tiny
-Qwen3-Coder-template one that ends its replies after one token (tests/openresponses/
+"""The official `anthropic` SDK's own helpers on a real server: its tool loop
+(`client.beta.messages.tool_runner`, which threads its requests by itself) and its thread
+helper over Anthropic's message threads (each later request sends only its new messages,
+and the reply is the one the whole conversation gets without a thread), and its
+structured outputs (`messages.parse(output_format=...)`, streamed too). The model is the
+tiny Qwen3-Coder-template one that ends its replies after one token (tests/openresponses/
 model.py); `tool_choice: any` makes every turn a grammar-built tool call, whose bounded
 arguments keep it short."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Literal
 
 import anthropic
 import httpx2
 import pytest
 from anthropic import beta_tool
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.integration
 
@@ -115,3 +116,26 @@ def test_a_thread_continues_once_and_an_unknown_one_is_not_found(sdk, stopping_s
     assert e.value.error_code == "thread_not_found"
     third = again(second.id)
     assert third.usage.cache_read_input_tokens > 0
+
+
+class Report(BaseModel):
+    # (Bounded: the SDK moves a string's maxLength into its description, and a random
+    # model's free string runs to max_tokens.)
+    city: Literal["Paris", "Rome", "Oslo"]
+    warm: bool
+
+
+@pytest.mark.parametrize("how", ["parse", "stream", "beta"])
+def test_structured_output_follows_the_sdks_schema(sdk, stopping_server, how):
+    client, sent = sdk
+    ask = {"model": stopping_server.model, "max_tokens": 100, "output_format": Report,
+           "messages": [{"role": "user", "content": "Paris?"}],
+           "extra_body": {"temperature": 0}}
+    if how == "stream":
+        with client.messages.stream(**ask) as stream:
+            message = stream.get_final_message()
+    else:
+        message = (client.beta.messages if how == "beta" else client.messages).parse(**ask)
+    assert isinstance(message.parsed_output, Report)
+    assert message.stop_reason == "end_turn"
+    assert sent[-1]["output_config"]["format"]["type"] == "json_schema"
