@@ -24,7 +24,7 @@ from supervisor.api.conversations import routes as conversations
 from supervisor.api.fields import remote_media
 from supervisor.api.messages import routes as messages
 from supervisor.api.pooling import routes as pooling
-from supervisor.api.responses import compact
+from supervisor.api.responses import compact, counts
 from supervisor.api.responses import routes as responses
 from supervisor.api.responses import websocket as responses_ws
 from supervisor.http import guard, metrics, serving
@@ -58,6 +58,7 @@ def create_app(config: Config, *, factory_for=None, probe: Probe | None = None) 
     listing.setup(app, config)
     health.setup(app)
     compact.setup(app)  # POST /v1/responses/compact
+    counts.setup(app)  # POST /v1/responses/input_tokens
     responses.setup(app)
     responses_ws.setup(app)  # GET /v1/responses: WebSocket mode
     conversations.setup(app)
