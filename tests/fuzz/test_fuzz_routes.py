@@ -96,7 +96,9 @@ def check(srv, http, model: str, label: str, method: str, url: str, *, content=N
     if r.status_code >= 400 and anthropic:  # Anthropic's envelope on its routes
         body = r.json()
         assert set(body) == {"type", "error", "request_id"} and body["type"] == "error", where
-        assert set(body["error"]) == {"type", "message"}, where
+        assert set(body["error"]) - {"details"} == {"type", "message"}, where
+        if "details" in body["error"]:  # a message thread's: the code the SDK replays on
+            assert body["error"]["details"]["error_code"].startswith("thread_"), where
         assert body["error"]["message"] and body["error"]["type"] in (
             "invalid_request_error", "not_found_error"), where
     elif r.status_code >= 400:
@@ -202,9 +204,19 @@ def bases(model: str, embed: str = "", rerank: str = "") -> dict[str, list[dict]
              "tools": [{"name": "f", "input_schema": tool()["function"]["parameters"]}],
              "tool_choice": {"type": "tool", "name": "f", "disable_parallel_tool_use": True},
              "thinking": {"type": "enabled", "budget_tokens": 1024}},
+            {"model": model, "max_tokens": 4, "thread": {"type": "create"},
+             "messages": [{"role": "user", "content": "hi"}],
+             "output_config": {"format": {"type": "json_schema", "schema": schema}}},
+            {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+             "thread": {"type": "continue", "previous_message_id": "msg_1"}},
         ],
         "/v1/messages/count_tokens": [
             {"model": model, "system": "s", "messages": [{"role": "user", "content": "hi"}]},
+        ],
+        "/v1/responses/input_tokens": [
+            {"model": model, "input": [{"role": "user", "content": "hi"}], "instructions": "s",
+             "tools": [{"type": "function", "name": "f", "parameters": tool()["function"][
+                 "parameters"]}], "tool_choice": "auto", "reasoning": {"effort": "low"}},
         ],
     }
 
@@ -221,7 +233,8 @@ def mutated_bodies(draw, route: str, models: tuple[str, str, str]):
 @pytest.mark.parametrize("route,examples", [
     ("/v1/chat/completions", 400), ("/v1/completions", 200), ("/v1/responses", 300),
     ("/v1/embeddings", 120), ("/v1/rerank", 80), ("/tokenize", 100), ("/detokenize", 50),
-    ("/v1/messages", 250), ("/v1/messages/count_tokens", 60)])
+    ("/v1/messages", 250), ("/v1/messages/count_tokens", 60),
+    ("/v1/responses/input_tokens", 60)])
 def test_post_routes_survive_hostile_bodies(srv, http, tiny_model, embed_model,
                                             reranker_model, route, examples):
     model = str(tiny_model)
