@@ -1,5 +1,6 @@
 """The Responses API with tools, text.format and reasoning, on a tiny model with a real
-tool-calling family's template (Qwen/Hermes: tools, <tool_call>, <think>)."""
+tool-calling family's template (Qwen/Hermes: tools, <tool_call>, <think>); and the input
+token count of such a request."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from tests.integration.conftest import sse_events
 from tests.openresponses.schema import check_event, check_response
+from tests.schema import validate
 
 WEATHER = {"type": "function", "name": "get_weather", "strict": True, "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -109,3 +111,30 @@ def test_reasoning_becomes_a_reasoning_item(qwen):
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
     assert deltas == text and text and "<think>" not in json.dumps(final)
     assert final["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+
+
+def test_input_tokens_counts_the_prompt_a_response_gets(oai, qwen):
+    # POST /v1/responses/input_tokens (`client.responses.input_tokens.count`): nothing
+    # generated or stored; instructions and tools rendered by the template, and a stored
+    # chain before `previous_response_id`, count as the response's prompt.
+    _, model = qwen
+    ask = {"model": model, "input": "Weather in Paris for 3 days?", "instructions": "Be brief.",
+           "tools": [WEATHER], "reasoning": NO_THINKING}
+    counted = oai.responses.input_tokens.count(**ask)
+    validate(counted.model_dump(), "TokenCountsResource", strict=True)
+    first = oai.responses.create(**ask, max_output_tokens=4)
+    assert counted.input_tokens == first.usage.input_tokens
+    bare = oai.responses.input_tokens.count(model=model, input="Weather in Paris for 3 days?")
+    assert 0 < bare.input_tokens < counted.input_tokens   # the tools and instructions count
+    # After a stored response, its chain counts too.
+    then = {"model": model, "previous_response_id": first.id, "input": "And in Rome?",
+            "tools": [WEATHER], "reasoning": NO_THINKING}
+    chained = oai.responses.input_tokens.count(**then)
+    follow = oai.responses.create(**then, max_output_tokens=4)
+    assert chained.input_tokens == follow.usage.input_tokens > counted.input_tokens
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.input_tokens.count(model=model, previous_response_id="resp_gone",
+                                         input="x")
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.input_tokens.count(model=model, input=[{"type": "nonsense"}])
+    assert e.value.body["param"].startswith("input")
