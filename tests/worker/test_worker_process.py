@@ -140,9 +140,9 @@ def test_status_answered_while_busy(worker):
 def test_heartbeats_flow_while_streaming(worker):
     worker.send(long_gen("h1", "Hello"))
     worker.wait_for("delta", rid="h1")
-    beats, t_end = [], time.monotonic() + 1.0
-    deltas = 0
-    while time.monotonic() < t_end:
+    # Until three beats and 50 deltas have come (about a second; longer on a busy machine).
+    beats, deltas, deadline = [], 0, time.monotonic() + 30
+    while (len(beats) < 3 or deltas <= 50) and time.monotonic() < deadline:
         e = worker.recv(heartbeats=True)
         assert e.kind != "done", "h1 ended before the test cancelled it"
         if e.kind == "heartbeat":
@@ -264,7 +264,7 @@ def test_worker_dies_with_its_parent(tiny_model, tmp_path):
         assert evt.poll(30_000), "the worker never sent a heartbeat"  # lifeline armed by now
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 2.0
+        deadline = time.monotonic() + 10   # (well under a second when the machine is idle)
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(pid), "the worker outlived its parent"
