@@ -3,9 +3,10 @@
 A message runs the one request lifecycle (api/lifecycle.py): admission, `started` (errors
 before it keep their own status, in this API's envelope), then the whole message or its
 event stream. A request in a message thread (threads.py) is served as the whole
-conversation it continues, and its reply is held for the next. count_tokens is the same request, rendered and tokenized by the worker as
-generation would prefill it, without generating (the TOKENIZE task): its count equals the
-`input_tokens + cache_read_input_tokens` the same request reports. Both do the request's
+conversation it continues, and its reply is held for the next. count_tokens is the same
+request, rendered and tokenized by the worker as generation would prefill it, without
+generating (the TOKENIZE task): its count equals the `input_tokens +
+cache_read_input_tokens` the same request reports. Both do the request's
 `context_management` edits first (context.py) and report what they cleared.
 """
 
