@@ -34,8 +34,8 @@ class Clock:
 
 def created(threads: Threads, message_id: str = "msg_1", size: int = 100) -> None:
     turn = threads.turn({"model": "m", "system": SYSTEM, "tools": TOOLS, "messages": [USER],
-                         "thread": {"type": "create"}})
-    turn.record(message_id, CALL, size)
+                         "thread": {"type": "create"}}, size)
+    turn.record(message_id, CALL)
     turn.close()
 
 
@@ -61,7 +61,7 @@ def test_a_continue_is_served_as_the_whole_conversation_and_continues_once():
     assert (err.status, err.code) == (400, "thread_continue_in_flight")
     # ...but count_tokens reads it.
     assert threads.turn(cont("msg_1"), reserve=False).body["messages"][-1] == RESULT
-    turn.record("msg_2", [{"type": "text", "text": "21 degrees"}], 50)
+    turn.record("msg_2", [{"type": "text", "text": "21 degrees"}])
     turn.close()
     err = refused(threads, cont("msg_1"))
     assert (err.status, err.code) == (400, "thread_already_continued")
@@ -120,7 +120,7 @@ def test_a_malformed_thread_is_a_400_naming_it(thread, param):
 def test_without_a_thread_nothing_is_held():
     threads = Threads()
     turn = threads.turn({"model": "m", "messages": [USER]})
-    turn.record("msg_1", CALL, 10)
+    turn.record("msg_1", CALL)
     assert not threads.held and refused(threads, cont("msg_1")).code == "thread_not_found"
 
 

@@ -65,7 +65,7 @@ async def _parse(request: web.Request, body: dict, count_only: bool = False):
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
-    turn = request.app[THREADS].turn(await read_json(request))
+    turn = request.app[THREADS].turn(await read_json(request), request.content_length or 0)
     try:
         return await _create(request, turn)
     finally:
@@ -87,7 +87,7 @@ async def _create(request: web.Request, turn: Turn) -> web.StreamResponse:
         output = await gen.collect()
         done = gen.done
         blocks = shapes.content(output.reasoning_text, output.content, output.tool_calls)
-        turn.record(msg_id, blocks, request.content_length or 0)
+        turn.record(msg_id, blocks)
         body = shapes.message(
             msg_id, runner.id, blocks, shapes.stop_reason(done.finish_reason, done.stop_sequence),
             _stop_sequence(done), shapes.usage(done.prompt_tokens, done.cached_tokens,
@@ -121,7 +121,7 @@ async def _stream(request, gen: Generation, started, msg_id: str, model: str,
     for chunk in blocks.finish():
         await resp.write(chunk)
     # Held before the last events: the client's next turn may come as soon as it reads them.
-    turn.record(msg_id, blocks.blocks, request.content_length or 0)
+    turn.record(msg_id, blocks.blocks)
     done = gen.done
     await resp.write(event("message_delta", {
         "type": "message_delta",

@@ -69,10 +69,11 @@ class Threads:
         self.continued: OrderedDict[str, None] = OrderedDict()
         self.bytes = 0
 
-    def turn(self, body: dict, *, reserve: bool = True) -> "Turn":
-        """The turn `body` asks for, its conversation whole in `Turn.body`; raises the
-        APIError a bad or unusable `thread` is. `reserve`: hold the predecessor in flight
-        until the turn records its reply or closes (count_tokens only reads)."""
+    def turn(self, body: dict, size: int = 0, *, reserve: bool = True) -> "Turn":
+        """The turn `body` (`size` bytes as sent) asks for, its conversation whole in
+        `Turn.body`; raises the APIError a bad or unusable `thread` is. `reserve`: hold the
+        predecessor in flight until the turn records its reply or closes (count_tokens
+        only reads)."""
         thread = body.get("thread")
         if thread is None:
             return Turn(self, body)
@@ -80,7 +81,7 @@ class Threads:
             raise invalid_type("thread", "an object", thread)
         kind = thread.get("type")
         if kind == "create":
-            return Turn(self, body, create=True)
+            return Turn(self, body, size, threaded=True)
         if kind is None:
             raise missing("thread.type")
         if kind != "continue":
@@ -105,7 +106,7 @@ class Threads:
         for name in CREATE_ONLY:
             if getattr(held, name) is not None:
                 whole[name] = getattr(held, name)
-        return Turn(self, whole, create=True, previous=previous if reserve else None,
+        return Turn(self, whole, size, threaded=True, previous=previous if reserve else None,
                     held=held)
 
     def _find(self, previous: str, reading: bool = False) -> Conversation:
@@ -159,23 +160,23 @@ class Turn:
     """One request's part in a thread: `body` is what to serve; `record` holds the reply
     when it is whole, `close` (always) frees the predecessor of a turn that failed."""
 
-    def __init__(self, threads: Threads, body: dict, *, create: bool = False,
+    def __init__(self, threads: Threads, body: dict, size: int = 0, *, threaded: bool = False,
                  previous: Optional[str] = None, held: Optional[Conversation] = None):
-        self.threads, self.body, self.create = threads, body, create
+        self.threads, self.body, self.size, self.threaded = threads, body, size, threaded
         self.previous, self.held = previous, held
         self.recorded = False
 
-    def record(self, message_id: str, reply: list[dict], given_bytes: int) -> None:
+    def record(self, message_id: str, reply: list[dict]) -> None:
         """The turn's reply is whole (before the client can read its last event): the
         conversation with it is held under its id, and the predecessor is continued."""
-        if not self.create or self.recorded:
+        if not self.threaded or self.recorded:
             return
         self.recorded = True
         body = self.body
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         reply_message = {"role": "assistant", "content": reply}
         base = self.held.size if self.held is not None else 0
-        size = base + given_bytes + len(json.dumps(reply_message, ensure_ascii=False))
+        size = base + self.size + len(json.dumps(reply_message, ensure_ascii=False))
         self.threads._hold(message_id, Conversation(
             system=body.get("system"), tools=body.get("tools"),
             messages=[*messages, reply_message], size=size, used=self.threads.clock()))
