@@ -73,6 +73,64 @@ def test_tool_call_events_stream(qwen):
     jsonschema.validate(json.loads(done["arguments"]), WEATHER["parameters"])
 
 
+AGENTS = {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
+    {"type": "function", "name": "close_agent", "strict": True, "parameters": {
+        "type": "object", "properties": {"target": {"type": "string", "maxLength": 8}},
+        "required": ["target"], "additionalProperties": False}},
+    {"type": "custom", "name": "patch", "description": "A freeform patch."}]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_namespace_tools_functions_are_called_with_their_namespace(qwen, stream):
+    # Codex sends its sub-agent tools as a `namespace` tool (NamespaceToolParam): its
+    # functions are offered beside the others, and a call of one names the namespace.
+    srv, model = qwen
+    body = {"model": model, "input": "Close agent a1.", "tools": [WEATHER, AGENTS],
+            "tool_choice": {"type": "function", "name": "close_agent"}, "stream": stream,
+            "reasoning": NO_THINKING, "max_output_tokens": 200, "parallel_tool_calls": False}
+    with httpx.Client(base_url=srv.url, timeout=60) as http:
+        if stream:
+            with http.stream("POST", "/v1/responses", json=body) as r:
+                events = sse_events(r)
+                headers = r.headers
+            for ev in events:
+                check_event(ev)
+            added = next(e for e in events if e["type"] == "response.output_item.added")
+            assert added["item"]["namespace"] == "agents"
+            first = events[-1]["response"]
+        else:
+            r = http.post("/v1/responses", json=body)
+            first, headers = r.json(), r.headers
+    check_response(first)
+    [call] = first["output"]
+    assert (call["type"], call["name"], call["namespace"]) == ("function_call", "close_agent",
+                                                               "agents")
+    jsonschema.validate(json.loads(call["arguments"]),
+                        AGENTS["tools"][0]["parameters"])
+    # Echoed as function tools (the Open Responses schema knows no other); its custom
+    # tool is skipped, and said to be.
+    assert [t["name"] for t in first["tools"]] == ["get_weather", "close_agent"]
+    assert "custom" in headers["x-mlxd-warning"]
+    # The call goes back with its namespace, and the chain keeps it.
+    oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    follow = oai.responses.create(model=model, tools=[WEATHER, AGENTS], reasoning=NO_THINKING,
+                                  max_output_tokens=4, input=[
+                                      {k: v for k, v in call.items() if k != "status"},
+                                      {"type": "function_call_output",
+                                       "call_id": call["call_id"], "output": "closed"}])
+    items = oai.responses.input_items.list(follow.id, order="asc").data
+    assert [(i.type, getattr(i, "namespace", None)) for i in items][0] == (
+        "function_call", "agents")
+
+
+def test_a_function_named_twice_among_namespaces_is_a_400(oai, qwen):
+    _, model = qwen
+    twice = {**AGENTS, "tools": [{**AGENTS["tools"][0], "name": "get_weather"}]}
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model=model, input="x", tools=[WEATHER, twice])
+    assert e.value.body["param"] == "tools[1].tools" and "get_weather" in e.value.message
+
+
 def test_tool_choice_none_makes_no_calls(oai, qwen):
     _, model = qwen
     r = oai.responses.create(model=model, input="Weather?", tools=[WEATHER], tool_choice="none",

@@ -130,13 +130,17 @@ class ResponseBuilder:
         return events
 
     def function_call(self, name: str, arguments: str, call_id: str | None = None,
-                      item_id: str | None = None, status: str = "completed") -> list[dict]:
+                      item_id: str | None = None, status: str = "completed",
+                      namespace: str | None = None) -> list[dict]:
         """A call, whole (the worker parses calls whole): added, arguments, done. A call
         cut off by max_output_tokens comes the same way, `incomplete`, with its arguments
-        as far as they got (not valid JSON)."""
+        as far as they got (not valid JSON). A function of a namespace tool names it."""
         events = self._close()
         item = {"id": item_id or new_id("fc"), "type": "function_call", "status": "in_progress",
                 "call_id": call_id or new_id("call"), "name": name, "arguments": ""}
+        namespace = namespace or (self.req.namespace_of.get(name) if self.req else None)
+        if namespace:
+            item["namespace"] = namespace
         self.output.append(item)
         index = len(self.output) - 1
         events.append(self._event("response.output_item.added", output_index=index,
@@ -255,7 +259,8 @@ def replay(stored: dict) -> list[dict]:
                                   item.get("id"))
         elif kind == "function_call":
             events += b.function_call(item["name"], item["arguments"], item.get("call_id"),
-                                      item.get("id"), item.get("status") or "completed")
+                                      item.get("id"), item.get("status") or "completed",
+                                      item.get("namespace"))
     events += b._close(item_status(stored["status"]))
     b.output = stored.get("output") or b.output  # the stored items, ids and all
     b.status = stored["status"]

@@ -68,9 +68,12 @@ def _item(where: str, item) -> dict:
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise invalid_type(f"{where}.{key}", "a string", item.get(key))
-        return {"id": item.get("id") or new_id("fc"), "type": "function_call",
+        call = {"id": item.get("id") or new_id("fc"), "type": "function_call",
                 "call_id": item["call_id"], "name": item["name"],
                 "arguments": item["arguments"], "status": "completed"}
+        if isinstance(item.get("namespace"), str):  # a namespace tool's function
+            call["namespace"] = item["namespace"]
+        return call
     if kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise invalid_type(f"{where}.call_id", "a string", item.get("call_id"))

@@ -46,6 +46,9 @@ class ResponsesRequest:
     top_logprobs: int = 0                  # alternatives per token (0..20)
     tools: tuple = ()                      # function tools, normalised (chat's nested form)
     skipped_tools: list = field(default_factory=list)  # built-in tool types not run here
+    # A `namespace` tool's functions are among `tools`, under their own names; their calls
+    # name the namespace (FunctionToolCall.namespace).
+    namespace_of: dict = field(default_factory=dict)       # function name → namespace
     tool_choice: toolspec.ToolChoice = field(default_factory=toolspec.ToolChoice)
     tool_choice_echo: object = "auto"      # as the client sent it, for the response object
     parallel_tool_calls: bool = True
@@ -66,7 +69,9 @@ class ResponsesRequest:
 
     @property
     def tools_echo(self) -> list:
-        """The tools as the Responses API shows them (flat FunctionTool objects)."""
+        """The tools as the Responses API shows them (flat FunctionTool objects, a
+        namespace's functions too: the Open Responses schema's ResponseResource knows no
+        other tool)."""
         out = []
         for t in self.tools:
             fn = t["function"]
@@ -123,8 +128,8 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
     if background and store is False:
         raise invalid_value("background", "Background responses must be stored: "
                             "remove `store: false` or `background: true`.")
-    tool_list, skipped = _split_tools(body)
-    tools = toolspec.normalize_tools(tool_list)
+    tool_list, skipped, spaces = _split_tools(body)
+    tools, namespace_of = _with_namespaces(toolspec.normalize_tools(tool_list), spaces)
     text = opt_object(body, "text") or {}
     fmt = text.get("format")
     top_logprobs = opt_int(body, "top_logprobs", 0, 20) or 0
@@ -146,6 +151,7 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         top_logprobs=top_logprobs,
         tools=tools,
         skipped_tools=skipped,
+        namespace_of=namespace_of,
         tool_choice=toolspec.parse_tool_choice(body.get("tool_choice"), tools),
         tool_choice_echo=body.get("tool_choice") or "auto",
         parallel_tool_calls=opt_bool(body, "parallel_tool_calls") is not False,
@@ -173,22 +179,65 @@ def _include(body: dict) -> list:
     return include
 
 
-def _split_tools(body: dict) -> tuple[list, list]:
-    """(function tools, names of the built-in tool types that are skipped)."""
-    tools, skipped = [], []
+def _split_tools(body: dict) -> tuple[list, list, list]:
+    """(function tools, names of the built-in tool types that are skipped, the namespace
+    tools as (where, name, their function tools))."""
+    tools, skipped, spaces = [], [], []
     for i, tool in enumerate(opt_list(body, "tools") or []):
         if not isinstance(tool, dict):
             raise invalid_type(f"tools[{i}]", "an object", tool)
         kind = tool.get("type")
         if kind == "function":
             tools.append(tool)
+        elif kind == "namespace":
+            spaces.append(_namespace(f"tools[{i}]", tool, skipped))
         elif not isinstance(kind, str):
             raise invalid_type(f"tools[{i}].type", "a string", kind)
         elif _TOOL_TYPE.fullmatch(kind):
             skipped.append(kind)  # a built-in tool (web_search, ...): named in a header
         else:
             raise invalid_value(f"tools[{i}].type", f"'{kind[:64]}' is not a tool type.")
-    return tools, skipped
+    return tools, skipped, spaces
+
+
+def _namespace(where: str, tool: dict, skipped: list) -> tuple:
+    """A `namespace` tool (NamespaceToolParam): its function tools (its custom ones are
+    skipped, as top-level custom tools are)."""
+    name, description = tool.get("name"), tool.get("description")
+    if not isinstance(name, str) or not name:
+        raise invalid_type(f"{where}.name", "a non-empty string", name)
+    if not isinstance(description, str):
+        raise invalid_type(f"{where}.description", "a string", description)
+    inner = tool.get("tools")
+    if not isinstance(inner, list) or not inner:
+        raise invalid_value(f"{where}.tools", "expected a non-empty array of tools.")
+    functions = []
+    for j, t in enumerate(inner):
+        kind = t.get("type") if isinstance(t, dict) else None
+        if kind == "function":
+            functions.append(t)
+        elif kind == "custom":
+            skipped.append(kind)
+        else:
+            raise invalid_value(f"{where}.tools[{j}].type", "expected 'function' or 'custom'.")
+    return where, name, functions
+
+
+def _with_namespaces(tools: tuple, spaces: list) -> tuple[tuple, dict]:
+    """The top-level function tools and every namespace's, one list of distinct names;
+    and the namespace of each of the latter."""
+    names, namespace_of = toolspec.tool_names(tools), {}
+    for where, space, functions in spaces:
+        inner = toolspec.normalize_tools(functions, f"{where}.tools")
+        for t in inner:
+            name = t["function"]["name"]
+            if name in names:
+                raise invalid_value(f"{where}.tools", f"the function '{name}' is defined "
+                                    "twice among the tools.")
+            names.add(name)
+            namespace_of[name] = space
+        tools += inner
+    return tools, namespace_of
 
 
 # What OpenAI's tool types look like (web_search_preview_2025_03_11, mcp, ...). Only such
