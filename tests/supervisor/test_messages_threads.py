@@ -143,6 +143,12 @@ async def test_over_http_a_continue_reaches_the_worker_whole(stream):
         first = (events_of(await r.text())[0][1]["message"]["id"] if stream
                  else (await r.json())["id"])
         follow = {"role": "user", "content": "more"}
+        # count_tokens reads the thread (the worker tokenizes the whole conversation)
+        # without taking its turn.
+        r = await client.post("/v1/messages/count_tokens", headers=HEADERS, json={
+            "model": "fake", "messages": [follow],
+            "thread": {"type": "continue", "previous_message_id": first}})
+        assert r.status == 200 and len(sent(world)[-1].messages) == 4
         r = await client.post("/v1/messages", headers=HEADERS, json={
             "model": "fake", "max_tokens": 3, "messages": [follow],
             "thread": {"type": "continue", "previous_message_id": first}})
