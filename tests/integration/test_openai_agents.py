@@ -1,5 +1,5 @@
 """OpenAI's Agents SDK (`openai-agents`) running its agent loop on a real server, over the
-Responses API and over chat completions: a turn that must call a tool (`tool_choice:
+Responses API (HTTP and its WebSocket mode) and over chat completions: a turn that must call a tool (`tool_choice:
 required`, grammar-built arguments), the tool run by the SDK, its result sent back, and
 the model's answer after it; streamed and not; chained by `previous_response_id` and by a
 Conversation; a structured `output_type`. The model is the tiny Qwen3-Coder-template one
@@ -15,6 +15,7 @@ import httpx
 import pytest
 from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel,
                     Runner, function_tool, set_tracing_disabled)
+from agents.models.openai_responses import OpenAIResponsesWSModel
 from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
 
@@ -124,3 +125,30 @@ async def test_a_structured_output_type_comes_back_as_the_model(setup, api):
     assert len(result.final_output.city) <= 10
     asked = json.dumps(sent[-1][1])
     assert '"json_schema"' in asked and '"strict": true' in asked
+
+
+async def test_an_agent_runs_over_the_responses_websocket(stopping_server):
+    # The SDK's WebSocket transport (`response.create` frames on /v1/responses): one
+    # connection for every turn of both runs.
+    posted: list = []
+
+    async def record(request):
+        posted.append(request.url.path)
+
+    client = AsyncOpenAI(base_url=stopping_server.url + "/v1", api_key="unused", max_retries=0,
+                         http_client=httpx.AsyncClient(event_hooks={"request": [record]}))
+    model = OpenAIResponsesWSModel(model=stopping_server.model, openai_client=client)
+    calls: list = []
+    agent = weather_agent(model, calls)
+    try:
+        result = await Runner.run(agent, "Weather in Paris?", max_turns=4)
+        streamed = Runner.run_streamed(agent, "Weather in Rome?", max_turns=4)
+        names = [e.name async for e in streamed.stream_events()
+                 if e.type == "run_item_stream_event"]
+    finally:
+        await model.close()
+    assert [type(i).__name__ for i in result.new_items] == [
+        "ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"]
+    assert names == ["tool_called", "tool_output", "message_output_created"]
+    assert len(calls) == 2 and result.final_output and streamed.final_output
+    assert posted == []   # no turn fell back to HTTP
