@@ -209,6 +209,10 @@ def bases(model: str, embed: str = "", rerank: str = "") -> dict[str, list[dict]
              "output_config": {"format": {"type": "json_schema", "schema": schema}}},
             {"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
              "thread": {"type": "continue", "previous_message_id": "msg_1"}},
+            {"model": model, "max_tokens": 4, "compaction": {"type": "summarize"},
+             "messages": [{"role": "assistant", "content": [
+                 {"type": "compaction", "content": "s", "signature": "x"}]},
+                 {"role": "user", "content": "hi"}]},
         ],
         "/v1/messages/count_tokens": [
             {"model": model, "system": "s", "messages": [{"role": "user", "content": "hi"}]},

@@ -1,8 +1,9 @@
 """The official `anthropic` SDK's own helpers on a real server: its tool loop
 (`client.beta.messages.tool_runner`, which threads its requests by itself) and its thread
 helper over Anthropic's message threads (each later request sends only its new messages,
-and the reply is the one the whole conversation gets without a thread), and its
-structured outputs (`messages.parse(output_format=...)`, streamed too). The model is the
+and the reply is the one the whole conversation gets without a thread), the runner's
+compaction (`compact_before_next_turn()`), and its structured outputs
+(`messages.parse(output_format=...)`, streamed too). The model is the
 tiny Qwen3-Coder-template one that ends its replies after one token (tests/openresponses/
 model.py); `tool_choice: any` makes every turn a grammar-built tool call, whose bounded
 arguments keep it short."""
@@ -139,3 +140,42 @@ def test_structured_output_follows_the_sdks_schema(sdk, stopping_server, how):
     assert isinstance(message.parsed_output, Report)
     assert message.stop_reason == "end_turn"
     assert sent[-1]["output_config"]["format"]["type"] == "json_schema"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_tool_runner_compacts_through_mlxd_and_goes_on(sdk, stopping_server, stream):
+    client, sent = sdk
+
+    @beta_tool
+    def get_weather(city: Annotated[str, Field(max_length=12)],
+                    days: Annotated[int, Field(ge=1, le=7)]) -> str:
+        """The weather in a city for some days.
+
+        Args:
+            city: the city
+            days: how many days
+        """
+        return json.dumps({"temp": 21})
+
+    runner = client.beta.messages.tool_runner(
+        model=stopping_server.model, max_tokens=200, system="Use the tools.",
+        tools=[get_weather], tool_choice={"type": "any"}, max_iterations=3, stream=stream,
+        messages=[{"role": "user", "content": "Weather in Paris?"}],
+        extra_body={"temperature": 0})
+    replies = []
+    for turn in runner:
+        replies.append(turn.get_final_message() if stream else turn)
+        if len(replies) == 1:
+            runner.compact_before_next_turn()
+    assert [r.stop_reason for r in replies] == ["tool_use", "compaction", "tool_use",
+                                                "tool_use"]
+    [block] = replies[1].content
+    # The summary heads with what is written, not generated: the user's request.
+    assert block.type == "compaction" and "Task: Weather in Paris?" in block.content
+    asked = next(b for b in sent if "compaction" in b)
+    assert asked["compaction"] == {"type": "summarize"}
+    assert [m["role"] for m in asked["messages"]] == ["user", "assistant", "user"]
+    # The runner went on from the summary alone: its history is the compaction block.
+    after = sent[sent.index(asked) + 1]
+    assert [[b["type"] for b in m["content"]] for m in after["messages"]] == [["compaction"]]
+    assert after["messages"][0]["content"][0]["content"] == block.content

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from protocol import Task
-from supervisor.api.messages.request import parse_messages_request
+from supervisor.api.messages.request import SUMMARY_LEAD, parse_messages_request
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 
@@ -136,6 +136,21 @@ def test_a_bad_output_format_is_a_400_naming_it(extra, param):
     with pytest.raises(APIError) as e:
         parse_messages_request(body(**extra))
     assert (e.value.status, e.value.param) == (400, param)
+
+
+def test_a_compaction_block_stands_for_what_it_summarised():
+    summary = {"type": "compaction", "content": "Task: the weather.", "signature": "s"}
+    gen = generate(messages=[
+        {"role": "assistant", "content": [summary]},
+        {"role": "assistant", "content": [{"type": "compaction", "content": None}]},
+        {"role": "user", "content": "go on"}])
+    assert gen.messages == [
+        {"role": "user", "content": SUMMARY_LEAD + "Task: the weather."},
+        {"role": "user", "content": "go on"}]
+    with pytest.raises(APIError) as e:
+        parse_messages_request(body(messages=[{"role": "assistant", "content": [
+            {"type": "compaction", "content": ""}]}]))
+    assert e.value.param == "messages[0].content[0].content"
 
 
 def test_server_tools_are_skipped_and_named():

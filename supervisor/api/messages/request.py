@@ -9,6 +9,8 @@ Anthropic's shapes become the chat form the worker's templates render:
   text), `thinking` blocks → its `reasoning_content` (templates that keep past reasoning
   render it); `redacted_thinking` and server-tool blocks carry nothing a local model can
   read and are left out;
+- a `compaction` block (compaction.py) → a user message holding its summary, where the
+  turns it summarised were (a null one, a failed compaction's, is nothing);
 - images and PDF documents: no model served here reads them yet; one in the last user
   message is a 400, earlier ones become "[image]" so a conversation can switch models;
   plain-text documents are read as text;
@@ -56,6 +58,7 @@ from supervisor.http.errors import APIError
 
 MAX_STOP_SEQUENCES = 64
 ROLES = ("user", "assistant", "system")
+SUMMARY_LEAD = "This conversation continues from a summary of what came before it:\n\n"
 EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high", "xhigh": "high"}
 
 
@@ -162,9 +165,16 @@ def _messages(value, images: list) -> list[dict]:
             text = "\n".join(_text_block(f"{where}.content[{j}]", b)
                              for j, b in enumerate(blocks))
             out.append({"role": "system", "content": text})
-        elif role == "user":
+            continue
+        # A compaction block (compaction.py) stands for the turns it summarised: the
+        # summary, as the user's words (templates open with a user turn).
+        summaries = [_summary(f"{where}.content[{j}]", b) for j, b in enumerate(blocks)
+                     if b["type"] == "compaction"]
+        out.extend({"role": "user", "content": s} for s in summaries if s)
+        blocks = [b for b in blocks if b["type"] != "compaction"]
+        if role == "user":
             out.extend(_user(where, blocks, i == last_user, images))
-        else:
+        elif blocks or not summaries:
             out.append(_assistant(where, blocks))
     return out
 
@@ -271,6 +281,16 @@ def _assistant(where: str, blocks: list[dict]) -> dict:
     if reasoning:
         msg["reasoning_content"] = "\n".join(reasoning)
     return msg
+
+
+def _summary(at: str, block: dict) -> Optional[str]:
+    """A compaction block's summary, led in; None for a failed compaction's (a no-op)."""
+    content = block.get("content")
+    if content is None:
+        return None
+    if not isinstance(content, str) or not content:
+        raise invalid_value(f"{at}.content", "expected the summary's text, or null.")
+    return SUMMARY_LEAD + content
 
 
 def _text_block(at: str, block) -> str:

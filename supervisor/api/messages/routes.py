@@ -3,7 +3,8 @@
 A message runs the one request lifecycle (api/lifecycle.py): admission, `started` (errors
 before it keep their own status, in this API's envelope), then the whole message or its
 event stream. A request in a message thread (threads.py) is served as the whole
-conversation it continues, and its reply is held for the next. count_tokens is the same
+conversation it continues, and its reply is held for the next; one with `compaction` is
+answered with the conversation's summary (compaction.py). count_tokens is the same
 request, rendered and tokenized by the worker as generation would prefill it, without
 generating (the TOKENIZE task): its count equals the `input_tokens +
 cache_read_input_tokens` the same request reports. Both do the request's
@@ -19,7 +20,7 @@ from aiohttp import web
 
 from protocol import Task
 from supervisor.api.lifecycle import Generation, compute, log_request, submit
-from supervisor.api.messages import context, shapes
+from supervisor.api.messages import compaction, context, shapes
 from supervisor.api.messages.errors import AnthropicEnvelope
 from supervisor.api.messages.request import MessagesRequest, parse_messages_request
 from supervisor.api.messages.stream import PING, BlockWriter, event
@@ -73,7 +74,11 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 
 
 async def _create(request: web.Request, turn: Turn) -> web.StreamResponse:
+    summarize = compaction.parse(turn.body)
     parsed, edits, managed = await _parse(request, turn.body)
+    if summarize is not None:
+        return await compaction.respond(request, parsed, summarize, shapes.new_message_id(),
+                                        _headers(request, parsed, edits), turn)
     runner, gen = await submit(request, parsed.model,
                                parsed.to_generate(request.app[CONFIG]), PARAMS)
     t0 = time.monotonic()

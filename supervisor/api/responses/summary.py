@@ -137,13 +137,16 @@ def facts(items: list[dict]) -> str:
     return "\n".join(out)
 
 
-def asking(config, runner, req: ResponsesRequest, items: list[dict]) -> Generate:
+def asking(config, runner, req: ResponsesRequest, items: list[dict],
+           prompt: str = "") -> Generate:
     """The request that has the model summarise `items` (prompt items: compaction items
-    already expanded)."""
+    already expanded); `prompt`, the client's own instructions in place of
+    SUMMARY_PROMPT's (Anthropic's compaction takes them)."""
+    ask = "\n\n" + prompt.strip() if prompt.strip() else SUMMARY_PROMPT
     window = runner.context_length or 4096
-    budget = int((window - SUMMARY_MAX_TOKENS - 64) * CHARS_PER_TOKEN) - len(SUMMARY_PROMPT)
+    budget = int((window - SUMMARY_MAX_TOKENS - 64) * CHARS_PER_TOKEN) - len(ask)
     text = "\n".join(_fit(transcript_lines(items), max(budget, 1000)))
-    text = SUMMARY_INTRO + text + SUMMARY_PROMPT
+    text = SUMMARY_INTRO + text + ask
     plain = dataclasses.replace(
         req, instructions=None, tools=(), tool_choice=toolspec.ToolChoice(),
         text_format=toolspec.ResponseFormat(), reasoning=None, store=False,
@@ -168,9 +171,10 @@ def written(items: list[dict], notes: str) -> str:
 
 
 async def summarise(request: web.Request, runner, req: ResponsesRequest,
-                    items: list[dict]) -> tuple[str, Done]:
+                    items: list[dict], prompt: str = "") -> tuple[str, Done]:
     """The summary of `items` and the usage of the request that wrote it."""
-    gen = await lifecycle.queue(request, runner, asking(request.app[CONFIG], runner, req, items))
+    gen = await lifecycle.queue(request, runner, asking(request.app[CONFIG], runner, req, items,
+                                                        prompt))
     try:
         await gen.started()
         notes = "".join((await gen.collect()).text)
