@@ -40,10 +40,9 @@ def sdk(stopping_server):
     client.close()
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_the_sdks_tool_runner_threads_its_loop_through_mlxd(sdk, stopping_server, stream):
-    client, sent = sdk
-    calls = []
+def weather_runner(client, server, calls: list, stream: bool):
+    """The SDK's tool runner on a weather tool that records its calls: every turn must
+    call it (three at most), greedy."""
 
     @beta_tool
     def get_weather(city: Annotated[str, Field(max_length=12)],
@@ -57,11 +56,18 @@ def test_the_sdks_tool_runner_threads_its_loop_through_mlxd(sdk, stopping_server
         calls.append((city, days))
         return json.dumps({"temp": 21, "days": days})
 
-    runner = client.beta.messages.tool_runner(
-        model=stopping_server.model, max_tokens=200, system="Use the tools.",
+    return client.beta.messages.tool_runner(
+        model=server.model, max_tokens=200, system="Use the tools.",
         tools=[get_weather], tool_choice={"type": "any"}, max_iterations=3, stream=stream,
         messages=[{"role": "user", "content": "Weather in Paris?"}],
         extra_body={"temperature": 0})  # (the runner has no such parameter any more)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_sdks_tool_runner_threads_its_loop_through_mlxd(sdk, stopping_server, stream):
+    client, sent = sdk
+    calls = []
+    runner = weather_runner(client, stopping_server, calls, stream)
     replies = [turn.get_final_message() if stream else turn for turn in runner]
     assert len(replies) == 3 and len(calls) == 3
     assert all(r.stop_reason == "tool_use" for r in replies)
@@ -145,23 +151,7 @@ def test_structured_output_follows_the_sdks_schema(sdk, stopping_server, how):
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_tool_runner_compacts_through_mlxd_and_goes_on(sdk, stopping_server, stream):
     client, sent = sdk
-
-    @beta_tool
-    def get_weather(city: Annotated[str, Field(max_length=12)],
-                    days: Annotated[int, Field(ge=1, le=7)]) -> str:
-        """The weather in a city for some days.
-
-        Args:
-            city: the city
-            days: how many days
-        """
-        return json.dumps({"temp": 21})
-
-    runner = client.beta.messages.tool_runner(
-        model=stopping_server.model, max_tokens=200, system="Use the tools.",
-        tools=[get_weather], tool_choice={"type": "any"}, max_iterations=3, stream=stream,
-        messages=[{"role": "user", "content": "Weather in Paris?"}],
-        extra_body={"temperature": 0})
+    runner = weather_runner(client, stopping_server, [], stream)
     replies = []
     for turn in runner:
         replies.append(turn.get_final_message() if stream else turn)
