@@ -82,7 +82,7 @@ AGENTS = {"type": "namespace", "name": "agents", "description": "Sub-agents.", "
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_namespace_tools_functions_are_called_with_their_namespace(qwen, stream):
-    # Codex sends its sub-agent tools as a `namespace` tool (NamespaceToolParam): its
+    # Codex sends its sub-agent tools and each MCP server's as a `namespace` tool: its
     # functions are offered beside the others, and a call of one names the namespace.
     srv, model = qwen
     body = {"model": model, "input": "Close agent a1.", "tools": [WEATHER, AGENTS],
