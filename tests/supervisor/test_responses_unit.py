@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from protocol import PromptCache
+from protocol.messages import IMAGE_PLACEHOLDER
 from supervisor.api.chat.request import parse_chat_request
 from supervisor.api.completions.request import parse_completion_request
 from supervisor.api.responses.builder import ResponseBuilder, replay, usage
@@ -85,17 +86,29 @@ def test_items_to_chat_messages():
         {"type": "function_call_output", "call_id": "c2",
          "output": [{"type": "input_text", "text": "two"}]},
         {"role": "assistant", "content": "done"},
+        # A tool that answers with an image (Codex's view_image): its placeholder.
+        {"type": "function_call", "call_id": "c3", "name": "view_image", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c3", "output": [
+            {"type": "input_text", "text": "the screen: "},
+            {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]},
     ])
     msgs = to_chat_messages(items, "be brief")
     assert msgs[0] == {"role": "system", "content": "be brief\n\nrule one\n\nrule two"}
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "tool",
+                                         "assistant", "tool"]
     call = msgs[2]
     assert call["reasoning_content"] == "I should call f"
     assert [c["id"] for c in call["tool_calls"]] == ["c1", "c2"]
     assert call["tool_calls"][1]["function"] == {"name": "g", "arguments": '{"x":1}'}
     assert msgs[3] == {"role": "tool", "tool_call_id": "c1", "content": "one"}
     assert msgs[4]["content"] == "two"
+    assert msgs[5]["tool_calls"][0]["function"]["name"] == "view_image"
+    assert msgs[6]["content"] == "the screen: " + IMAGE_PLACEHOLDER
     assert all("id" in i for i in items)
+    with pytest.raises(APIError) as e:
+        normalize_input([{"type": "function_call_output", "call_id": "c", "output": [
+            {"type": "refusal", "refusal": "no"}]}])
+    assert e.value.param == "input[0].output[0]"
 
 
 def test_output_items_replay_as_input():

@@ -79,7 +79,7 @@ def _item(where: str, item) -> dict:
             raise invalid_type(f"{where}.call_id", "a string", item.get("call_id"))
         output = item.get("output")
         if isinstance(output, list):
-            output = _join_text(f"{where}.output", output)
+            output = _tool_output(f"{where}.output", output)
         elif not isinstance(output, str):
             raise invalid_type(f"{where}.output", "a string or an array", output)
         return {"id": item.get("id") or new_id("fco"), "type": "function_call_output",
@@ -173,12 +173,19 @@ def _media(where: str, kind: str, part: dict) -> dict:
     return kept
 
 
-def _join_text(where: str, parts: list) -> str:
+def _tool_output(where: str, parts: list) -> str:
+    """A tool's output given as parts (FunctionCallOutputItemParam): its text, an image,
+    file or audio part standing as its placeholder (Codex's view_image answers with an
+    image): tool messages carry no media to the worker, as on the Messages API."""
     texts = []
     for j, p in enumerate(parts):
-        if not isinstance(p, dict) or not isinstance(p.get("text"), str):
-            raise invalid_value(f"{where}[{j}]", "Only text parts are supported here.")
-        texts.append(p["text"])
+        kind = p.get("type") if isinstance(p, dict) else None
+        if kind in MEDIA_PARTS:
+            texts.append(placeholder(kind))
+        elif isinstance(p, dict) and isinstance(p.get("text"), str):
+            texts.append(p["text"])
+        else:
+            raise invalid_value(f"{where}[{j}]", "expected a text, image, file or audio part.")
     return "".join(texts)
 
 
