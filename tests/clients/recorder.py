@@ -50,7 +50,7 @@ class Recorder:
                 answer += chunk
                 await out.write(chunk)
             await out.write_eof()
-        if request.path in self.paths:
+        if request.path in self.paths and request.method == "POST":  # (not a WebSocket's GET)
             self.exchanges.append(Exchange(request.path, json.loads(body), up.status, answer))
         return out
 

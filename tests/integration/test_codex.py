@@ -1,5 +1,4 @@
-"""Codex CLI end to end on a small-context model until it compacts, and with an MCP
-server's tools: Codex (0.171)
+"""Codex CLI end to end on a small-context model until it compacts: Codex (0.171)
 compacts remotely against a provider it takes for OpenAI's (the built-in provider with
 `openai_base_url`): it sends its history ending in a `compaction_trigger`, keeps the one
 compaction item of the output, replaces its history with its user messages and that
@@ -16,19 +15,14 @@ samples; the summary is the server's compaction, written by that model.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
-import sys
 
-import httpx
 import pytest
 
 from supervisor.api.responses.seal import Sealer
 from tests.clients import cli
-from tests.clients.recorder import Recorder
-from tests.serverproc import REPO
 
 pytestmark = pytest.mark.integration
 
@@ -70,34 +64,3 @@ def test_codex_compacts_through_mlxd_and_goes_on(stopping_server, tmp_path):
     sealed = sealer.open(history[-1]["encrypted_content"])
     assert "Task: " in sealed["summary"]  # the server's own item, carried by Codex
 
-
-@pytest.mark.timeout(300)
-async def test_codex_offers_an_mcp_servers_tools_to_the_model_through_mlxd(stopping_server,
-                                                                           tmp_path):
-    """Codex sends an MCP server's tools as a `namespace` tool; they reach the model's
-    prompt: the request as Codex sent it counts more tokens than the same request without
-    them (POST /v1/responses/input_tokens renders the tools as generation would)."""
-    home, work = tmp_path / "codex-home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    recorder = Recorder(stopping_server.url, ("/v1/responses",))
-    async with recorder.serving() as proxy:
-        (home / "config.toml").write_text(
-            f'model = "{stopping_server.model}"\nopenai_base_url = "{proxy}/v1"\n'
-            "model_context_window = 8192\ncheck_for_update_on_startup = false\n"
-            "[analytics]\nenabled = false\n[features]\nmulti_agent = false\n"
-            f'[mcp_servers.weather]\ncommand = "{sys.executable}"\n'
-            f'args = ["{REPO / "tests" / "clients" / "mcp_weather.py"}"]\n')
-        # (The proxy has no WebSocket: Codex falls back to HTTP after a few tries.)
-        done = await asyncio.to_thread(codex, home, work, "Say hello.")
-    assert done.returncode == 0, done.stderr[-2000:]
-    [asked] = [x.request for x in recorder.exchanges if x.status == 200]
-    [space] = [t for t in asked["tools"] if t["type"] == "namespace"]
-    assert space["name"] == "mcp__weather"
-    assert [t["name"] for t in space["tools"]] == ["get_weather"]
-    count = {k: v for k, v in asked.items() if k not in ("stream", "include", "store")}
-    without = {**count, "tools": [t for t in asked["tools"] if t is not space]}
-    async with httpx.AsyncClient(base_url=stopping_server.url, timeout=60) as http:
-        counts = [(await http.post("/v1/responses/input_tokens", json=body)).json()
-                  ["input_tokens"] for body in (count, without)]
-    assert counts[0] > counts[1] > 0
