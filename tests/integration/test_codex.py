@@ -63,4 +63,3 @@ def test_codex_compacts_through_mlxd_and_goes_on(stopping_server, tmp_path):
     sealer = Sealer.of_state_dir(stopping_server.state_dir)
     sealed = sealer.open(history[-1]["encrypted_content"])
     assert "Task: " in sealed["summary"]  # the server's own item, carried by Codex
-
