@@ -9,7 +9,8 @@ import json
 import pytest
 
 from protocol import Task
-from supervisor.api.messages.request import SUMMARY_LEAD, parse_messages_request
+from supervisor.api.messages.request import parse_messages_request
+from supervisor.api.responses.seal import SUMMARY_HEADER
 from supervisor.config import Config
 from supervisor.http.errors import APIError
 
@@ -145,7 +146,7 @@ def test_a_compaction_block_stands_for_what_it_summarised():
         {"role": "assistant", "content": [{"type": "compaction", "content": None}]},
         {"role": "user", "content": "go on"}])
     assert gen.messages == [
-        {"role": "user", "content": SUMMARY_LEAD + "Task: the weather."},
+        {"role": "user", "content": SUMMARY_HEADER + "Task: the weather."},
         {"role": "user", "content": "go on"}]
     with pytest.raises(APIError) as e:
         parse_messages_request(body(messages=[{"role": "assistant", "content": [

@@ -28,6 +28,7 @@ from supervisor.api.responses.summary import summarise
 from supervisor.http import sse
 from supervisor.keys import POOL
 
+
 def parse(body: dict) -> Optional[str]:
     """The compaction a request asks for: its instructions ("" for the server's), or None
     for a request that is not one."""

@@ -54,11 +54,11 @@ from supervisor.api.fields.media import base64_image, last_user_index, media_par
 from supervisor.api.fields.media import content as media_content
 from supervisor.api.fields.params import (invalid_type, invalid_value, is_int, missing,
                                          opt_bool, opt_int, opt_number, opt_object, parse_model)
+from supervisor.api.responses.seal import SUMMARY_HEADER
 from supervisor.http.errors import APIError
 
 MAX_STOP_SEQUENCES = 64
 ROLES = ("user", "assistant", "system")
-SUMMARY_LEAD = "This conversation continues from a summary of what came before it:\n\n"
 EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high", "xhigh": "high"}
 
 
@@ -284,13 +284,14 @@ def _assistant(where: str, blocks: list[dict]) -> dict:
 
 
 def _summary(at: str, block: dict) -> Optional[str]:
-    """A compaction block's summary, led in; None for a failed compaction's (a no-op)."""
+    """A compaction block's summary, headed as the Responses API heads a compaction
+    item's (seal.py); None for a failed compaction's (a no-op)."""
     content = block.get("content")
     if content is None:
         return None
     if not isinstance(content, str) or not content:
         raise invalid_value(f"{at}.content", "expected the summary's text, or null.")
-    return SUMMARY_LEAD + content
+    return SUMMARY_HEADER + content
 
 
 def _text_block(at: str, block) -> str:

@@ -22,7 +22,7 @@ from aiohttp import web
 from supervisor.api.responses import seal
 from supervisor.api.responses.builder import usage
 from supervisor.api.responses.items import new_id, text_of
-from supervisor.api.responses.request import parse_responses_request
+from supervisor.api.responses.request import parse_side_request
 from supervisor.api.responses.routes import RESPONSES, conversation, needs_store
 from supervisor.api.responses.summary import summarise
 from supervisor.http.errors import APIError, read_json
@@ -44,11 +44,7 @@ def kept_user_messages(items: list[dict], budget: int) -> list[dict]:
 
 @needs_store
 async def compact(request: web.Request) -> web.Response:
-    body = await read_json(request)
-    if isinstance(body, dict):  # the same fields as a response; never stored or streamed
-        body = {**body, "input": body.get("input") or [], "store": False, "stream": False,
-                "background": False, "context_management": None}
-    req = parse_responses_request(body)
+    req = parse_side_request(await read_json(request))
     runner = await request.app[POOL].get(req.model)
     items = await conversation(request.app[RESPONSES], req)
     if not items:

@@ -21,7 +21,7 @@ from protocol import Task
 from supervisor.api import lifecycle
 from supervisor.api.responses import seal
 from supervisor.api.responses.items import new_id
-from supervisor.api.responses.request import parse_responses_request
+from supervisor.api.responses.request import parse_side_request
 from supervisor.api.responses.routes import RESPONSES, conversation, needs_store
 from supervisor.http.errors import read_json
 from supervisor.keys import CONFIG
@@ -29,11 +29,7 @@ from supervisor.keys import CONFIG
 
 @needs_store
 async def input_tokens(request: web.Request) -> web.Response:
-    body = await read_json(request)
-    if isinstance(body, dict):  # counted, never generated, stored or streamed
-        body = {**body, "input": body.get("input") or [], "store": False, "stream": False,
-                "background": False, "context_management": None}
-    req = parse_responses_request(body)
+    req = parse_side_request(await read_json(request))
     items = seal.expand(await conversation(request.app[RESPONSES], req),
                         request.app[seal.SEALER])
     message = req.to_generate(items, request.app[CONFIG], new_id("resp"))

@@ -165,6 +165,15 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
     )
 
 
+def parse_side_request(body: dict) -> ResponsesRequest:
+    """A Responses request as the routes beside POST /v1/responses read it (compact.py,
+    counts.py): the same fields, `input` optional, never stored, streamed or run in the
+    background, no `context_management`."""
+    return parse_responses_request({**body, "input": body.get("input") or [], "store": False,
+                                    "stream": False, "background": False,
+                                    "context_management": None})
+
+
 LOGPROBS = "message.output_text.logprobs"
 
 
