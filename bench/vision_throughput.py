@@ -5,6 +5,7 @@ mlx-vlm's own server, in one run (the vision presets of bench/throughput.py).
                                       [--family qwen2-vl|qwen3.5|gemma3|gemma4|gemma4-31b]
                                       [--quick] [--no-peer] [--only throughput|reuse]
                                       [--rounds N] [--pairs N] [--dtype D] [--layers N]
+                                      [--streams 1,4,8] [--trace]
 
 The model: a random-weight vision checkpoint built locally (worker/demos/vision.py:
 `small` is hidden 512, 8 language layers, a 4-layer vision tower, images of up to
@@ -49,6 +50,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,6 +58,7 @@ from bench.make_model import MODELS_DIR
 from bench.report import alternate, goal, print_table
 from bench.serverproc import ServerProcess, free_port
 from bench.throughput import MlxLmServer, stream_chat
+from bench.worker_timeline import read_trace, step_summary, trace_env
 from supervisor.workers import blas
 
 WORDS = "the model reads every line of the repository and writes a careful plan".split()
@@ -175,7 +178,7 @@ def text_copy(path: Path) -> Path:
 
 
 def throughput(name: str, path: Path, tokens: int, streams: list[int], side: int,
-               peer: bool = True, pairs: int = 1) -> list:
+               peer: bool = True, pairs: int = 1, trace: bool = False) -> list:
     """The table's rate rows. Raw and mlxd run side by side, `pairs` rounds of each width,
     the sides' order alternating (bench/report.py `alternate`), each round on new chats
     (no prefix hits): on a lent GPU the host's speed drifts between phases minutes apart
@@ -195,8 +198,11 @@ def throughput(name: str, path: Path, tokens: int, streams: list[int], side: int
     # with the others (alone after them, it read the host's phase minutes later: 0.63-0.98
     # of the vision checkpoint between leases, the same rates when alternated, session 14).
     as_text = text_copy(path)
-    with ServerProcess([model], "--max-batch-size", str(max(streams))) as srv, \
-            ServerProcess([str(as_text)], "--max-batch-size", str(max(streams))) as text_srv:
+    tmp = tempfile.TemporaryDirectory(prefix="mlxd-vt-") if trace else None
+    envs = [trace_env(os.path.join(tmp.name, k)) if tmp else None for k in ("vision", "text")]
+    with ServerProcess([model], "--max-batch-size", str(max(streams)), env=envs[0]) as srv, \
+            ServerProcess([str(as_text)], "--max-batch-size", str(max(streams)),
+                          env=envs[1]) as text_srv:
         srv.wait_healthy(timeout=300)
         text_srv.wait_healthy(timeout=300)
         for s in (None, side):
@@ -218,6 +224,11 @@ def throughput(name: str, path: Path, tokens: int, streams: list[int], side: int
                 got[n, s] = (alternate(pairs, sides, label=f"{n} x {'image' if s else 'text'}"),
                              served[-1])
     raw = None  # (its memory back before the peer loads)
+    if tmp:  # (the workers' steps over every round, bench/worker_timeline.py)
+        for k, what in (("vision", "the vision checkpoint"), ("text", "as a text model")):
+            print(f"{what}'s worker: {step_summary(read_trace(os.path.join(tmp.name, k)), top)}",
+                  file=sys.stderr)
+        tmp.cleanup()
     theirs = {}
     if peer:
         with MlxVlmServer(path) as srv:
@@ -324,7 +335,8 @@ def reuse(name: str, path: Path, prefix_words: int, side: int, rounds: int = 2) 
 
 def vision_rows(size: str, family: str, quick: bool, peer: bool = True,
                 only: str | None = None, rounds: int = 2, dtype: str = "float32",
-                layers: int | None = None, pairs: int = 1) -> list:
+                layers: int | None = None, pairs: int = 1,
+                streams: list[int] | None = None, trace: bool = False) -> list:
     from worker.demos.vision import SIZES, build_vision_model
 
     name = f"{size}-vision" + {"qwen3.5": "-hybrid", "gemma3": "-gemma3",
@@ -339,8 +351,8 @@ def vision_rows(size: str, family: str, quick: bool, peer: bool = True,
     tokens = 16 if quick else 128 if size == "tiny" else 64
     rows = []
     if only in (None, "throughput"):
-        rows += throughput(name, path, tokens, [1, 2] if quick else [1, 4, 8], side, peer,
-                           pairs)
+        rows += throughput(name, path, tokens, streams or ([1, 2] if quick else [1, 4, 8]),
+                           side, peer, pairs, trace)
     if only in (None, "reuse"):  # (~2,000 tokens)
         rows += reuse(name, path, 200 if quick else 620, side, rounds)
     return rows
@@ -359,6 +371,9 @@ def main() -> None:
     p.add_argument("--pairs", type=int, default=1,
                    help="rounds of raw and mlxd side by side at each width (3 on a GPU)")
     p.add_argument("--dtype", default=None, help="bfloat16 (default on a GPU) or float32")
+    p.add_argument("--streams", default=None, help="the widths, e.g. 8 (default 1,4,8)")
+    p.add_argument("--trace", action="store_true",
+                   help="trace both servers' workers: their steps' times after the table")
     p.add_argument("--layers", type=int, default=None,
                    help="the size's language layers but N (a quick check on the CPU)")
     args = p.parse_args()
@@ -367,7 +382,9 @@ def main() -> None:
 
     print_table(" ".join(["python -m bench.vision_throughput"] + sys.argv[1:]),
                 vision_rows(args.size, args.family, args.quick, not args.no_peer, args.only,
-                            args.rounds, default_dtype(args.dtype), args.layers, args.pairs))
+                            args.rounds, default_dtype(args.dtype), args.layers, args.pairs,
+                            [int(n) for n in args.streams.split(",")] if args.streams else None,
+                            args.trace))
 
 
 if __name__ == "__main__":

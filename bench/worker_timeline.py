@@ -2,7 +2,8 @@
 long it took, beside the client's send and first-token times, merged on one clock.
 
     python -m bench.worker_timeline [--size 2b] [--family gemma4] [--waves 3]
-        [--streams 8] [--tokens 64] [--gather S] [--images] [--flushes] [-- server flags]
+        [--streams 8] [--tokens 64] [--gather S] [--images | --as-text] [--flushes]
+        [-- server flags]
 
 A diagnostic, not a ratio: it found where a 2b Gemma 4's 8-stream waves lost their time
 on an H200 (issue 33, docs/benchmarks.md "Session 13"): the burst reached the batch as 1,
@@ -55,6 +56,33 @@ def read_trace(prefix: str) -> list[tuple[float, str]]:
     return sorted(events)
 
 
+def step_summary(events: list, width: int) -> str:
+    """A trace's steps in short: the decode steps with `width` sequences decoding and
+    nothing else (count, median and 90th percentile ms) and every other step (count,
+    total and longest ms)."""
+    full, other = [], []
+    for _, e in events:
+        if e.startswith("step"):
+            f = e.split()
+            (full if f[3:6] == ["0", "0", str(width)] else other).append(float(f[1]))
+    full.sort()
+    if not full:
+        return f"no full decode steps; {len(other)} other steps, {sum(other):.0f} ms in all"
+    return (f"{len(full)} decode steps of {width}: median {statistics.median(full):.2f} ms, "
+            f"p90 {full[int(0.9 * (len(full) - 1))]:.2f}; {len(other)} other steps: "
+            f"{sum(other):.0f} ms in all, longest {max(other, default=0):.0f}")
+
+
+def trace_env(prefix: str, gather: float | None = None) -> dict:
+    """A server's environment that traces its worker to `prefix`.<pid>."""
+    env = {"MLXD_TRACE": prefix,
+           "PYTHONPATH": os.pathsep.join(
+               p for p in (str(SITE), os.environ.get("PYTHONPATH")) if p)}
+    if gather is not None:
+        env["MLXD_GATHER"] = str(gather)
+    return env
+
+
 def timeline(t0: float, wall: float, out: list, events: list, flushes: bool) -> dict:
     """One wave's merged lines (ms from its start) and its figures."""
     marks = [(r["sent"], f"client sent #{i}") for i, r in enumerate(out)]
@@ -85,7 +113,7 @@ def timeline(t0: float, wall: float, out: list, events: list, flushes: bool) -> 
 
 def run(size: str, family: str, waves: int, streams: int, tokens: int,
         gather: float | None = None, flushes: bool = False, server_args=(),
-        images: bool = False) -> list[dict]:
+        images: bool = False, as_text: bool = False) -> list[dict]:
     import mlx.core as mx
 
     from bench.make_model import MODELS_DIR
@@ -95,14 +123,14 @@ def run(size: str, family: str, waves: int, streams: int, tokens: int,
     dtype = "bfloat16" if mx.default_device() == mx.gpu else "float32"
     model = str(build_vision_model(MODELS_DIR / f"{size}-vision-{family}-{dtype}", size,
                                    family=family, dtype=dtype).path)
+    if as_text:  # (the same weights served as a text model: bench.vision_throughput's)
+        from bench.vision_throughput import text_copy
+
+        model = str(text_copy(Path(model)))
     side = int(SIZES[size]["max_pixels"] ** 0.5) if images else 0
     with tempfile.TemporaryDirectory(prefix="mlxd-timeline-") as tmp:
         prefix = os.path.join(tmp, "trace")
-        env = {"MLXD_TRACE": prefix,
-               "PYTHONPATH": os.pathsep.join(
-                   p for p in (str(SITE), os.environ.get("PYTHONPATH")) if p)}
-        if gather is not None:
-            env["MLXD_GATHER"] = str(gather)
+        env = trace_env(prefix, gather)
         with ServerProcess([model], "--max-batch-size", str(max(streams, 1)), *server_args,
                            env=env) as srv:
             srv.wait_healthy(timeout=300)
@@ -112,7 +140,7 @@ def run(size: str, family: str, waves: int, streams: int, tokens: int,
         time.sleep(0.2)
         events = read_trace(prefix)
     gathers = {e.split()[1] for _, e in events if e.startswith("gather ")}
-    return [{**timeline(*r, events, flushes), "gather": gathers} for r in runs]
+    return [{**timeline(*r, events, flushes), "gather": gathers, "model": model} for r in runs]
 
 
 def main(argv=None) -> None:
@@ -125,10 +153,12 @@ def main(argv=None) -> None:
     p.add_argument("--gather", type=float, default=None, help="the worker's GATHER, s")
     p.add_argument("--flushes", action="store_true", help="list every Delta's flush too")
     p.add_argument("--images", action="store_true", help="an image in every chat")
+    p.add_argument("--as-text", action="store_true",
+                   help="serve the checkpoint as a text model (no --images)")
     p.add_argument("server_args", nargs="*", help="after --: more mlxd flags")
     a = p.parse_args(argv)
     for w in run(a.size, a.family, a.waves, a.streams, a.tokens, a.gather, a.flushes,
-                 a.server_args, a.images):
+                 a.server_args, a.images, a.as_text):
         full = w["full_steps"]
         print(f"\n=== wave: {w['tokens'] / w['wall']:.0f} tok/s over the wall "
               f"{w['wall'] * 1e3:.0f} ms; TTFT ms {[round(x) for x in w['ttft']]}; "
