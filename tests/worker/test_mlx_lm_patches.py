@@ -373,3 +373,53 @@ def test_prompts_prefilled_together_in_buckets_give_each_its_own_output(engine, 
         got, want = padded[name], plain[name]
         assert len(got) == len(want) > 4 and tokens(got) == tokens(want), name
         assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(got, want))
+
+
+def test_prompts_within_a_sliding_window_are_prefilled_in_buckets_too(models_dir, monkeypatch):
+    # Gemma's layout (a 64-token window every other layer): a lone prompt and three
+    # prompts together whose padded pass fits in the window are bucketed (the window's
+    # cache trimmed back, or mlx-lm's right padding rolled away), each with its own tokens
+    # and log-probabilities, decoding on past the window's wrap; a prompt whose padded
+    # pass would wrap the window keeps mlx-lm's own unpadded pass.
+    import random
+
+    from tests.worker.test_worker_kv_quant import _engine
+    from worker.loop import mlx_lm_patches
+
+    engine, _ = _engine(models_dir, "tiny-sliding-64")
+    rng = random.Random(7)
+    prompts = {f"p{n}": [rng.randrange(10, 200) for _ in range(n)] for n in (21, 34, 41, 70)}
+
+    def preps(names):
+        return {name: engine.prepare(generate(
+            rid=name, prompt_ids=pack_ids(prompts[name]), max_tokens=50, temperature=0.0,
+            logprobs=True)) for name in names}
+
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 0)
+    plain = {n: run_all(make_batch(engine), preps([n]))[n] for n in prompts}
+    plain_together = run_all(make_batch(engine), preps(["p21", "p34", "p41"]))
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
+    widths = []
+    model = type(engine.model)
+    own = model.__call__
+
+    def spy(self, inputs, *a, **kw):
+        widths.append(tuple(inputs.shape))
+        return own(self, inputs, *a, **kw)
+
+    monkeypatch.setattr(model, "__call__", spy)
+    # (All but a prompt's last token, in chunks of make_batch's 64: p70's 5 after its
+    # first 64 would be 16 that wrap the window.)
+    for name, want in (("p21", [(1, 32)]), ("p41", [(1, 48)]), ("p70", [(1, 64), (1, 5)])):
+        widths.clear()
+        alone = run_all(make_batch(engine), preps([name]))[name]
+        assert [w for w in widths if w[1] > 1] == want, name
+        assert len(alone) == 50 and tokens(alone) == tokens(plain[name]), name
+        assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(alone, plain[name]))
+    widths.clear()
+    together = run_all(make_batch(engine), preps(["p21", "p34", "p41"]))
+    assert [w for w in widths if w[1] > 1] == [(3, 48)]
+    for name, got in together.items():
+        want = plain_together[name]
+        assert len(got) == 50 and tokens(got) == tokens(want), name
+        assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(got, want))

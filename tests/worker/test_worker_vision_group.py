@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.worker.batchrun import Seq
+from tests.worker.batchrun import Seq, run_all
 from tests.worker.test_worker_vision import png
 from tests.worker.test_worker_vision_batch import (  # noqa: F401 (fixtures)
     ask, each_alone, image_span, loaded, one, same, vbatch, vlm_engine)
@@ -155,3 +155,39 @@ def test_a_bursts_images_go_through_the_tower_in_one_call(vlm_engine, passes, mo
         assert len(calls) == len(gens), calls
     for n in gens:
         assert len(out[n]) == 6 and same(out[n], alone[n]), n
+
+
+def test_text_prompts_and_image_tails_prefill_in_buckets_on_the_language_model(
+        vlm_engine, monkeypatch):
+    """On CUDA (mlx_lm_patches.BUCKET) the text batch's prompt passes on a vision
+    checkpoint's language model are padded to a multiple of BUCKET as a text model's are
+    (a text prompt, the words after an image, from its carried state with its position
+    delta), where its caches take the padding back (Qwen2-VL's; Qwen3.5's recurrent
+    state and the tiny Gemmas' 16-token windows keep mlx-lm's own passes): each request,
+    alone and four together, has the tokens and log-probabilities it has unpadded."""
+    from tests.worker.test_worker_vision_batch import asks
+    from worker.loop import mlx_lm_patches
+
+    gens = asks(logprobs=True)
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 0)
+    alone = each_alone(vlm_engine, gens)
+    together = run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g) for n, g in gens.items()})
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
+    widths = []
+    model = type(vlm_engine.model)
+    own = model.__call__
+
+    def spy(self, inputs, *a, **kw):
+        widths.append(tuple(inputs.shape))
+        return own(self, inputs, *a, **kw)
+
+    monkeypatch.setattr(model, "__call__", spy)
+    padded = each_alone(vlm_engine, gens)
+    padded_together = run_all(vbatch(vlm_engine),
+                              {n: vlm_engine.prepare(g) for n, g in gens.items()})
+    passes = [w for w in widths if w[1] > 1]
+    if vlm_engine.vlm.config.model_type == "qwen2_vl":
+        assert passes and all(w[1] % 16 == 0 for w in passes), passes
+    for n in gens:
+        assert len(padded[n]) == 8 and same(padded[n], alone[n]), n
+        assert same(padded_together[n], together[n]), n

@@ -63,6 +63,8 @@ PRESETS["tiny-sliding-kvq"] = dict(
     model_type="gemma3_text", hidden_size=64, num_hidden_layers=4, num_attention_heads=2,
     num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, intermediate_size=128,
     vocab_size=1024, sliding_window=16, sliding_window_pattern=2)
+# The same with a 64-token window: prompts that fit in it, and decoding that wraps it.
+PRESETS["tiny-sliding-64"] = dict(PRESETS["tiny-sliding-kvq"], sliding_window=64)
 
 _ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM",
                   "gemma3_text": "Gemma3ForCausalLM"}

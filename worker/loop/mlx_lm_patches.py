@@ -240,10 +240,10 @@ def _prompts_prefill_in_buckets() -> None:
     padding, so that the row stays a batch of one without left padding (the plain masks
     and lone decode above rely on that); several prompts take mlx-lm's own right padding
     (`prepare`, then `finalize` moves each row's padding to its left), to the bucket
-    rather than to the longest. Only on plain attention caches (a window or a recurrent
-    state would keep what a lone prompt's padding left) of an mlx-lm text model as
-    loaded (`_plain_model`), a chunk under `step`; anything else is mlx-lm's own
-    `prompt`."""
+    rather than to the longest. Only on caches that take the padding back (`_paddable`:
+    plain attention caches, and a sliding window's while the pass fits in it) of an
+    mlx-lm model's forward (`_plain_model`), a chunk under `step`; anything else is
+    mlx-lm's own `prompt`."""
     original = PromptProcessingBatch.prompt
     if getattr(original, "mlxd_buckets", False):
         return
@@ -251,8 +251,8 @@ def _prompts_prefill_in_buckets() -> None:
     def prompt(self, tokens):
         longest = max((len(t) for t in tokens), default=0)
         pad = bucket_pad(longest, self.prefill_step_size)
-        if not pad or len(self.uids) != len(tokens) or not _plain_model(self.model) or not all(
-                type(c) is BatchKVCache for c in self.prompt_cache):
+        if not pad or len(self.uids) != len(tokens) or not _plain_model(self.model) \
+                or not _paddable(self.prompt_cache, longest + pad):
             return original(self, tokens)
         for held, new in zip(self.tokens, tokens):
             held += new
@@ -278,11 +278,25 @@ def _prompts_prefill_in_buckets() -> None:
 
 
 def _plain_model(model) -> bool:
-    """An mlx-lm text model as loaded: not one whose forward reads its positions from the
-    rows (a vision checkpoint's language model, worker/vision/language.py) nor the MTP
-    head's reader (worker/speculative/mtp_prefill.py), which would see the padding."""
-    return (type(model).__module__.startswith("mlx_lm.")
-            and getattr(model, "mlxd_positions", None) is None)
+    """An mlx-lm model's forward: a text model, or a vision checkpoint's language model
+    (worker/vision/language.py: its rows' position deltas move every position of a row
+    alike, the padding's after its real tokens), not the MTP head's reader
+    (worker/speculative/mtp_prefill.py), which would see the padding."""
+    return type(model).__module__.startswith("mlx_lm.")
+
+
+def _paddable(caches, width: int) -> bool:
+    """Whether a pass of `width` positions may carry padding at its end: every layer's
+    cache a plain attention one, or a sliding window's (Gemma 3 and 4, gpt-oss) that holds
+    the whole pass without rotating: nothing the window keeps is pushed out by padding
+    (mlx-lm's right padding of several prompts rolls it away at `finalize`), and a lone
+    prompt's padding is trimmed back as a plain cache's is (BatchRotatingKVCache.trim,
+    while it has not wrapped). A window the pass would wrap, or a recurrent state, keeps
+    mlx-lm's own `prompt`."""
+    return bool(caches) and all(
+        type(c) is BatchKVCache
+        or (type(c) is BatchRotatingKVCache and c._offset + width <= c.max_size)
+        for c in caches)
 
 
 def _one_padding_read_per_batch() -> None:
