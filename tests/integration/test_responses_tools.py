@@ -171,6 +171,26 @@ def test_reasoning_becomes_a_reasoning_item(qwen):
     assert final["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
 
 
+def test_a_reasoning_summary_asked_for_streams_through_the_sdk(oai, qwen):
+    # `reasoning.summary` (as Codex and the Vercel AI SDK send it): the reasoning is its
+    # own summary, streamed as summary events the official SDK parses into its types, and
+    # the same item as a stored response.
+    _, model = qwen
+    events = list(oai.responses.create(model=model, input="Think first", max_output_tokens=12,
+                                       reasoning={"effort": "high", "summary": "auto"},
+                                       stream=True))
+    kinds = [e.type for e in events]
+    final = events[-1].response  # (incomplete: cut off by max_output_tokens)
+    assert final.reasoning.summary == "auto"
+    item = final.output[0]
+    assert item.type == "reasoning" and item.content[0].text
+    assert [p.text for p in item.summary] == [item.content[0].text]
+    assert kinds.count("response.reasoning_summary_text.delta") == kinds.count(
+        "response.reasoning_text.delta") > 0
+    assert "response.reasoning_summary_part.done" in kinds
+    assert oai.responses.retrieve(final.id).output[0].summary == item.summary
+
+
 def test_input_tokens_counts_the_prompt_a_response_gets(oai, qwen):
     # POST /v1/responses/input_tokens (`client.responses.input_tokens.count`): nothing
     # generated or stored; instructions and tools rendered by the template, and a stored

@@ -47,6 +47,58 @@ def test_builder_events_for_reasoning_text_and_calls_are_valid_and_ordered():
     assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 3
 
 
+def test_a_summary_asked_for_is_the_reasoning_itself_in_summary_events():
+    # `reasoning.summary` (Codex and the Vercel AI SDK ask for one; the AI SDK reads only
+    # summaries): no model here writes summaries, so the reasoning is its own summary, in
+    # one summary part streamed beside the reasoning text, each event valid in OpenAI's
+    # spec and the Open Responses schema; replayed the same; not asked for, none.
+    b = ResponseBuilder(req(reasoning={"effort": "low", "summary": "auto"}), "m")
+    events = b.start() + b.reasoning("thinking ") + b.reasoning("more") + b.text("Hi")
+    events += b.finish("completed", usage=usage(5, 3))
+    names = {"response.reasoning_summary_part.added": "ResponseReasoningSummaryPartAddedEvent",
+             "response.reasoning_summary_text.delta": "ResponseReasoningSummaryTextDeltaEvent",
+             "response.reasoning_summary_text.done": "ResponseReasoningSummaryTextDoneEvent",
+             "response.reasoning_summary_part.done": "ResponseReasoningSummaryPartDoneEvent"}
+    for ev in events:
+        check_event(ev)
+        if ev["type"] in names:
+            validate(ev, names[ev["type"]], strict=True)
+    item = events[-1]["response"]["output"][0]
+    assert item["summary"] == [{"type": "summary_text", "text": "thinking more"}]
+    assert item["content"] == [{"type": "reasoning_text", "text": "thinking more"}]
+    kinds = [e["type"] for e in events]
+    summary = [k for k in kinds if "summary" in k]
+    assert summary == ["response.reasoning_summary_part.added",
+                       "response.reasoning_summary_text.delta",
+                       "response.reasoning_summary_text.delta",
+                       "response.reasoning_summary_text.done",
+                       "response.reasoning_summary_part.done"]
+    assert kinds.index("response.reasoning_summary_part.done") < kinds.index(
+        "response.output_item.done")
+    added = next(e for e in events if e["type"] == "response.output_item.added")
+    assert added["item"]["summary"] == []  # (the part comes by its own event)
+    again = replay(events[-1]["response"])
+    assert again[-1]["response"] == events[-1]["response"]
+    assert [e["type"] for e in again if "summary" in e["type"]] == [
+        k for i, k in enumerate(summary) if i != 2]  # (one delta: the whole text)
+    plain = ResponseBuilder(req(reasoning={"effort": "low"}), "m")
+    quiet = plain.start() + plain.reasoning("x") + plain.finish("completed", usage=usage(1, 1))
+    assert quiet[-1]["response"]["output"][0]["summary"] == []
+    assert not [e for e in quiet if "summary" in e["type"]]
+
+
+@pytest.mark.parametrize("reasoning", [{"summary": "brief"}, {"summary": 3},
+                                       {"generate_summary": "all"}])
+def test_a_reasoning_summary_outside_the_spec_is_a_400_naming_it(reasoning):
+    with pytest.raises(APIError) as e:
+        req(reasoning=reasoning)
+    assert e.value.status == 400 and e.value.param == f"reasoning.{next(iter(reasoning))}"
+
+
+def test_the_deprecated_generate_summary_asks_for_a_summary_too():
+    assert req(reasoning={"generate_summary": "detailed"}).reasoning["summary"] == "detailed"
+
+
 @pytest.mark.parametrize("status,extra,event", [
     ("incomplete", {"incomplete_reason": "max_output_tokens"}, "response.incomplete"),
     ("failed", {"error": {"code": "server_error", "message": "worker died; retry"}},

@@ -49,6 +49,16 @@ class ResponseBuilder:
     completed_at: Optional[int] = None
     _seq: int = 0
     _open: Optional[dict] = None  # the output item being streamed into
+    # Whether reasoning items carry a summary: the request asked for one
+    # (`reasoning.summary`). No model here writes summaries, so the summary is the
+    # reasoning itself, in one part beside the `content` that carries it too: a client
+    # that reads only summaries (the Vercel AI SDK, OpenAI's own models' way) sees it.
+    summaries: Optional[bool] = None
+
+    def _summarised(self) -> bool:
+        if self.summaries is None:
+            self.summaries = bool(self.req and (self.req.reasoning or {}).get("summary"))
+        return self.summaries
 
     # ---- the object ------------------------------------------------------------------
     def response(self) -> dict:
@@ -127,6 +137,11 @@ class ResponseBuilder:
         events.append(self._event("response.reasoning_text.delta", item_id=item["id"],
                                   output_index=len(self.output) - 1, content_index=0,
                                   delta=delta))
+        if item["summary"]:
+            item["summary"][0]["text"] += delta
+            events.append(self._event("response.reasoning_summary_text.delta",
+                                      item_id=item["id"], output_index=len(self.output) - 1,
+                                      summary_index=0, delta=delta))
         return events
 
     def function_call(self, name: str, arguments: str, call_id: str | None = None,
@@ -175,6 +190,12 @@ class ResponseBuilder:
         item["content"].append(part)
         events.append(self._event("response.content_part.added", item_id=item["id"],
                                   output_index=index, content_index=0, part=dict(part)))
+        if kind == "reasoning" and self._summarised():
+            summary = {"type": "summary_text", "text": ""}
+            item["summary"].append(summary)
+            events.append(self._event("response.reasoning_summary_part.added",
+                                      item_id=item["id"], output_index=index, summary_index=0,
+                                      part=dict(summary)))
         self._open = item
         return events
 
@@ -196,6 +217,13 @@ class ResponseBuilder:
                                       output_index=index, content_index=0, text=part["text"]))
             events.append(self._event("response.content_part.done", item_id=item["id"],
                                       output_index=index, content_index=0, part=dict(part)))
+            for summary in item["summary"]:
+                events.append(self._event("response.reasoning_summary_text.done",
+                                          item_id=item["id"], output_index=index,
+                                          summary_index=0, text=summary["text"]))
+                events.append(self._event("response.reasoning_summary_part.done",
+                                          item_id=item["id"], output_index=index,
+                                          summary_index=0, part=dict(summary)))
         item["status"] = status
         events.append(self._event("response.output_item.done", output_index=index,
                                   item=_copy(item)))
@@ -222,7 +250,10 @@ def item_status(response_status: str) -> str:
 
 
 def _copy(item: dict) -> dict:
-    return {**item, "content": [dict(p) for p in item.get("content", [])]}
+    copied = {**item, "content": [dict(p) for p in item.get("content", [])]}
+    if "summary" in item:
+        copied["summary"] = [dict(p) for p in item["summary"]]
+    return copied
 
 
 class _Replay(ResponseBuilder):
@@ -231,7 +262,9 @@ class _Replay(ResponseBuilder):
     def __init__(self, stored: dict):
         self.stored = stored
         super().__init__(req=None, model=stored.get("model", ""), id=stored["id"],
-                         created_at=stored.get("created_at", 0))
+                         created_at=stored.get("created_at", 0),
+                         summaries=any(item.get("summary") for item in stored.get("output") or []
+                                       if item.get("type") == "reasoning"))
 
     def response(self) -> dict:
         obj = {**self.stored, "status": self.status, "output": self.output}

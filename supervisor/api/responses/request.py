@@ -255,12 +255,25 @@ def _with_namespaces(tools: tuple, spaces: list) -> tuple[tuple, dict]:
 _TOOL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
+SUMMARIES = ("auto", "concise", "detailed")
+
+
 def _parse_reasoning(body: dict) -> Optional[dict]:
+    """`reasoning`: its effort, and whether a summary is asked for (`summary`, or the
+    deprecated `generate_summary`): this server has no summarizer, so an item's reasoning
+    is its own summary then (builder.py)."""
     reasoning = opt_object(body, "reasoning")
     if reasoning is None:
         return None
     effort = parse_reasoning_effort(reasoning, "effort", "reasoning.effort")
-    return {"effort": effort, "summary": reasoning.get("summary")}
+    summary = None
+    for key in ("summary", "generate_summary"):
+        value = opt_str(reasoning, key, f"reasoning.{key}")
+        if value is not None and value not in SUMMARIES:
+            raise invalid_value(f"reasoning.{key}", f"'{value}'. Supported values are: "
+                                + ", ".join(f"'{v}'" for v in SUMMARIES) + ".")
+        summary = summary or value
+    return {"effort": effort, "summary": summary}
 
 
 def _compact_threshold(body: dict) -> Optional[int]:
