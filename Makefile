@@ -38,7 +38,8 @@ serve: $(STAMP)
 	$(BIN)/mlxd --model $(MODEL) --port $(PORT)
 
 # The coding agents' CLIs that tests/integration drives against a real mlxd (Codex, Claude
-# Code, opencode), pinned in tests/clients/package.json and installed from the npm registry into
+# Code, opencode) and the Vercel AI SDK's packages (tests/clients/ai_sdk.mjs), pinned in
+# tests/clients/package.json and installed from the npm registry into
 # tests/clients/node_modules (git-ignored). Each ships its native binary as a platform
 # package (an optional dependency), so nothing else is downloaded. Without npm their tests
 # skip (and fail under MLXD_REQUIRE_UI_TOOLS=1, as CI runs them).

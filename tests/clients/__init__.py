@@ -1,9 +1,10 @@
 """The coding agents' command-line clients that the integration tests drive against a
-real mlxd (Codex, Claude Code, opencode). They are pinned in package.json here, since the
-tests were written against what those versions send, and `make clients` (part of `make
-test`) installs them from the npm registry into node_modules/ here (git-ignored). Without npm
-their tests skip; CI sets MLXD_REQUIRE_UI_TOOLS=1, and there a missing client fails, as a
-missing browser does for tests/ui/.
+real mlxd (Codex, Claude Code, opencode), and the Vercel AI SDK's packages that
+ai_sdk.mjs here runs (tests/integration/test_ai_sdk.py). They are pinned in package.json
+here, since the tests were written against what those versions send, and `make clients`
+(part of `make test`) installs them from the npm registry into node_modules/ here
+(git-ignored). Without npm their tests skip; CI sets MLXD_REQUIRE_UI_TOOLS=1, and there a
+missing client fails, as a missing browser does for tests/ui/.
 """
 
 from __future__ import annotations
