@@ -14,6 +14,7 @@ from tests.worker.test_worker_vision import png
 from tests.worker.test_worker_vision_batch import (  # noqa: F401 (fixtures)
     ask, each_alone, image_span, loaded, one, same, vbatch, vlm_engine)
 from worker.kvcache.prefix import PrefixCache
+from worker.vision.group import Together
 
 # Chats with one image of one size after words of different lengths: rows of different
 # lengths whose images line up at the end (left padding).
@@ -191,3 +192,31 @@ def test_text_prompts_and_image_tails_prefill_in_buckets_on_the_language_model(
     for n in gens:
         assert len(padded[n]) == 8 and same(padded[n], alone[n]), n
         assert same(padded_together[n], together[n]), n
+
+
+@pytest.mark.parametrize("bound", [None, "tight"])
+def test_a_group_runs_as_a_power_of_two_rows_on_cuda(vlm_engine, passes, monkeypatch, bound):
+    """On CUDA a group's row count is bucketed too (group.py `bucket_rows`): three image
+    chats run as four rows, the last repeated, each real row with its own tokens and
+    log-probabilities and its kept state its own; where four rows would pass the step's
+    bound on positions, three."""
+    from worker.loop import mlx_lm_patches
+    from worker.vision import batch as vision_batch
+
+    if vlm_engine.vlm.config.model_type == "gemma3":
+        pytest.skip("one by one: no batch width")
+    gens = dict(list(burst(seed=60).items())[:3])
+    alone = each_alone(vlm_engine, gens)
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
+    if bound:  # (as the batch passes it, but too small for a fourth row)
+        monkeypatch.setattr(vision_batch, "Together", lambda lm, jobs, positions: Together(
+            lm, jobs, 3 * Together(lm, jobs).width))
+    batch = vbatch(vlm_engine, PrefixCache(1 << 28), prefill_step=2048)
+    out, first, _ = run(batch, {n: vlm_engine.prepare(g) for n, g in gens.items()}, passes)
+    assert first and {rows for rows, _ in first} == {3 if bound else 4}, first
+    for n in gens:
+        assert len(out[n]) == 6 and same(out[n], alone[n]), n
+    for n, text in zip(gens, TEXTS):  # (the state kept before each image: the row's own)
+        other = ask(rid=f"{n}-other", max_tokens=4, text=text, images=(png(seed=97),))
+        theirs, cached = one(batch, vlm_engine, other)
+        assert cached and theirs == one(vbatch(vlm_engine), vlm_engine, other)[0], n

@@ -23,7 +23,13 @@ left padding for every row): MLX's CUDA backend builds each new shape of a forwa
 column before the images, then the images) were each a new shape: 267-400 ms for 3-5
 rows of 280 tokens on a lent H200 (2b Gemma 4, bench.worker_timeline --images) where a
 prompt alone took two passes of 15-70 ms. With the width bucketed, and the images of a
-size, both passes repeat their shapes from one burst of as many rows to the next.
+size, both passes repeat their shapes from one burst of as many rows to the next. But
+a burst reaches the batch in groups of as many rows as arrived together (3+3+2, 3+5,
+4+4 in three waves of 8 on an H200), and each new row count was a new shape again: a
+group of 819 tokens in 3 rows took 160 ms where 5 rows (1,375) took 579 and 2 rows
+(550) 538, the first time each. So the rows are rounded up too, to a power of two
+(`rows`; the last row repeated, its results never read), where the padded batch stays
+within the step's bound on positions: 1, 2, 4 and 8 rows are the shapes there are.
 
 Which prompts go together (`groupable`, and batch.py `_together`): those that start from
 nothing, or from a cached start short enough to compute again in the batch (a chat
@@ -45,6 +51,7 @@ from mlx_vlm.generate.ar import _merge_prefill_prompt_kwargs as merge_rows
 from mlx_vlm.generate.ar import _pad_sequence_aligned_prompt_kwarg as pad_to
 from mlx_vlm.generate.ar import _slice_sequence_aligned_prompt_kwarg as cut
 
+from worker.loop import mlx_lm_patches
 from worker.loop.mlx_lm_patches import bucket_pad
 
 # What an image prompt's step may take, beside its embeddings, and go in a batch: each
@@ -58,19 +65,30 @@ def groupable(job) -> bool:
     return not job.whole and set(job.extra) <= PADDABLE
 
 
+def bucket_rows(n: int, width: int, positions: int | None) -> int:
+    """The rows a group of `n` runs as (the module's doc): on CUDA the next power of two,
+    where rows × `width` stays within `positions` (None: no bound); else `n`."""
+    rows = 1 << (n - 1).bit_length()
+    if not mlx_lm_patches.BUCKET or (positions is not None and rows * width > positions):
+        return n
+    return rows
+
+
 class Together:
     """Image prompts' prefills (`_Prefill`s, embedded, from nothing) as one left-padded
     batch on mlx-vlm's batch caches, through each one's `end`."""
 
-    def __init__(self, lm, jobs: list):
+    def __init__(self, lm, jobs: list, positions: int | None = None):
         self.lm, self.jobs = lm, jobs
         ids = [list(job.prep.ids[:job.end]) for job in jobs]
         longest = max(len(i) for i in ids)
         self.width = longest + bucket_pad(longest)
-        self.pad = [self.width - len(i) for i in ids]
         rows = [{"inputs_embeds": job.embeds[:, :job.end],
                  **{k: cut(k, v, stop=job.end) if aligned(k, v, job.embeds.shape[1]) else v
                     for k, v in job.extra.items()}} for job in jobs]
+        extra = bucket_rows(len(jobs), self.width, positions) - len(jobs)
+        ids, rows = ids + [ids[-1]] * extra, rows + [rows[-1]] * extra  # (never read)
+        self.pad = [self.width - len(i) for i in ids]
         self.embeds, self.kwargs = merge_rows(rows, ids)
         if self.width > longest:  # (CUDA: each row's left padding grows by as much)
             self.embeds = pad_to("inputs_embeds", self.embeds, self.width, left=True)
