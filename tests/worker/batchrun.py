@@ -15,6 +15,20 @@ from worker.loop.batch import Batch
 from worker.loop.sizing import KVSize
 
 
+def forward_shapes(monkeypatch, cls) -> list[tuple]:
+    """The input shapes of every forward pass of model class `cls` from here on (the
+    patch undone with the test's monkeypatch)."""
+    shapes = []
+    own = cls.__call__
+
+    def spy(self, inputs, *a, **kw):
+        shapes.append(tuple(inputs.shape))
+        return own(self, inputs, *a, **kw)
+
+    monkeypatch.setattr(cls, "__call__", spy)
+    return shapes
+
+
 class Seq:
     """What the batch needs of the scheduler's Sequence."""
 

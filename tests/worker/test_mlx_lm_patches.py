@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from protocol.messages import pack_ids
 from tests.generates import generate
-from tests.worker.batchrun import make_batch, run_all, steps
+from tests.worker.batchrun import forward_shapes, make_batch, run_all, steps
 from tests.worker.test_worker_batching import alone, gen, tokens
 
 
@@ -318,21 +318,13 @@ def test_a_lone_prompt_prefilled_in_buckets_gives_the_same_output_and_cache(engi
     monkeypatch.setattr(mlx_lm_patches, "BUCKET", 0)
     plain, plain_longer = cold(ids), cold(longer)
     monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
-    widths = []
-    model = type(engine.model)
-    own = model.__call__
-
-    def spy(self, inputs, *a, **kw):
-        widths.append(inputs.shape[1])
-        return own(self, inputs, *a, **kw)
-
-    monkeypatch.setattr(model, "__call__", spy)
+    widths = forward_shapes(monkeypatch, type(engine.model))
     batch = make_batch(engine, prefix=PrefixCache(1 << 26))
     padded = ask(ids, batch)
-    assert [w for w in widths if w > 1] == [64, 64, 32]  # (21 tokens padded by 11)
+    assert [w[1] for w in widths if w[1] > 1] == [64, 64, 32]  # (21 tokens padded by 11)
     before = len(widths)
     resumed = ask(longer, batch)
-    assert [w for w in widths[before:] if w > 1] == [16]  # (its last 9 but one, cached before)
+    assert [w[1] for w in widths[before:] if w[1] > 1] == [16]  # (its last 9 but one, cached)
     for got, want in ((padded, plain), (resumed, plain_longer)):
         assert len(got) == 8 and tokens(got) == tokens(want)
         assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(got, want))
@@ -358,15 +350,7 @@ def test_prompts_prefilled_together_in_buckets_give_each_its_own_output(engine, 
     monkeypatch.setattr(mlx_lm_patches, "BUCKET", 0)
     plain = run_all(make_batch(engine), preps())
     monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
-    widths = []
-    model = type(engine.model)
-    own = model.__call__
-
-    def spy(self, inputs, *a, **kw):
-        widths.append(tuple(inputs.shape))
-        return own(self, inputs, *a, **kw)
-
-    monkeypatch.setattr(model, "__call__", spy)
+    widths = forward_shapes(monkeypatch, type(engine.model))
     padded = run_all(make_batch(engine), preps())
     assert [w for w in widths if w[1] > 1] == [(3, 48)]  # (the three, but their last tokens)
     for name in prompts:
@@ -399,15 +383,7 @@ def test_prompts_within_a_sliding_window_are_prefilled_in_buckets_too(models_dir
     plain = {n: run_all(make_batch(engine), preps([n]))[n] for n in prompts}
     plain_together = run_all(make_batch(engine), preps(["p21", "p34", "p41"]))
     monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
-    widths = []
-    model = type(engine.model)
-    own = model.__call__
-
-    def spy(self, inputs, *a, **kw):
-        widths.append(tuple(inputs.shape))
-        return own(self, inputs, *a, **kw)
-
-    monkeypatch.setattr(model, "__call__", spy)
+    widths = forward_shapes(monkeypatch, type(engine.model))
     # (All but a prompt's last token, in chunks of make_batch's 64: p70's 5 after its
     # first 64 would be 16 that wrap the window.)
     for name, want in (("p21", [(1, 32)]), ("p41", [(1, 48)]), ("p70", [(1, 64), (1, 5)])):

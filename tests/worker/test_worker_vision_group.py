@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.worker.batchrun import Seq, run_all
+from tests.worker.batchrun import Seq, forward_shapes, run_all
 from tests.worker.test_worker_vision import png
 from tests.worker.test_worker_vision_batch import (  # noqa: F401 (fixtures)
     ask, each_alone, image_span, loaded, one, same, vbatch, vlm_engine)
@@ -25,16 +25,7 @@ TEXTS = ("What is this?", "Describe it please", "Tell me about the picture here"
 @pytest.fixture
 def passes(loaded, monkeypatch):
     """The widths (rows, tokens) of mlx-vlm's language model's forward passes."""
-    language = type(loaded[0].language_model)
-    seen = []
-    original = language.__call__
-
-    def counted(self, inputs, *a, **kw):
-        seen.append(tuple(inputs.shape))
-        return original(self, inputs, *a, **kw)
-
-    monkeypatch.setattr(language, "__call__", counted)
-    return seen
+    return forward_shapes(monkeypatch, type(loaded[0].language_model))
 
 
 def burst(seed: int = 10) -> dict:
@@ -174,15 +165,7 @@ def test_text_prompts_and_image_tails_prefill_in_buckets_on_the_language_model(
     alone = each_alone(vlm_engine, gens)
     together = run_all(vbatch(vlm_engine), {n: vlm_engine.prepare(g) for n, g in gens.items()})
     monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
-    widths = []
-    model = type(vlm_engine.model)
-    own = model.__call__
-
-    def spy(self, inputs, *a, **kw):
-        widths.append(tuple(inputs.shape))
-        return own(self, inputs, *a, **kw)
-
-    monkeypatch.setattr(model, "__call__", spy)
+    widths = forward_shapes(monkeypatch, type(vlm_engine.model))
     padded = each_alone(vlm_engine, gens)
     padded_together = run_all(vbatch(vlm_engine),
                               {n: vlm_engine.prepare(g) for n, g in gens.items()})
