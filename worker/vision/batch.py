@@ -290,7 +290,8 @@ class VisionBatch(Batch):
             if job.hit is not None:
                 job.hit, job.pos = None, 0
                 job.cache = make_vlm_cache(self.vlm.language_model, self.max_kv_size)
-        batch = Together(self.vlm.language_model, group, self.prefill_batch * budget)
+        batch = Together(self.vlm.language_model, group,  # (group.py: rows repeated)
+                         2 * self.prefill_batch * budget)
         for column in sorted({batch.column(job, p) for job in group for p in job.keep}
                              | {batch.width}):
             batch.run_to(column)

@@ -24,12 +24,15 @@ column before the images, then the images) were each a new shape: 267-400 ms for
 rows of 280 tokens on a lent H200 (2b Gemma 4, bench.worker_timeline --images) where a
 prompt alone took two passes of 15-70 ms. With the width bucketed, and the images of a
 size, both passes repeat their shapes from one burst of as many rows to the next. But
-a burst reaches the batch in groups of as many rows as arrived together (3+3+2, 3+5,
-4+4 in three waves of 8 on an H200), and each new row count was a new shape again: a
-group of 819 tokens in 3 rows took 160 ms where 5 rows (1,375) took 579 and 2 rows
-(550) 538, the first time each. So the rows are rounded up too, to a power of two
-(`rows`; the last row repeated, its results never read), where the padded batch stays
-within the step's bound on positions: 1, 2, 4 and 8 rows are the shapes there are.
+a burst reaches the batch in groups of as many rows as were prepared and fit the step's
+bound (`prefill_batch` chunks' positions, the chunk sized by time: 3+3+2, 3+5, 4+4 in
+three waves of 8 on an H200), and each new row count was a new shape again: a group of
+819 tokens in 3 rows took 160 ms where 5 rows (1,375) took 579 and 2 rows (550) 538,
+the first time each. So on CUDA the rows are rounded up too, to a power of two
+(`bucket_rows`; the last row repeated, its results never read): 1, 2, 4 and 8 rows are
+the shapes there are. The repeated rows at most double the pass's positions, which the
+batch allows (`positions`: twice the step's bound); a GPU computes them in far less
+time than it builds a new shape.
 
 Which prompts go together (`groupable`, and batch.py `_together`): those that start from
 nothing, or from a cached start short enough to compute again in the batch (a chat
