@@ -85,7 +85,9 @@ for (const [api, make] of Object.entries(providers)) {
       messages: [{ role: 'user', content: [
         { type: 'text', text: 'What is this?' },
         { type: 'image', image: Buffer.from(cfg.image, 'base64'), mediaType: 'image/png' }] }] });
-    return { text: r.text, finish: r.finishReason, usage: r.usage };
+    const bare = await generateText({ model: make(cfg.vision), prompt: 'What is this?',
+                                      maxOutputTokens: 4, ...greedy });
+    return { text: r.text, finish: r.finishReason, usage: r.usage, without: bare.usage };
   };
 }
 // Reasoning: the Responses API's summary (the only reasoning this SDK reads there, asked
