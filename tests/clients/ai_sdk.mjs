@@ -12,7 +12,17 @@ import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { z } from 'zod';
 
 const cfg = JSON.parse(process.argv[2]);
-const base = { baseURL: cfg.url + '/v1', apiKey: 'unused' };
+// Greedy everywhere, so that every check is deterministic: the SDK leaves `temperature`
+// out of a reasoning request (the hosted reasoning models refuse it), and the harness
+// puts 0 back into any generation body without one. Nothing the SDK reads is touched.
+async function greedy(url, init) {
+  if (typeof init?.body === 'string' && !String(url).endsWith('/embeddings')) {
+    const body = JSON.parse(init.body);
+    if (body.temperature === undefined) init = { ...init, body: JSON.stringify({ ...body, temperature: 0 }) };
+  }
+  return fetch(url, init);
+}
+const base = { baseURL: cfg.url + '/v1', apiKey: 'unused', fetch: greedy };
 const openai = createOpenAI(base);
 const anthropic = createAnthropic(base);
 const compat = createOpenAICompatible({ ...base, name: 'mlxd', includeUsage: true,
@@ -30,7 +40,7 @@ const weather = tool({
   execute: async ({ city, days }) => ({ city, days, temp: 21 }),
 });
 const record = z.object({ city: z.enum(['Paris', 'Rome']), ok: z.boolean() });
-const greedy = { temperature: 0 };
+const atZero = { temperature: 0 };
 
 async function streamed(result) {
   const parts = [];
@@ -45,48 +55,48 @@ const checks = {};
 for (const [api, make] of Object.entries(providers)) {
   const model = make(cfg.tools);
   checks[`${api} text`] = async () => {
-    const r = await generateText({ model, prompt: 'Say hi', maxOutputTokens: 8, ...greedy });
+    const r = await generateText({ model, prompt: 'Say hi', maxOutputTokens: 8, ...atZero });
     return { text: r.text, finish: r.finishReason, usage: r.usage };
   };
   checks[`${api} stream`] = async () => {
-    const r = streamText({ model, prompt: 'Say hi', maxOutputTokens: 8, ...greedy });
+    const r = streamText({ model, prompt: 'Say hi', maxOutputTokens: 8, ...atZero });
     const parts = await streamed(r);
     return { text: await r.text, finish: await r.finishReason, usage: await r.usage, parts };
   };
   checks[`${api} tools`] = async () => {
     const r = await generateText({ model, prompt: 'Weather in Paris for 3 days?', tools: { weather },
                                    toolChoice: 'required', maxOutputTokens: 200,
-                                   stopWhen: stepCountIs(2), ...greedy });
+                                   stopWhen: stepCountIs(2), ...atZero });
     return { steps: r.steps.length, calls: r.steps[0].toolCalls.map((c) => c.input),
              results: r.steps[0].toolResults.map((t) => t.output), finish: r.finishReason };
   };
   checks[`${api} stream tools`] = async () => {
     const r = streamText({ model, prompt: 'Weather in Paris for 3 days?', tools: { weather },
                            toolChoice: 'required', maxOutputTokens: 200,
-                           stopWhen: stepCountIs(2), ...greedy });
+                           stopWhen: stepCountIs(2), ...atZero });
     const parts = await streamed(r);
     const steps = await r.steps;
     return { steps: steps.length, calls: steps[0].toolCalls.map((c) => c.input), parts };
   };
   checks[`${api} object`] = async () => {
     const r = await generateObject({ model, schema: record, prompt: 'A city', maxOutputTokens: 200,
-                                     ...greedy });
+                                     ...atZero });
     return { object: r.object, finish: r.finishReason };
   };
   checks[`${api} stream object`] = async () => {
-    const r = streamObject({ model, schema: record, prompt: 'A city', maxOutputTokens: 200, ...greedy });
+    const r = streamObject({ model, schema: record, prompt: 'A city', maxOutputTokens: 200, ...atZero });
     let partials = 0;
     for await (const _ of r.partialObjectStream) partials += 1;
     return { object: await r.object, partials };
   };
   checks[`${api} image`] = async () => {
     const r = await generateText({
-      model: make(cfg.vision), maxOutputTokens: 4, ...greedy,
+      model: make(cfg.vision), maxOutputTokens: 4, ...atZero,
       messages: [{ role: 'user', content: [
         { type: 'text', text: 'What is this?' },
         { type: 'image', image: Buffer.from(cfg.image, 'base64'), mediaType: 'image/png' }] }] });
     const bare = await generateText({ model: make(cfg.vision), prompt: 'What is this?',
-                                      maxOutputTokens: 4, ...greedy });
+                                      maxOutputTokens: 4, ...atZero });
     return { text: r.text, finish: r.finishReason, usage: r.usage, without: bare.usage };
   };
 }
