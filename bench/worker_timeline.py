@@ -56,6 +56,12 @@ def read_trace(prefix: str) -> list[tuple[float, str]]:
     return sorted(events)
 
 
+def full_step(event: str, width: int) -> bool:
+    """Whether a trace line is a step in which `width` sequences decode and nothing waits
+    or prefills (its waiting/prefilling/decoding counts)."""
+    return event.startswith("step") and event.split()[3:6] == ["0", "0", str(width)]
+
+
 def step_summary(events: list, width: int) -> str:
     """A trace's steps in short: the decode steps with `width` sequences decoding and
     nothing else (count, median and 90th percentile ms) and every other step (count,
@@ -63,8 +69,7 @@ def step_summary(events: list, width: int) -> str:
     full, other = [], []
     for _, e in events:
         if e.startswith("step"):
-            f = e.split()
-            (full if f[3:6] == ["0", "0", str(width)] else other).append(float(f[1]))
+            (full if full_step(e, width) else other).append(float(e.split()[1]))
     full.sort()
     if not full:
         return f"no full decode steps; {len(other)} other steps, {sum(other):.0f} ms in all"
@@ -89,22 +94,17 @@ def timeline(t0: float, wall: float, out: list, events: list, flushes: bool) -> 
     marks += [(r["times"][0], f"client first content #{i}") for i, r in enumerate(out)
               if r["times"]]
     mine = [(t, e) for t, e in events if t0 - 0.01 <= t <= t0 + wall + 0.05]
-    decoding_all = ["0", "0", str(len(out))]  # (a step's waiting/prefilling/decoding)
-
-    def full_step(e: str) -> bool:
-        return e.startswith("step") and e.split()[3:6] == decoding_all
-
     lines, full = [], []
     for t, e in sorted(marks + mine):
         if e.startswith("flush") and not flushes:
             continue
-        if full_step(e):
+        if full_step(e, len(out)):
             full.append(float(e.split()[1]))
             if len(full) > 3:  # (the steady decode: counted, not listed)
                 continue
         lines.append(f"{(t - t0) * 1e3:9.1f} ms  {e}")
     steps = [e for t, e in mine if t >= t0 and e.startswith("step")]
-    first = next((i for i, e in enumerate(steps) if full_step(e)), len(steps))
+    first = next((i for i, e in enumerate(steps) if full_step(e, len(out))), len(steps))
     return {"lines": lines, "tokens": sum(r["tokens"] for r in out), "wall": wall,
             "ttft": sorted(r["ttft"] * 1e3 for r in out),
             "admitted": sum(e.startswith("admit") for _, e in mine),
