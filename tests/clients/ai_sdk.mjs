@@ -15,9 +15,11 @@ const cfg = JSON.parse(process.argv[2]);
 // Greedy everywhere, so that every check is deterministic: the SDK leaves `temperature`
 // out of a reasoning request (the hosted reasoning models refuse it), and the harness
 // puts 0 back into any generation body without one. Nothing the SDK reads is touched.
+const sent = [];  // every generation body, as the SDK wrote it
 async function greedy(url, init) {
   if (typeof init?.body === 'string' && !String(url).endsWith('/embeddings')) {
     const body = JSON.parse(init.body);
+    sent.push(body);
     if (body.temperature === undefined) init = { ...init, body: JSON.stringify({ ...body, temperature: 0 }) };
   }
   return fetch(url, init);
@@ -116,6 +118,22 @@ checks['responses stream reasoning'] = async () => {
                          providerOptions: think });
   const parts = await streamed(r);
   return { reasoning: await r.reasoningText, parts };
+};
+// Stateless (`store: false`): the SDK asks for reasoning.encrypted_content and, in the
+// conversation's next request, sends back only the reasoning items that carry it.
+checks['responses stateless reasoning'] = async () => {
+  const from = sent.length;
+  const options = { openai: { ...think.openai, store: false } };
+  const first = await generateText({ model: openai.responses(cfg.think), prompt: 'Think',
+                                     maxOutputTokens: 12, providerOptions: options });
+  await generateText({
+    model: openai.responses(cfg.think), maxOutputTokens: 4, providerOptions: options,
+    messages: [{ role: 'user', content: 'Think' }, ...first.response.messages,
+               { role: 'user', content: 'And then?' }] });
+  const bodies = sent.slice(from);
+  return { reasoning: first.reasoningText, include: bodies[0].include ?? [],
+           sentBack: bodies[1].input.filter((i) => i.type === 'reasoning')
+             .map((i) => i.encrypted_content ?? null) };
 };
 checks['messages reasoning'] = async () => {
   const r = await generateText({ model: anthropic(cfg.think), prompt: 'Think', maxOutputTokens: 12,

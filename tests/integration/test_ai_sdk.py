@@ -136,6 +136,10 @@ def test_reasoning_reaches_each_package_as_it_reads_it(sdk):
     streamed = passed(sdk, "responses stream reasoning")
     assert streamed["reasoning"] and "reasoning-delta" in streamed["parts"]
     assert passed(sdk, "messages reasoning")["reasoning"]
+    # Stateless: the reasoning went back sealed in the conversation's next request.
+    stateless = passed(sdk, "responses stateless reasoning")
+    assert stateless["reasoning"] and "reasoning.encrypted_content" in stateless["include"]
+    assert len(stateless["sentBack"]) == 1 and stateless["sentBack"][0].startswith("mlxd1.")
     assert passed(sdk, "compatible reasoning")["reasoning"]
 
 

@@ -191,6 +191,36 @@ def test_a_reasoning_summary_asked_for_streams_through_the_sdk(oai, qwen):
     assert oai.responses.retrieve(final.id).output[0].summary == item.summary
 
 
+def test_a_sealed_reasoning_comes_back_into_the_prompt_without_a_store(oai, qwen):
+    # include: ["reasoning.encrypted_content"] with store: false (the Vercel AI SDK sends
+    # back only reasoning items that carry it): the item's text sealed, unreadable to the
+    # client; sent back in a tool loop without its text, it is the prompt's reasoning
+    # again (as many prompt tokens as the same item in clear, more than without it).
+    _, model = qwen
+    first = oai.responses.create(model=model, input="Think first", max_output_tokens=12,
+                                 reasoning={"effort": "high"}, store=False,
+                                 include=["reasoning.encrypted_content"])
+    item = first.output[0]
+    text = item.content[0].text
+    assert item.type == "reasoning" and text and item.encrypted_content
+    assert text not in item.encrypted_content
+
+    def counted(reasoning: dict | None) -> int:
+        items = [{"role": "user", "content": "Weather in Paris for 3 days?"}]
+        items += [{"type": "reasoning", "id": item.id, "summary": [], **reasoning}] \
+            if reasoning else []
+        items += [{"type": "function_call", "call_id": "c1", "name": "get_weather",
+                   "arguments": '{"city": "Paris", "days": 3}'},
+                  {"type": "function_call_output", "call_id": "c1", "output": "sunny"}]
+        return oai.responses.input_tokens.count(model=model, input=items,
+                                                tools=[WEATHER]).input_tokens
+
+    sealed = counted({"encrypted_content": item.encrypted_content})
+    clear = counted({"content": [{"type": "reasoning_text", "text": text}]})
+    assert sealed == clear > counted(None)
+    assert counted({"encrypted_content": item.encrypted_content[:-4] + "AAAA"}) == counted(None)
+
+
 def test_input_tokens_counts_the_prompt_a_response_gets(oai, qwen):
     # POST /v1/responses/input_tokens (`client.responses.input_tokens.count`): nothing
     # generated or stored; instructions and tools rendered by the template, and a stored

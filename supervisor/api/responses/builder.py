@@ -54,6 +54,9 @@ class ResponseBuilder:
     # reasoning itself, in one part beside the `content` that carries it too: a client
     # that reads only summaries (the Vercel AI SDK, OpenAI's own models' way) sees it.
     summaries: Optional[bool] = None
+    # With `include: ["reasoning.encrypted_content"]`, the key a reasoning item's text is
+    # sealed with when the item is done (seal.py), for a client that keeps no state.
+    sealer: Optional[object] = None
 
     def _summarised(self) -> bool:
         if self.summaries is None:
@@ -224,6 +227,8 @@ class ResponseBuilder:
                 events.append(self._event("response.reasoning_summary_part.done",
                                           item_id=item["id"], output_index=index,
                                           summary_index=0, part=dict(summary)))
+            if self.sealer is not None:
+                item["encrypted_content"] = self.sealer.seal_reasoning(part["text"])
         item["status"] = status
         events.append(self._event("response.output_item.done", output_index=index,
                                   item=_copy(item)))
@@ -290,6 +295,8 @@ def replay(stored: dict) -> list[dict]:
         elif kind == "reasoning":
             events += b.reasoning("".join(p.get("text", "") for p in item.get("content") or []),
                                   item.get("id"))
+            if b._open is not None and "encrypted_content" in item:  # (its done event's)
+                b._open["encrypted_content"] = item["encrypted_content"]
         elif kind == "function_call":
             events += b.function_call(item["name"], item["arguments"], item.get("call_id"),
                                       item.get("id"), item.get("status") or "completed",

@@ -85,10 +85,14 @@ def _item(where: str, item) -> dict:
         return {"id": item.get("id") or new_id("fco"), "type": "function_call_output",
                 "call_id": item["call_id"], "output": output, "status": "completed"}
     if kind == "reasoning":
-        # Accepted and replayed as assistant context; never a reason to fail.
-        return {"id": item.get("id") or new_id("rs"), "type": "reasoning",
-                "summary": [p for p in item.get("summary") or [] if isinstance(p, dict)],
-                "content": [p for p in item.get("content") or [] if isinstance(p, dict)]}
+        # Accepted and replayed as assistant context; never a reason to fail. Its sealed
+        # text, if any, is opened when the prompt is built (seal.py `expand`).
+        out = {"id": item.get("id") or new_id("rs"), "type": "reasoning",
+               "summary": [p for p in item.get("summary") or [] if isinstance(p, dict)],
+               "content": [p for p in item.get("content") or [] if isinstance(p, dict)]}
+        if isinstance(item.get("encrypted_content"), str):
+            out["encrypted_content"] = item["encrypted_content"]
+        return out
     if kind == "compaction":
         # Checked when the prompt is built (seal.py: only this server's open), kept as sent.
         if not isinstance(item.get("encrypted_content"), str):

@@ -43,6 +43,7 @@ class ResponsesRequest:
     presence_penalty: Optional[float] = None   # -2..2, as chat completions takes them
     frequency_penalty: Optional[float] = None
     logprobs: bool = False                 # include: ["message.output_text.logprobs"]
+    sealed_reasoning: bool = False         # include: ["reasoning.encrypted_content"]
     top_logprobs: int = 0                  # alternatives per token (0..20)
     tools: tuple = ()                      # function tools, normalised (chat's nested form)
     skipped_tools: list = field(default_factory=list)  # built-in tool types not run here
@@ -148,6 +149,7 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         presence_penalty=opt_number(body, "presence_penalty", -2, 2),
         frequency_penalty=opt_number(body, "frequency_penalty", -2, 2),
         logprobs=LOGPROBS in _include(body),
+        sealed_reasoning=SEALED_REASONING in _include(body),
         top_logprobs=top_logprobs,
         tools=tools,
         skipped_tools=skipped,
@@ -175,12 +177,15 @@ def parse_side_request(body: dict) -> ResponsesRequest:
 
 
 LOGPROBS = "message.output_text.logprobs"
+SEALED_REASONING = "reasoning.encrypted_content"
 
 
 def _include(body: dict) -> list:
-    """`include`: strings. Only LOGPROBS changes the output here; the other values
-    (reasoning.encrypted_content, which Codex sends, and the built-in tools' results)
-    name nothing this server produces, so they are accepted and have no effect."""
+    """`include`: strings. LOGPROBS and SEALED_REASONING (a reasoning item's text sealed
+    in its `encrypted_content`, seal.py, for a client that keeps no state: Codex, the
+    Vercel AI SDK with `store: false`) change the output here; the other values (the
+    built-in tools' results) name nothing this server produces, so they are accepted and
+    have no effect."""
     include = opt_list(body, "include") or []
     for i, value in enumerate(include):
         if not isinstance(value, str):

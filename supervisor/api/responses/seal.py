@@ -1,5 +1,11 @@
 """A compaction item's `encrypted_content`: what the model wrote about a conversation,
-sealed so that only the server that wrote it can read it and vouch for it.
+sealed so that only the server that wrote it can read it and vouch for it. A reasoning
+item's too, when a request includes `reasoning.encrypted_content`: its text sealed under
+the same key (another associated data: one kind never opens as the other), so that a
+client that keeps no state and sends back only what it cannot read (the Vercel AI SDK
+with `store: false` drops every reasoning item without it) gives the model its reasoning
+again; one that does not open (another server's: a conversation moved here from
+OpenAI) is left out of the prompt, as reasoning without text is, not refused.
 
 What the client can read: nothing but its length. The content is `mlxd1.` and, in
 base64url, a random 96-bit nonce, then AES-256-GCM (the `cryptography` package) over a
@@ -44,6 +50,7 @@ from supervisor.keys import CONFIG
 KEY_FILE = "compaction-key"
 PREFIX = "mlxd1."
 _AAD = b"mlxd responses compaction item v1"
+_REASONING_AAD = b"mlxd responses reasoning item v1"
 _NONCE = 12
 # How the summary stands in the prompt: the model reads it as the conversation so far.
 SUMMARY_HEADER = ("[The earlier part of this conversation was compacted. "
@@ -62,20 +69,33 @@ class Sealer:
         return cls(ensure_secret(Path(state_dir) / KEY_FILE))
 
     def seal(self, summary: str, kept: list | tuple = (), whole: bool = False) -> str:
-        payload = json.dumps({"summary": summary, "kept": list(kept), "whole": whole},
-                             separators=(",", ":")).encode()
-        nonce = os.urandom(_NONCE)
-        return PREFIX + base64.urlsafe_b64encode(
-            nonce + self._aead.encrypt(nonce, payload, _AAD)).decode()
+        return self._seal({"summary": summary, "kept": list(kept), "whole": whole}, _AAD)
 
     def open(self, content: str) -> dict | None:
         """The payload ({"summary", "kept", "whole"}), or None when `content` is not one
         this key sealed (edited, forged, another instance's, or not ours at all)."""
+        return self._open(content, _AAD)
+
+    def seal_reasoning(self, text: str) -> str:
+        return self._seal({"reasoning": text}, _REASONING_AAD)
+
+    def open_reasoning(self, content: str) -> str | None:
+        """A sealed reasoning item's text, or None (as `open`)."""
+        payload = self._open(content, _REASONING_AAD)
+        return None if payload is None else payload["reasoning"]
+
+    def _seal(self, payload: dict, aad: bytes) -> str:
+        nonce = os.urandom(_NONCE)
+        plain = json.dumps(payload, separators=(",", ":")).encode()
+        return PREFIX + base64.urlsafe_b64encode(
+            nonce + self._aead.encrypt(nonce, plain, aad)).decode()
+
+    def _open(self, content: str, aad: bytes) -> dict | None:
         if not isinstance(content, str) or not content.startswith(PREFIX):
             return None
         try:
             raw = base64.urlsafe_b64decode(content[len(PREFIX):].encode("ascii"))
-            plain = self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], _AAD)
+            plain = self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], aad)
         except (binascii.Error, ValueError, InvalidTag, UnicodeEncodeError):
             return None
         return json.loads(plain)
@@ -104,9 +124,13 @@ def expand(items: list[dict], sealer: Sealer) -> list[dict]:
     its place, becomes its summary (a user message) followed by the items it kept; one
     that stands for the whole conversation before it (made by `context_management` in a
     response's output) drops what came before it, wherever the conversation comes from (a
-    stored chain, a conversation, a client's own history). 400 on one that does not open."""
+    stored chain, a conversation, a client's own history). 400 on one that does not open.
+    A reasoning item that holds its text only sealed gets it back (the module's doc)."""
     out = []
     for item in items:
+        if item.get("type") == "reasoning":
+            out.append(_opened(item, sealer))
+            continue
         if item.get("type") != "compaction":
             out.append(item)
             continue
@@ -118,6 +142,17 @@ def expand(items: list[dict], sealer: Sealer) -> list[dict]:
         out.append(summary_message(item.get("id") or new_id("cmp"), payload["summary"]))
         out.extend(payload["kept"])
     return out
+
+
+def _opened(item: dict, sealer: Sealer) -> dict:
+    """A reasoning item with its text: as it came, or from its `encrypted_content` where
+    it carries no text of its own and the content is one this server sealed."""
+    if any(p.get("text") for p in (item.get("content") or []) + (item.get("summary") or [])):
+        return item
+    text = sealer.open_reasoning(item.get("encrypted_content"))
+    if text is None:
+        return item
+    return {**item, "content": [{"type": "reasoning_text", "text": text}]}
 
 
 SEALER = web.AppKey("compaction_sealer", Sealer)

@@ -245,7 +245,8 @@ async def start(request: web.Request, runner, req: ResponsesRequest,
     if items and items[-1]["type"] == "compaction_trigger":  # Codex's compaction
         builder = CompactingBuilder(req, runner.id, trigger=(sealer, items[:-1]))
         return builder, asking(config, runner, req, items[:-1])
-    builder = CompactingBuilder(req, runner.id)  # its id names the KV snapshot
+    builder = CompactingBuilder(req, runner.id,  # (its id names the KV snapshot)
+                                sealer=sealer if req.sealed_reasoning else None)
     message = req.to_generate(items, config, builder.id)
     if req.compact_threshold is None:
         return builder, message
