@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from supervisor.api.chat.shapes import chat_logprobs
 from supervisor.api.responses.items import new_id
 from supervisor.api.responses.request import ResponsesRequest
+
+if TYPE_CHECKING:
+    from supervisor.api.responses.seal import Sealer
 
 TERMINAL_EVENTS = {"completed": "response.completed", "incomplete": "response.incomplete",
                    "failed": "response.failed", "cancelled": "response.failed"}
@@ -56,7 +59,7 @@ class ResponseBuilder:
     summaries: Optional[bool] = None
     # With `include: ["reasoning.encrypted_content"]`, the key a reasoning item's text is
     # sealed with when the item is done (seal.py), for a client that keeps no state.
-    sealer: Optional[object] = None
+    sealer: Optional["Sealer"] = None
 
     def _summarised(self) -> bool:
         if self.summaries is None:
