@@ -112,6 +112,23 @@ def test_terminal_states(status, extra, event):
     assert events[-1]["type"] == event and events[-1]["response"]["status"] == status
 
 
+def test_a_lifecycle_events_response_is_the_response_as_it_stood_then():
+    # The created / in_progress events hold the response as it was when they were made,
+    # however much output follows before they are written (the official SDK's stream
+    # helper refused a response.created that already held the call it was then told of:
+    # "Duplicate response output index 0"), and a replay's created event is empty too.
+    b = ResponseBuilder(req(tools=[{"type": "function", "name": "f", "parameters": {}}]), "m")
+    early = b.start()
+    events = early + b.reasoning("r") + b.text("a") + b.function_call("f", "{}")
+    events += b.finish("completed", usage=usage(1, 3))
+    assert [e["response"]["output"] for e in early] == [[], []]
+    final = events[-1]["response"]
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call"]
+    assert "content" not in final["output"][2]
+    again = replay(final)
+    assert again[0]["response"]["output"] == [] and again[-1]["response"] == final
+
+
 def test_replay_retells_a_stored_response():
     b = ResponseBuilder(req(), "m")
     live = b.start() + b.reasoning("r") + b.text("a") + b.text("b") + b.function_call("f", "{}")

@@ -76,7 +76,9 @@ class ResponseBuilder:
             "incomplete_details": ({"reason": self.incomplete_reason}
                                    if self.incomplete_reason else None),
             "instructions": r.instructions, "max_output_tokens": r.max_output_tokens,
-            "model": self.model, "output": self.output,
+            # (copied: an event holds the response as it stood when the event was made,
+            # however much output follows before it is written)
+            "model": self.model, "output": [_copy(item) for item in self.output],
             "parallel_tool_calls": r.parallel_tool_calls,
             "previous_response_id": r.previous_response_id,
             "reasoning": r.reasoning or {"effort": None, "summary": None},
@@ -258,10 +260,9 @@ def item_status(response_status: str) -> str:
 
 
 def _copy(item: dict) -> dict:
-    copied = {**item, "content": [dict(p) for p in item.get("content", [])]}
-    if "summary" in item:
-        copied["summary"] = [dict(p) for p in item["summary"]]
-    return copied
+    """An output item as it stands (its parts' lists copied: the builder appends to them)."""
+    return {**item, **{key: [dict(p) for p in item[key]]
+                       for key in ("content", "summary") if key in item}}
 
 
 class _Replay(ResponseBuilder):
@@ -275,7 +276,8 @@ class _Replay(ResponseBuilder):
                                        if item.get("type") == "reasoning"))
 
     def response(self) -> dict:
-        obj = {**self.stored, "status": self.status, "output": self.output}
+        obj = {**self.stored, "status": self.status,
+               "output": [_copy(item) for item in self.output]}
         if self.status == "in_progress":  # as it looked before it finished
             obj.update(error=None, incomplete_details=None, completed_at=None, usage=None)
         return obj
