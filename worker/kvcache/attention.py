@@ -13,6 +13,13 @@ KV budget, bytes per token, the prefix cache and snapshots are the same), and on
 keys and values exist at full precision during its attention only (a step's transient
 memory, which the batch's StepMemory measures at load, after this choice).
 
+What CUDA's quantized_matmul does take (an H200, 8 bits in groups of 64 and 32, 1 to 2,304
+keys, 1 and 8 queries): any contiguous packed array, and no slice of a larger allocation
+unless the slice is all of it. A third path, each layer's packed slice copied contiguous
+for mlx-lm's attention, was built and measured there and dropped: a 7B shape's single
+stream after a 2,049-token prompt decoded at 3.6 tok/s, against 81 dequantized and 159 at
+full precision (each step's key count a shape new to MLX's kernels, it seems).
+
 MLX reports a missing kernel when the graph is evaluated, not when it is built, so the
 choice cannot be made per call: `choose` runs a probe (a forward pass through a quantized
 cache) on the quantized path and, if MLX fails it, on the dequantizing one (logged). The
