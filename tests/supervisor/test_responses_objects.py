@@ -168,3 +168,35 @@ def test_a_run_that_fails_mid_way_has_usage_and_an_incomplete_message():
     assert final["usage"]["input_tokens"] == 7 and final["usage"]["output_tokens"] == 3
     assert final["usage"]["input_tokens_details"]["cached_tokens"] == 2
     assert [o["status"] for o in final["output"]] == ["incomplete"]
+
+
+def test_what_is_echoed_not_applied_comes_back_as_sent():
+    """max_tool_calls, safety_identifier and text.verbosity: echoed on every event's
+    response and on replay (a client reads back what it set), valid under both schemas."""
+    b = ResponseBuilder(req(max_tool_calls=3, safety_identifier="user-7f3a",
+                            text={"format": {"type": "text"}, "verbosity": "low"}), "m")
+    events = b.start() + b.text("ok") + b.finish("completed", usage=usage(1, 1))
+    for ev in events:
+        if "response" in ev:
+            check_shapes(ev["response"])
+            assert (ev["response"]["max_tool_calls"], ev["response"]["safety_identifier"],
+                    ev["response"]["text"]) == (3, "user-7f3a", {
+                        "format": {"type": "text"}, "verbosity": "low"})
+    assert replay(events[-1]["response"])[-1]["response"]["text"]["verbosity"] == "low"
+    unset = ResponseBuilder(req(), "m").response()
+    assert unset["text"]["verbosity"] == "medium"  # OpenAI's default, echoed as it does
+
+
+@pytest.mark.parametrize("kw,param", [
+    ({"max_tool_calls": "3"}, "max_tool_calls"),
+    ({"max_tool_calls": -1}, "max_tool_calls"),
+    ({"safety_identifier": 7}, "safety_identifier"),
+    ({"safety_identifier": "x" * 65}, "safety_identifier"),
+    ({"text": {"verbosity": "verbose"}}, "text.verbosity"),
+])
+def test_what_is_echoed_is_still_checked(kw, param):
+    from supervisor.http.errors import APIError
+
+    with pytest.raises(APIError) as e:
+        req(**kw)
+    assert e.value.status == 400 and e.value.param == param

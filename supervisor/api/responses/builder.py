@@ -7,7 +7,7 @@ returns the events to send, with a strictly increasing `sequence_number`, and
 (Response, ResponseStreamEvent and its members) and the Open Responses one
 (ResponseResource and its streaming events), which clients validate strictly: so every
 field either requires is present in every state, with null where nothing is known
-(`usage` until the end, `max_tool_calls`, `safety_identifier`), and an item the response
+(`usage` until the end, `max_tool_calls` and `safety_identifier` unless sent), and an item the response
 ended inside (failed, cancelled, or cut off by max_output_tokens: a tool call included)
 says `incomplete`, never `completed`.
 """
@@ -85,7 +85,7 @@ class ResponseBuilder:
             "store": r.store, "background": r.background,
             "temperature": 1.0 if r.temperature is None else r.temperature,
             "top_p": 1.0 if r.top_p is None else r.top_p,
-            "text": {"format": r.text_format_echo},
+            "text": {"format": r.text_format_echo, "verbosity": r.verbosity},
             "tool_choice": r.tool_choice_echo,
             # a FunctionTool's description may be null but not absent (Open Responses)
             "tools": [{"description": None, **t} for t in r.tools_echo],
@@ -94,9 +94,10 @@ class ResponseBuilder:
             "presence_penalty": r.presence_penalty or 0.0,
             "frequency_penalty": r.frequency_penalty or 0.0,
             "top_logprobs": r.top_logprobs,
-            # Not applied by this server, so the neutral values; the Open Responses
-            # schema requires them all.
-            "service_tier": "default", "max_tool_calls": None, "safety_identifier": None,
+            # The Open Responses schema requires them all. No service tier here; the
+            # two after it are echoed, not applied (request.py).
+            "service_tier": "default", "max_tool_calls": r.max_tool_calls,
+            "safety_identifier": r.safety_identifier,
             "usage": self.usage,  # null until the end (as OpenAI's own examples show)
         }
         if r.user is not None:  # OpenAI's `user` is a string, never null

@@ -59,6 +59,11 @@ class ResponsesRequest:
     metadata: dict = field(default_factory=dict)
     prompt_cache_key: Optional[str] = None
     user: Optional[str] = None
+    # Echoed, not applied: no built-in tool runs here (max_tool_calls counts only those),
+    # no policy service reads a safety_identifier, no template takes a verbosity.
+    max_tool_calls: Optional[int] = None
+    safety_identifier: Optional[str] = None
+    verbosity: str = "medium"              # text.verbosity (OpenAI's default)
     compact_threshold: Optional[int] = None  # context_management: compact past this many
     #                                          prompt tokens (api/responses/summary.py)
     generate: bool = True  # False: a WebSocket mode warm-up (api/responses/websocket.py):
@@ -163,6 +168,9 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         metadata=parse_metadata(body) or {},
         prompt_cache_key=cache_key(body),
         user=opt_str(body, "user"),
+        max_tool_calls=opt_int(body, "max_tool_calls", minimum=0),
+        safety_identifier=_safety_identifier(body),
+        verbosity=_verbosity(text),
         compact_threshold=_compact_threshold(body),
     )
 
@@ -261,6 +269,29 @@ _TOOL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 SUMMARIES = ("auto", "concise", "detailed")
+
+
+VERBOSITIES = ("low", "medium", "high")
+MAX_SAFETY_IDENTIFIER = 64  # characters (OpenAI's spec)
+
+
+def _verbosity(text: dict) -> str:
+    value = opt_str(text, "verbosity", "text.verbosity")
+    if value is None:
+        return "medium"
+    if value not in VERBOSITIES:
+        raise invalid_value("text.verbosity", f"'{value}'. Supported values are: "
+                            + ", ".join(f"'{v}'" for v in VERBOSITIES) + ".")
+    return value
+
+
+def _safety_identifier(body: dict) -> Optional[str]:
+    value = opt_str(body, "safety_identifier")
+    if value is not None and len(value) > MAX_SAFETY_IDENTIFIER:
+        raise invalid_value("safety_identifier", f"string too long. Expected a string with "
+                            f"maximum length {MAX_SAFETY_IDENTIFIER}, but got a string with "
+                            f"length {len(value)} instead.", "string_above_max_length")
+    return value
 
 
 def _parse_reasoning(body: dict) -> Optional[dict]:
