@@ -12,8 +12,9 @@ drift hits both); a first round, not counted, compiles every kernel shape. Figur
 medians and the paired ratio with its 95% interval (bench/report.py): single-stream decode
 tokens/s and TTFT (a 32-token prompt), and the aggregate tokens/s of 8 concurrent streams;
 then how many words of one greedy completion the group writes as one process does, and
-where a group's decode step goes (its all-reduces per token times the link latency the
-group measured at start, from /health). The ratio is group / one process:
+where a group's decode step goes (its step less one process's, per all-reduce it makes a
+token; beside it the lone all-reduce's round trip the group timed at start, from
+/health). The ratio is group / one process:
 on one machine whose one GPU (or CPU) every rank shares, a group can only lose (it adds
 collectives and the control channel to the same compute); across GPUs or hosts it
 splits the compute, and the ratio says what that buys.
@@ -129,17 +130,22 @@ def run_shape(shape: str, dtype: str, ranks: int, backend: str, sharding: str, r
     rows.append((f"{shape} same greedy text", f"{same} of {len(texts[0])} characters alike",
                  "PASS" if texts[0] == texts[1] else "MISS"))
     # Where a group's decode step goes: tensor sharding sums partial results twice per
-    # layer (attention's output and the MLP's down projection: mlx-lm's model.shard), each
-    # a small all-reduce at about the link's latency measured at start.
+    # layer (attention's output and the MLP's down projection: mlx-lm's model.shard), a
+    # pipeline passes its activations on once per rank boundary. The group's step less
+    # one process's, spread over those all-reduces, is what each costs inside a step (with
+    # the lockstep's share; a pipeline's ranks also build their halves of the graph at
+    # once, so its difference can be negative); the lone all-reduce timed at start (an
+    # evaluation's round trip, `latency_s`) is beside it, not a term of it.
     layers = SHAPES[shape]["num_hidden_layers"]
     reduces = 2 * layers if info["sharding"] == "tensor" else ranks - 1
     step = 1 / statistics.median(m["decode"] for m in results["group"])
-    spent = reduces * info["latency_s"]
+    alone = 1 / statistics.median(m["decode"] for m in results["one"])
+    extra = step - alone
     rows.append((f"{shape} decode step breakdown",
-                 f"{step * 1e3:.2f} ms/token; {reduces} all-reduces x "
-                 f"{info['latency_s'] * 1e6:.0f} us = {spent * 1e3:.2f} ms "
-                 f"({100 * spent / step:.0f}%)",
-                 f"link {info['bandwidth_bytes_s'] / 1e9:.1f} GB/s, {info['backend']}"))
+                 f"{step * 1e3:.2f} ms/token against {alone * 1e3:.2f}: {extra * 1e3:+.2f} ms "
+                 f"over {reduces} all-reduces = {extra / reduces * 1e6:+.0f} us each",
+                 f"a lone one {info['latency_s'] * 1e6:.0f} us; link "
+                 f"{info['bandwidth_bytes_s'] / 1e9:.1f} GB/s, {info['backend']}"))
     return rows
 
 
