@@ -2,7 +2,7 @@
 
 `Part.of(batch)` folds a batch of Deltas (what one SSE write sends) into one Part:
 answer text, reasoning text, complete tool calls (protocol.ToolCall), the call the output
-ran out of tokens inside (`cut_call`: only the Responses API shows it) and per-token
+ran out of tokens inside (`cut_call`: the Responses and Messages APIs show it) and per-token
 logprobs (TokenLogprob). `Output` adds Parts up for a whole (non-streamed) response.
 Chat completions and the Responses API render these their own way.
 """
@@ -76,6 +76,7 @@ class Output:
     reasoning: list = field(default_factory=list)
     tool_calls: list = field(default_factory=list)
     logprobs: list = field(default_factory=list)
+    cut_call: ToolCall | None = None
 
     def add(self, part: Part) -> None:
         self.text.append(part.text)
@@ -83,6 +84,8 @@ class Output:
             self.reasoning.append(part.reasoning)
         self.tool_calls.extend(part.tool_calls)
         self.logprobs.extend(part.logprobs)
+        if part.cut_call is not None:
+            self.cut_call = part.cut_call
 
     @property
     def content(self) -> str:

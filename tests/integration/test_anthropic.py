@@ -239,3 +239,39 @@ def test_claude_codes_betas_and_context_management_pass(client, qwen):
     assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) \
         == counted.input_tokens - applied.cleared_input_tokens
 
+
+
+def test_a_tool_call_cut_off_by_max_tokens_is_its_last_block(client, qwen):
+    """As Anthropic does: the call the output ran out of tokens inside stays, the last
+    block, with the input written so far (the SDK's partial reading of it, streamed or
+    not), and stop_reason max_tokens. It was dropped (content [])."""
+    srv, model = qwen
+    body = dict(model=model, thinking=NO_THINKING, tools=[WEATHER],
+                tool_choice={"type": "tool", "name": "get_weather",
+                             "disable_parallel_tool_use": True},
+                extra_body={"temperature": 0},
+                messages=[{"role": "user", "content": "Weather in Paris for 3 days?"}])
+    whole = client.messages.create(max_tokens=200, **body)
+    (use,) = [b for b in whole.content if b.type == "tool_use"]
+    assert whole.stop_reason == "tool_use" and set(use.input) == {"city", "days"}
+    cut = client.messages.create(max_tokens=whole.usage.output_tokens - 4, **body)
+    validate(cut.model_dump(exclude_unset=True, exclude_none=True), "Message")
+    assert cut.stop_reason == "max_tokens" and cut.content[-1].type == "tool_use"
+    last = cut.content[-1]
+    assert last.name == "get_weather" and last.id
+    # What it holds is what the whole call holds, so far (greedy: the same start).
+    assert all(use.input[k] == v for k, v in last.input.items())
+    with client.messages.stream(max_tokens=whole.usage.output_tokens - 4, **body) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens"
+    assert final.content[-1].model_dump() == last.model_dump() | {"id": final.content[-1].id}
+
+    def streamed_json(max_tokens):
+        raw = {k: v for k, v in body.items() if k != "extra_body"}
+        return "".join(d["delta"]["partial_json"] for n, d in raw_events(srv, {
+            **raw, "temperature": 0, "max_tokens": max_tokens})
+            if n == "content_block_delta" and d["delta"]["type"] == "input_json_delta")
+
+    # Streamed, the input is the model's JSON so far: a strict start of the whole call's.
+    written, full = streamed_json(whole.usage.output_tokens - 4), streamed_json(200)
+    assert written and full.startswith(written) and written != full

@@ -1,25 +1,30 @@
 """Anthropic's tool_use input (supervisor/api/messages): the streamed `input_json_delta`s
 are the worker's argument text as the model wrote it, and no surface writes `Infinity` or
-`NaN` (a strict client's JSON parser refuses both) even if such text reached it."""
+`NaN` (a strict client's JSON parser refuses both) even if such text reached it; a call
+cut off by max_tokens is the last block, its input what was written of it."""
 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 
 from protocol.messages import ToolCall
 from supervisor.api.messages import shapes
 from supervisor.api.messages.stream import BlockWriter
+from supervisor.api.output import Output, Part
 
 
 def streamed_input(arguments: str) -> str:
     call = ToolCall(0, "call_1", "f", arguments)
-    events = BlockWriter().part(SimpleNamespace(reasoning="", text="", tool_calls=[call]))
+    return _partial_json(BlockWriter().part(Part(tool_calls=[call])))
+
+
+def _partial_json(events) -> str:
     datas = [json.loads(e.split(b"data: ", 1)[1]) for e in events]
     return "".join(d["delta"]["partial_json"] for d in datas
-                   if d["type"] == "content_block_delta")
+                   if d["type"] == "content_block_delta"
+                   and d["delta"]["type"] == "input_json_delta")
 
 
 def test_streamed_input_is_the_models_text():
@@ -34,3 +39,38 @@ def test_non_finite_arguments_never_become_infinity(arguments):
     blocks = shapes.content(None, "", [ToolCall(0, "call_1", "f", arguments)])
     assert blocks[0]["input"] == {}
     json.dumps(blocks, allow_nan=False)  # what a strict parser would refuse raises here
+
+
+CUT = '{"city": "Paris", "note": "sunny and w'
+
+
+@pytest.mark.parametrize("name,only,expected", [
+    ("get_weather", "", "get_weather"),     # its own name
+    ("", "get_weather", "get_weather"),     # cut before its name: the one tool it can be
+    ("", "", None),                         # no name to give it: no block
+])
+def test_a_cut_call_is_the_last_block_with_what_was_written(name, only, expected):
+    cut = ToolCall(1, "call_2", name, CUT)
+    done = ToolCall(0, "call_1", "get_time", '{"zone": "UTC"}')
+    out = Output()
+    out.add(Part(text="Checking.", tool_calls=[done]))
+    out.add(Part(cut_call=cut))
+    blocks = shapes.content(None, out.content, out.tool_calls, shapes.named(out.cut_call, only))
+    writer = BlockWriter(only)
+    events = writer.part(Part(text="Checking.", tool_calls=[done])) + writer.part(
+        Part(cut_call=cut)) + writer.finish()
+    assert writer.blocks == blocks  # streamed or whole, the same content
+    if expected is None:
+        assert [b["type"] for b in blocks] == ["text", "tool_use"]
+        return
+    assert [b["type"] for b in blocks] == ["text", "tool_use", "tool_use"]
+    # The string cut inside is left out, as Anthropic's SDK reads a partial input.
+    assert blocks[-1] == {"type": "tool_use", "id": "call_2", "name": expected,
+                          "input": {"city": "Paris"}}
+    # Streamed: the model's text as written (the SDK parses it partially itself).
+    assert _partial_json(events).endswith(CUT)
+
+
+def test_a_cut_call_with_nothing_readable_has_an_empty_input():
+    for written in ("", '{"ci', "[1, 2", "not json"):
+        assert shapes.cut_input(written) == {}

@@ -50,6 +50,13 @@ class ResponseFormat:
     strict: Optional[bool] = None
 
 
+def only_tool(tools: tuple, choice: ToolChoice) -> str:
+    """The one function a call could name (a call cut off before its name was written),
+    else "": the tools the choice allows, else all of them, when that is one."""
+    names = choice.allowed or tuple(t["function"]["name"] for t in tools)
+    return names[0] if len(names) == 1 else ""
+
+
 def normalize_tools(value, param: str = "tools") -> tuple:
     """A tools array (chat's nested or the Responses API's flat form) → nested dicts."""
     if value is None:

@@ -19,6 +19,7 @@ from dataclasses import replace
 from aiohttp import web
 
 from protocol import Task
+from supervisor.api.fields.tools import only_tool
 from supervisor.api.lifecycle import Generation, compute, log_request, submit
 from supervisor.api.messages import compaction, context, shapes
 from supervisor.api.messages.errors import AnthropicEnvelope
@@ -88,10 +89,12 @@ async def _create(request: web.Request, turn: Turn) -> web.StreamResponse:
         extra = {"context_management": managed} if managed is not None else {}
         if parsed.stream:
             return await _stream(request, gen, started, msg_id, runner.id, headers, extra,
-                                 turn)
+                                 turn, only_tool(parsed.tools, parsed.tool_choice))
         output = await gen.collect()
         done = gen.done
-        blocks = shapes.content(output.reasoning_text, output.content, output.tool_calls)
+        blocks = shapes.content(output.reasoning_text, output.content, output.tool_calls,
+                                shapes.named(output.cut_call, only_tool(parsed.tools,
+                                                                        parsed.tool_choice)))
         turn.record(msg_id, blocks)
         body = shapes.message(
             msg_id, runner.id, blocks, shapes.stop_reason(done.finish_reason, done.stop_sequence),
@@ -109,12 +112,12 @@ def _stop_sequence(done) -> str | None:
 
 
 async def _stream(request, gen: Generation, started, msg_id: str, model: str,
-                  headers: dict, extra: dict, turn: Turn) -> web.StreamResponse:
+                  headers: dict, extra: dict, turn: Turn, cut_name: str) -> web.StreamResponse:
     resp = await sse.open_stream(request, headers=headers)
     start = shapes.message(msg_id, model, [], None, None,
                            shapes.usage(started.prompt_tokens, started.cached_tokens, 0))
     await resp.write(event("message_start", {"type": "message_start", "message": start}))
-    blocks = BlockWriter()
+    blocks = BlockWriter(cut_name)
     # A failure from here on raises through: the error middleware ends the stream with
     # an `error` event in this API's shape.
     async for part in gen.parts(idle=sse.PING_INTERVAL_S):

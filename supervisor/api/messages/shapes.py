@@ -10,6 +10,13 @@ a key made when the server starts. Clients send signed thinking back in later tu
 mlxd does not check it (the text goes back into the template either way, and a local
 model has nothing to protect by refusing edited reasoning), so the signature only keeps
 clients that require the field working.
+
+A tool call the output ran out of tokens inside (`max_tokens`) is kept as Anthropic keeps
+it: the last block, a `tool_use` with the input written so far, and `stop_reason`
+`max_tokens` (clients answer every tool_use or retry with more tokens; dropping it hid
+that the model was calling a tool). Streamed, its input arrives as the partial JSON the
+model wrote; whole, it is that text read as Anthropic's SDK reads a stream's partial input
+(jiter's partial mode: a value cut off inside is left out).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import hashlib
 import hmac
 import secrets
 import uuid
+
+import msgspec
 
 from protocol import FinishReason, jsontext
 
@@ -72,13 +81,34 @@ def _object(arguments: str) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def tool_use_block(call) -> dict:
+def tool_use_block(call, cut: bool = False) -> dict:
+    """A call's block; `cut`: the call the output ran out of tokens inside."""
     return {"type": "tool_use", "id": call.id, "name": call.name,
-            "input": tool_input(call.arguments)}
+            "input": cut_input(call.arguments) if cut else tool_input(call.arguments)}
 
 
-def content(reasoning: str | None, text: str, calls) -> list[dict]:
-    """A whole answer's blocks: thinking, then text, then tool uses, as models write them."""
+def named(cut, only: str):
+    """The cut call with a name, its own or `only` (the one tool it could be: tools.py
+    only_tool), else None: a block without a name is no tool_use."""
+    if cut is None or not (cut.name or only):
+        return None
+    return cut if cut.name else msgspec.structs.replace(cut, name=only)
+
+
+def cut_input(arguments: str) -> dict:
+    """A cut call's partial JSON as the object its complete part makes (the module's doc)."""
+    from jiter import from_json  # (only a cut call needs it)
+
+    try:
+        value = from_json(arguments.encode("utf-8"), partial_mode=True)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def content(reasoning: str | None, text: str, calls, cut=None) -> list[dict]:
+    """A whole answer's blocks: thinking, then text, then tool uses, as models write them;
+    `cut`, the call the output ran out of tokens inside (named: `Output.cut_call`), last."""
     blocks = []
     if reasoning:
         blocks.append({"type": "thinking", "thinking": reasoning,
@@ -86,6 +116,8 @@ def content(reasoning: str | None, text: str, calls) -> list[dict]:
     if text:
         blocks.append({"type": "text", "text": text})
     blocks.extend(tool_use_block(c) for c in calls)
+    if cut is not None:
+        blocks.append(tool_use_block(cut, cut=True))
     return blocks
 
 

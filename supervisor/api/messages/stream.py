@@ -8,7 +8,9 @@ the output changes kind: reasoning is a `thinking` block (`thinking_delta`s, the
 `signature_delta` just before it closes), answer text a `text` block (`text_delta`s), and
 each tool call a `tool_use` block whose input arrives as `input_json_delta` fragments
 (the worker hands over a call whole; it is cut into fragments so clients that assemble
-them, as Anthropic's SDK does, see what Anthropic sends). A failure after the first event
+them, as Anthropic's SDK does, see what Anthropic sends); a call the output ran out of
+tokens inside is the last block, its input the partial JSON the model wrote (shapes.py).
+A failure after the first event
 ends the stream with an `error` event (http/errors.py renders it in this API's shape).
 """
 
@@ -24,7 +26,8 @@ class BlockWriter:
     """The events of one message's content blocks, given its output Part by Part; `blocks`
     is the content they add up to (what a message thread holds: threads.py)."""
 
-    def __init__(self):
+    def __init__(self, cut_name: str = ""):
+        self.cut_name = cut_name          # what a cut call without a name names (only_tool)
         self.index = -1
         self.open: str | None = None      # "thinking" | "text" | None: blocks[-1]'s kind
         self.blocks: list[dict] = []
@@ -40,19 +43,25 @@ class BlockWriter:
             self.blocks[-1]["text"] += part.text
             out.append(self._delta({"type": "text_delta", "text": part.text}))
         for call in part.tool_calls:
-            out += self._close()
-            self.index += 1
-            self.blocks.append(shapes.tool_use_block(call))
-            out.append(event("content_block_start", {
-                "type": "content_block_start", "index": self.index,
-                "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
-                                  "input": {}}}))
-            args = shapes.tool_input_json(call.arguments)
-            for i in range(0, len(args), FRAGMENT_CHARS):
-                out.append(self._delta({"type": "input_json_delta",
-                                        "partial_json": args[i:i + FRAGMENT_CHARS]}))
-            out.append(event("content_block_stop", {"type": "content_block_stop",
-                                                    "index": self.index}))
+            out += self._tool_use(call, shapes.tool_input_json(call.arguments), cut=False)
+        cut = shapes.named(part.cut_call, self.cut_name)
+        if cut is not None:
+            out += self._tool_use(cut, cut.arguments, cut=True)
+        return out
+
+    def _tool_use(self, call, args: str, cut: bool) -> list[bytes]:
+        out = self._close()
+        self.index += 1
+        self.blocks.append(shapes.tool_use_block(call, cut=cut))
+        out.append(event("content_block_start", {
+            "type": "content_block_start", "index": self.index,
+            "content_block": {"type": "tool_use", "id": call.id, "name": call.name,
+                              "input": {}}}))
+        for i in range(0, len(args), FRAGMENT_CHARS):
+            out.append(self._delta({"type": "input_json_delta",
+                                    "partial_json": args[i:i + FRAGMENT_CHARS]}))
+        out.append(event("content_block_stop", {"type": "content_block_stop",
+                                                "index": self.index}))
         return out
 
     def finish(self) -> list[bytes]:

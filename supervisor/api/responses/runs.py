@@ -18,6 +18,7 @@ import asyncio
 import logging
 from typing import AsyncIterator
 
+from supervisor.api.fields.tools import only_tool
 from supervisor.api.responses.builder import ResponseBuilder, usage
 from supervisor.api.lifecycle import Generation
 from supervisor.http.errors import APIError, api_error
@@ -118,7 +119,7 @@ class Run:
                     self._emit(b.function_call(call.name, call.arguments, call.id))
                 if part.cut_call is not None:  # max_output_tokens ran out inside it
                     c = part.cut_call
-                    self._emit(b.function_call(c.name or _only_tool(b.req), c.arguments, c.id,
+                    self._emit(b.function_call(c.name or only_tool(b.req.tools, b.req.tool_choice), c.arguments, c.id,
                                                status="incomplete"))
             done = gen.done
             u = usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
@@ -204,12 +205,6 @@ class Run:
     def cancel(self) -> None:
         self.cancelled = True
         self.handle.cancel()
-
-
-def _only_tool(req) -> str:
-    """The one function a call could name (a call cut off before its name was written)."""
-    names = req.tool_choice.allowed or tuple(t["function"]["name"] for t in req.tools)
-    return names[0] if len(names) == 1 else ""
 
 
 def response_error(e: APIError | WorkerError) -> dict:
