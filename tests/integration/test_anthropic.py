@@ -275,3 +275,26 @@ def test_a_tool_call_cut_off_by_max_tokens_is_its_last_block(client, qwen):
     # Streamed, the input is the model's JSON so far: a strict start of the whole call's.
     written, full = streamed_json(whole.usage.output_tokens - 4), streamed_json(200)
     assert written and full.startswith(written) and written != full
+
+
+def test_an_answer_the_window_cut_short_says_so(client, qwen):
+    """max_tokens is a ceiling (Claude Code's 32000): an answer that stops because the
+    prompt and it filled the model's window is `model_context_window_exceeded`, as
+    Anthropic reports it (a client then compacts, not asks for more tokens); one that
+    stops at the client's own max_tokens stays `max_tokens`."""
+    _, model = qwen
+    window = client.models.retrieve(model).max_input_tokens
+    per_word = client.messages.count_tokens(model=model, messages=[
+        {"role": "user", "content": "ab " * 1000}]).input_tokens / 1000
+    words = int((window - 40) / per_word)
+    body = {"model": model, "thinking": NO_THINKING, "extra_body": {"temperature": 0},
+            "messages": [{"role": "user", "content": "ab " * words}]}
+    prompt = client.messages.count_tokens(model=model, messages=body["messages"]).input_tokens
+    assert window - 60 < prompt < window - 4
+    with client.messages.stream(**body, max_tokens=32000) as s:
+        full = s.get_final_message()
+    assert full.stop_reason == "model_context_window_exceeded"
+    assert full.usage.input_tokens + full.usage.cache_read_input_tokens \
+        + full.usage.output_tokens == window
+    short = client.messages.create(**body, max_tokens=2)
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 2

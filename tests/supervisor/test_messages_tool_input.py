@@ -74,3 +74,18 @@ def test_a_cut_call_is_the_last_block_with_what_was_written(name, only, expected
 def test_a_cut_call_with_nothing_readable_has_an_empty_input():
     for written in ("", '{"ci', "[1, 2", "not json"):
         assert shapes.cut_input(written) == {}
+
+
+@pytest.mark.parametrize("finish,prompt,completion,stop", [
+    ("length", 90, 10, "model_context_window_exceeded"),  # the window (100) is full
+    ("length", 50, 10, "max_tokens"),                     # the client's max_tokens
+    ("stop", 90, 10, "end_turn"),
+    ("tool_calls", 90, 10, "tool_use"),
+])
+def test_a_length_stop_that_filled_the_window_says_so(finish, prompt, completion, stop):
+    from protocol import Done, FinishReason
+
+    done = Done(epoch=1, rid="r", finish_reason=FinishReason(finish), prompt_tokens=prompt,
+                completion_tokens=completion)
+    assert shapes.stop_reason(done, window=100) == stop
+    assert shapes.stop_reason(done) in (stop, "max_tokens")  # no window known: max_tokens

@@ -88,7 +88,7 @@ async def _create(request: web.Request, turn: Turn) -> web.StreamResponse:
         msg_id, headers = shapes.new_message_id(), _headers(request, parsed, edits)
         extra = {"context_management": managed} if managed is not None else {}
         if parsed.stream:
-            return await _stream(request, gen, started, msg_id, runner.id, headers, extra,
+            return await _stream(request, gen, started, msg_id, runner, headers, extra,
                                  turn, only_tool(parsed.tools, parsed.tool_choice))
         output = await gen.collect()
         done = gen.done
@@ -97,7 +97,7 @@ async def _create(request: web.Request, turn: Turn) -> web.StreamResponse:
                                                                         parsed.tool_choice)))
         turn.record(msg_id, blocks)
         body = shapes.message(
-            msg_id, runner.id, blocks, shapes.stop_reason(done.finish_reason, done.stop_sequence),
+            msg_id, runner.id, blocks, shapes.stop_reason(done, runner.context_length),
             _stop_sequence(done), shapes.usage(done.prompt_tokens, done.cached_tokens,
                                                done.completion_tokens))
         return web.json_response({**body, **extra}, headers=headers)
@@ -107,14 +107,13 @@ async def _create(request: web.Request, turn: Turn) -> web.StreamResponse:
 
 
 def _stop_sequence(done) -> str | None:
-    return done.stop_sequence if shapes.stop_reason(
-        done.finish_reason, done.stop_sequence) == "stop_sequence" else None
+    return done.stop_sequence if shapes.stop_reason(done) == "stop_sequence" else None
 
 
-async def _stream(request, gen: Generation, started, msg_id: str, model: str,
-                  headers: dict, extra: dict, turn: Turn, cut_name: str) -> web.StreamResponse:
+async def _stream(request, gen: Generation, started, msg_id: str, runner, headers: dict,
+                  extra: dict, turn: Turn, cut_name: str) -> web.StreamResponse:
     resp = await sse.open_stream(request, headers=headers)
-    start = shapes.message(msg_id, model, [], None, None,
+    start = shapes.message(msg_id, runner.id, [], None, None,
                            shapes.usage(started.prompt_tokens, started.cached_tokens, 0))
     await resp.write(event("message_start", {"type": "message_start", "message": start}))
     blocks = BlockWriter(cut_name)
@@ -133,7 +132,7 @@ async def _stream(request, gen: Generation, started, msg_id: str, model: str,
     done = gen.done
     await resp.write(event("message_delta", {
         "type": "message_delta",
-        "delta": {"stop_reason": shapes.stop_reason(done.finish_reason, done.stop_sequence),
+        "delta": {"stop_reason": shapes.stop_reason(done, runner.context_length),
                   "stop_sequence": _stop_sequence(done)},
         "usage": shapes.usage(done.prompt_tokens, done.cached_tokens, done.completion_tokens),
         **extra}))

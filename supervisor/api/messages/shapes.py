@@ -43,12 +43,19 @@ def signature(thinking: str) -> str:
     return base64.b64encode(digest).decode("ascii")
 
 
-def stop_reason(finish: FinishReason, stop_sequence: str | None) -> str:
-    if finish == FinishReason.LENGTH:
+def stop_reason(done, window: int | None = None) -> str:
+    """A finished generation's (`Done`) stop reason. `window`: the model's context length.
+    A length stop is `max_tokens` unless the prompt and the answer filled the window:
+    `max_tokens` is a ceiling here (request.py), so an answer the window cut short says
+    so, as Anthropic's does (`model_context_window_exceeded`): a client then compacts its
+    context rather than ask for more tokens that cannot fit."""
+    if done.finish_reason == FinishReason.LENGTH:
+        if window and done.prompt_tokens + done.completion_tokens >= window:
+            return "model_context_window_exceeded"
         return "max_tokens"
-    if finish == FinishReason.TOOL_CALLS:
+    if done.finish_reason == FinishReason.TOOL_CALLS:
         return "tool_use"
-    return "stop_sequence" if stop_sequence else "end_turn"
+    return "stop_sequence" if done.stop_sequence else "end_turn"
 
 
 def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict:
