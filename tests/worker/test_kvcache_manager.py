@@ -131,6 +131,27 @@ def test_intermediate_states_only_for_caches_that_cannot_be_trimmed():
     assert kv.checkpoints(0, 100) == [99]
 
 
+def test_a_state_where_a_prompt_parts_from_an_earlier_one():
+    """A cache that cannot be trimmed keeps one more state: where the prompt parts from
+    an earlier prompt of its namespace (the prefix cache's `branch`), when that is at
+    least `branch_min` past its cached start and before its last token."""
+    kv = manager(trimmable=False, every=1000, branch_min=50)
+    assert kv.checkpoints(0, 350, branch=120) == [120, 349]
+    assert kv.checkpoints(100, 350, branch=120) == [349]      # 20 past the start: not worth it
+    assert kv.checkpoints(0, 350, branch=349) == [349]        # (the usual one already)
+    assert manager(trimmable=True, branch_min=50).checkpoints(0, 350, branch=120) == []
+    spec = PromptCache(namespace="k")
+    system = list(range(1, 201))
+    kv.keep(spec, system + [7, 8, 9], state(system + [7, 8, 9]))
+    # The new prompt shares the system part with a state holding more: it parts there.
+    assert kv.branch(spec, system + [5, 6]) == 200
+    assert kv.branch(PromptCache(namespace="other"), system + [5, 6]) == 0  # its own space
+    kv.keep(spec, system, state(system))
+    assert kv.branch(spec, system + [5, 6]) == 0  # a usable state holds the shared part
+    assert kv.branch(spec, system + [7, 8, 1]) == 202  # it shares more with the longer one
+    assert manager(trimmable=True).branch(spec, system + [5, 6]) == 0
+
+
 def test_stats_admin_and_trim():
     kv = manager()
     kv.finish(PromptCache(keep_as="resp_1"), CONV, state(CONV))

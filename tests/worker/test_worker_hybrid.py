@@ -63,6 +63,12 @@ def test_the_next_turn_resumes_from_a_snapshot(hybrid):
     assert cached >= len(turn1) - 1
     assert out == run_one(make_batch(hybrid), hybrid, ids_gen(turn2))[1]
     # A prompt that shares only the system part finds nothing it can use: the states
-    # hold more than the shared part, and recurrent state cannot be trimmed back.
+    # hold more than the shared part, and recurrent state cannot be trimmed back...
     other = SYSTEM + [40, 41]
     assert run_one(batch, hybrid, ids_gen(other))[0] == 0
+    # ...but it keeps its state where it parted from them, so the next prompt that
+    # shares only the system part starts there, and says what it says cold.
+    third = SYSTEM + [50, 51, 52]
+    cached, out = run_one(batch, hybrid, ids_gen(third))
+    assert cached == len(SYSTEM)
+    assert out == run_one(make_batch(hybrid), hybrid, ids_gen(third))[1]

@@ -16,8 +16,13 @@ the prefix cache covers at least as much.
 The store side: `checkpoints` says at which prompt lengths the batch hands a state over
 (`keep`) for a cache that cannot be trimmed (recurrent layers, a rotating window): only a
 state taken exactly at a prefix can serve a later prompt, so long prompts leave one every
-`every` tokens and one at the prompt but its last token; a trimmable final state, trimmed,
-serves the same prompts. `finish` keeps a sequence's final state, under its name too when
+`every` tokens, one at the prompt but its last token, and one where the prompt parts from
+an earlier one of its namespace (`branch`, at least `branch_min` tokens past where it
+started): prompts that share a long system prompt and tools but not their last message,
+or an edited last message, part there, and the next one that shares the part starts from
+it (without it, a hybrid or windowed model's first turn of every new conversation was
+prefilled whole: the states kept held more than the shared part). A trimmable final
+state, trimmed, serves the same prompts. `finish` keeps a sequence's final state, under its name too when
 its request gave one. The prefix cache gives way to the running sequences (`trim_to`).
 Every tier carries the MTP head's state beside a state where the batch hands one over
 (`head`: worker/kvcache/prefix.py), and gives it back with the whole state.
@@ -43,6 +48,9 @@ from worker.kvcache.snapshots import SnapshotStore
 # exactly at a prefix; long prompts get one every this many tokens, so a prompt that
 # shares only the first part of a long earlier one still finds a recent snapshot.
 SNAPSHOT_EVERY = 4096
+# ...and one where a prompt parts from an earlier one, when it starts at least this many
+# tokens past the prompt's cached start (a state's copy for less is not worth keeping).
+BRANCH_MIN = 128
 
 
 class Tier(str, enum.Enum):
@@ -71,11 +79,13 @@ def trimmable(model, max_kv_size: Optional[int]) -> bool:
 
 class KVCache:
     def __init__(self, prefix: PrefixCache, disk: Optional[DiskTier] = None, *,
-                 trimmable: bool = True, every: int = SNAPSHOT_EVERY):
+                 trimmable: bool = True, every: int = SNAPSHOT_EVERY,
+                 branch_min: int = BRANCH_MIN):
         self.prefix = prefix
         self.snapshots = SnapshotStore(prefix, disk)
         self.trimmable = trimmable
         self.every = every
+        self.branch_min = branch_min
 
     # ---- the query -------------------------------------------------------------------
 
@@ -104,15 +114,24 @@ class KVCache:
 
     # ---- storing ---------------------------------------------------------------------
 
-    def checkpoints(self, cached: int, prompt: int) -> list[int]:
+    def checkpoints(self, cached: int, prompt: int, branch: int = 0) -> list[int]:
         """The prompt lengths (ascending) at which a sequence that starts with `cached` of
-        its `prompt` tokens hands its state to `keep`."""
+        its `prompt` tokens hands its state to `keep`; `branch`: where it parts from an
+        earlier prompt (`branch`)."""
         if self.trimmable:
             return []
-        points = [n for n in range(self.every, prompt - 1, self.every) if n > cached]
+        points = {n for n in range(self.every, prompt - 1, self.every) if n > cached}
+        if cached + self.branch_min <= branch < prompt - 1:
+            points.add(branch)
         if prompt - 1 > cached:
-            points.append(prompt - 1)  # the prompt but its last token
-        return points
+            points.add(prompt - 1)  # the prompt but its last token
+        return sorted(points)
+
+    def branch(self, spec: PromptCache, key: list[int]) -> int:
+        """Where the prompt `key` (its tokens as the prefix cache knows them) parts from
+        an earlier prompt of its namespace whose state cannot serve the shared part (0:
+        it does not, or the cache can be trimmed: a trimmed state serves it)."""
+        return 0 if self.trimmable else self.prefix.branch(spec.namespace or "", key)
 
     def keep(self, spec: PromptCache, tokens: list[int], cache: list,
              head: Optional[list] = None) -> bool:

@@ -137,6 +137,20 @@ class PrefixCache:
             return self._use(ns, found.shorter, shorter)
         return None
 
+    def branch(self, namespace: str, tokens: list[int]) -> int:
+        """How many of `tokens`' first tokens (but the last) a stored entry of the
+        namespace shares with them beyond what a usable entry holds: where this prompt
+        parts from an earlier one whose state cannot be trimmed back to the shared part
+        (0: nowhere past a usable entry). Not counted as a hit or a miss."""
+        want = tokens[:-1]
+        if not want or not self._lru:
+            return 0
+        found = self._trie.search(namespace, want)
+        if found.exact is not None:
+            return 0
+        shorter = len(found.shorter) if found.shorter is not None else 0
+        return found.common_prefix if found.common_prefix > shorter else 0
+
     def state_of(self, namespace: str, tokens: list[int]) -> Optional[Hit]:
         """A copy of the state holding exactly `tokens` (a named snapshot's: worker/kvcache/
         snapshots.py): their entry, or a longer trimmable entry that begins with them,

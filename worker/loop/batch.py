@@ -215,8 +215,10 @@ class Batch:
         decoding = engine.decoding(prep)
         checkpoints = []  # prompt lengths to keep the state at
         cached = hit.tokens if hit is not None else 0
+        key = self.cache_key(prep)
         if self.kvcache is not None:
-            checkpoints = self.kvcache.checkpoints(cached, len(ids))
+            checkpoints = self.kvcache.checkpoints(cached, len(ids),
+                                                   self.kvcache.branch(spec, key))
         bounds = [cached] + checkpoints + [len(ids)]
         segments = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
         processors = engine.processors(prep)
@@ -227,7 +229,6 @@ class Batch:
             caches=[hit.cache if hit is not None else self.new_cache()],
             all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
-        key = self.cache_key(prep)
         self.members[uid] = Member(seq, decoding, spec, self.tokens(prep), len(ids),
                                    checkpoints, key=None if key is ids else key)
         seq.uid = uid
