@@ -299,6 +299,12 @@ def reuse(name: str, path: Path, prefix_words: int, side: int, rounds: int = 2) 
         first_turn = system + messages(1, image_png(side, 7))
         for r in range(max(1, rounds)):  # (fresh namespaces each round; the last counts)
             text = ask(long, f"text{r}"), ask(long, f"text{r}")
+            # Other last messages after the same prefix: the first parts from the prompts
+            # before it (a cache that cannot be trimmed keeps its state there), the next
+            # starts there; against the same prompt cold in a namespace of its own.
+            asks = [system + [{"role": "user", "content": f"Begin part {k}."}] for k in (1, 2)]
+            ask(asks[0], f"text{r}")
+            question = ask(asks[1], f"text{r}"), ask(asks[1], f"question-cold{r}")
             ask(first_turn, f"image{r}")
             other_image = system + messages(1, image_png(side, 8))  # (the same words before)
             other = ask(other_image, f"image{r}"), ask(other_image, f"other-cold{r}")
@@ -317,12 +323,13 @@ def reuse(name: str, path: Path, prefix_words: int, side: int, rounds: int = 2) 
     rows.append((f"{name} the same prefix, raw mlx-lm in-process: warm / cold TTFT",
                  f"{raw_warm * 1e3:.1f} / {raw_cold * 1e3:.1f} ms = {raw_warm / raw_cold:.3f}",
                  ""))
-    warm, cold = other
-    cached = (warm["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    rows.append((f"{name} the same prefix, another image: warm / cold TTFT",
-                 f"{warm['ttft'] * 1e3:.1f} / {cold['ttft'] * 1e3:.1f} ms = "
-                 f"{warm['ttft'] / cold['ttft']:.3f} ({cached} of "
-                 f"{warm['usage'].get('prompt_tokens', 0)} tokens cached)", ""))
+    for label, (warm, cold) in (("another last message", question),
+                                ("another image", other)):
+        cached = (warm["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        rows.append((f"{name} the same prefix, {label}: warm / cold TTFT",
+                     f"{warm['ttft'] * 1e3:.1f} / {cold['ttft'] * 1e3:.1f} ms = "
+                     f"{warm['ttft'] / cold['ttft']:.3f} ({cached} of "
+                     f"{warm['usage'].get('prompt_tokens', 0)} tokens cached)", ""))
     warm, cold = warm_image, cold_image
     ratio = warm["ttft"] / cold["ttft"]
     cached = (warm["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0)
