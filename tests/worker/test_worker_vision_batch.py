@@ -307,6 +307,31 @@ def test_the_prefix_cache_knows_an_image_by_its_content(vlm_engine, tower_runs):
     assert theirs == one(vbatch(vlm_engine), vlm_engine, other)[0]
 
 
+def test_another_question_about_the_same_image_starts_after_it(vlm_engine, tower_runs):
+    """The same image with another question (a new chat about a screenshot): the first
+    such prompt parts from the earlier one after the image, where a cache that cannot be
+    trimmed keeps its state, so the next starts there, without the vision tower, and
+    says what it says cold. (Plain caches: the earlier state trimmed back, as before.)"""
+    batch = vbatch(vlm_engine, PrefixCache(1 << 28))
+    batch.kvcache.branch_min = 4  # (the tiny image is a few dozen tokens)
+    image = png(seed=13)  # (a seed of its own: the engine keeps processed images)
+
+    def chat(rid, text):
+        return generate(rid=rid, messages=[{"role": "user", "content": [
+            {"type": "image"}, {"type": "text", "text": text}]}], images=(image,),
+            max_tokens=4, temperature=0.0)
+
+    one(batch, vlm_engine, chat("a", "Describe it."))
+    one(batch, vlm_engine, chat("b", "And what is the second shape here, in a word?"))
+    runs = len(tower_runs)
+    third = chat("c", "And what is the third shape here, in a word?")
+    prep = vlm_engine.prepare(third)
+    _, image_end = image_span(batch, prep.ids)
+    theirs, cached = one(batch, vlm_engine, third)
+    assert cached >= image_end and len(tower_runs) == runs
+    assert theirs == one(vbatch(vlm_engine), vlm_engine, third)[0]
+
+
 def test_the_next_turn_about_an_image_resumes_without_encoding_it_again(
         vlm_engine, tower_runs, processor_runs, rope_index_runs):
     batch = vbatch(vlm_engine, PrefixCache(1 << 28))

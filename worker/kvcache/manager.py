@@ -114,14 +114,18 @@ class KVCache:
 
     # ---- storing ---------------------------------------------------------------------
 
-    def checkpoints(self, cached: int, prompt: int, branch: int = 0) -> list[int]:
+    def checkpoints(self, cached: int, prompt: int, branch: int = 0,
+                    began: Optional[int] = None) -> list[int]:
         """The prompt lengths (ascending) at which a sequence that starts with `cached` of
         its `prompt` tokens hands its state to `keep`; `branch`: where it parts from an
-        earlier prompt (`branch`)."""
+        earlier prompt (`branch`), kept when `branch_min` past where the prompt's own
+        prefill `began` (default `cached`: an image prompt's text starts after the images
+        it prefilled itself: worker/vision/batch.py)."""
         if self.trimmable:
             return []
         points = {n for n in range(self.every, prompt - 1, self.every) if n > cached}
-        if cached + self.branch_min <= branch < prompt - 1:
+        began = cached if began is None else began
+        if branch > cached and began + self.branch_min <= branch < prompt - 1:
             points.add(branch)
         if prompt - 1 > cached:
             points.add(prompt - 1)  # the prompt but its last token

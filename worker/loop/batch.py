@@ -208,9 +208,10 @@ class Batch:
         prep.snapshot = None  # (host memory: not kept with a waiting request)
         return hit
 
-    def insert(self, seq, prep, hit) -> None:
+    def insert(self, seq, prep, hit, began: Optional[int] = None) -> None:
         """`prep` into mlx-lm's batch from `hit` (a state holding its first `hit.tokens`
-        prompt tokens; None: from scratch)."""
+        prompt tokens; None: from scratch); `began`: where its prefill began, when that
+        was before `hit` (an image prompt's images: worker/vision/batch.py)."""
         engine, ids, spec = self.engine, prep.ids, prep.gen.cache
         decoding = engine.decoding(prep)
         checkpoints = []  # prompt lengths to keep the state at
@@ -218,7 +219,7 @@ class Batch:
         key = self.cache_key(prep)
         if self.kvcache is not None:
             checkpoints = self.kvcache.checkpoints(cached, len(ids),
-                                                   self.kvcache.branch(spec, key))
+                                                   self.kvcache.branch(spec, key), began)
         bounds = [cached] + checkpoints + [len(ids)]
         segments = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
         processors = engine.processors(prep)

@@ -38,7 +38,7 @@ import functools
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import mlx.core as mx
 import numpy as np
@@ -359,7 +359,8 @@ class VisionBatch(Batch):
                       job.hit.tier if job.hit is not None else Tier.PREFIX)
         delta = int(deltas.reshape(-1)[0].item()) if deltas is not None else 0
         self._keep_delta(job.prep.media, delta)
-        self._join(job.seq, job.prep, start, delta)
+        self._join(job.seq, job.prep, start, delta,
+                   began=job.hit.tokens if job.hit is not None else 0)
 
     def _cut(self, job: _Prefill, size: int) -> int:
         """Where `job`'s next chunk of about `size` tokens ends: at its last image token,
@@ -367,10 +368,10 @@ class VisionBatch(Batch):
         a = job.pos
         return spans.cut(a, min(job.end, a + max(1, size), *job.keep[:1]), job.whole)
 
-    def _join(self, seq, prep, start, delta: int) -> None:
+    def _join(self, seq, prep, start, delta: int, began: Optional[int] = None) -> None:
         """`seq` into mlx-lm's batch from `start`, its positions moved by `delta` from
-        there on."""
-        self.insert(seq, prep, start)
+        there on (`began`: Batch.insert's)."""
+        self.insert(seq, prep, start, began)
         if delta:
             self.positions.deltas[seq.uid] = delta
 
