@@ -136,10 +136,12 @@ def test_a_state_where_a_prompt_parts_from_an_earlier_one():
     an earlier prompt of its namespace (the prefix cache's `branch`), when that is at
     least `branch_min` past its cached start and before its last token."""
     kv = manager(trimmable=False, every=1000, branch_min=50)
-    assert kv.checkpoints(0, 350, branch=120) == [120, 349]
-    assert kv.checkpoints(100, 350, branch=120) == [349]      # 20 past the start: not worth it
-    assert kv.checkpoints(0, 350, branch=349) == [349]        # (the usual one already)
-    assert manager(trimmable=True, branch_min=50).checkpoints(0, 350, branch=120) == []
+    assert kv.checkpoints(0, 350, [120]) == [120, 349]
+    assert kv.checkpoints(100, 350, [120]) == [349]        # 20 past the start: not worth it
+    assert kv.checkpoints(100, 350, [120], began=0) == [120, 349]  # (an image prompt's)
+    assert kv.checkpoints(0, 350, [349, 0]) == [349]       # (the usual one already; none)
+    assert kv.checkpoints(0, 350, [60, 200]) == [60, 200, 349]  # (a system prompt's end too)
+    assert manager(trimmable=True, branch_min=50).checkpoints(0, 350, [120]) == []
     spec = PromptCache(namespace="k")
     system = list(range(1, 201))
     kv.keep(spec, system + [7, 8, 9], state(system + [7, 8, 9]))

@@ -72,3 +72,33 @@ def test_the_next_turn_resumes_from_a_snapshot(hybrid):
     cached, out = run_one(batch, hybrid, ids_gen(third))
     assert cached == len(SYSTEM)
     assert out == run_one(make_batch(hybrid), hybrid, ids_gen(third))[1]
+
+
+def test_a_chats_system_prompt_is_a_state_the_next_chat_starts_from(hybrid, monkeypatch):
+    """Where the cache cannot be trimmed, the engine marks where a chat's system prompt
+    ends (its template rendered with the system message alone) and the batch keeps the
+    state there: the second conversation with the same system prompt starts from it
+    (without the mark only the third did, from where the second parted), and says what
+    it says cold."""
+    monkeypatch.setattr(hybrid, "keeps_system", True)
+    system = "You are a careful assistant. " + "Follow every rule below. " * 40
+
+    def chat(rid, question):
+        return generate(rid=rid, messages=[{"role": "system", "content": system},
+                                           {"role": "user", "content": question}],
+                        max_tokens=6, temperature=0.0)
+
+    prep = hybrid.prepare(chat("a", "Hi"))
+    (end,) = prep.marks
+    assert 128 < end < len(prep.ids) - 2
+    # The mark is where the system prompt's tokens end in the prompt, found again
+    # (the rendering's tokens cached) for the next request with the same system prompt.
+    assert hybrid.prepare(chat("b", "Where is the library?")).marks == (end,)
+    assert hybrid.prepare(generate(rid="c", messages=[{"role": "user", "content": "Hi"}],
+                                   max_tokens=2)).marks == ()  # (no system prompt)
+    batch = make_batch(hybrid, prefix=PrefixCache(1 << 30))
+    assert run_one(batch, hybrid, chat("a", "Hi"))[0] == 0
+    cached, out = run_one(batch, hybrid, chat("b", "Where is the library?"))
+    assert cached == end
+    monkeypatch.setattr(hybrid, "keeps_system", False)
+    assert out == run_one(make_batch(hybrid), hybrid, chat("b", "Where is the library?"))[1]

@@ -16,12 +16,13 @@ the prefix cache covers at least as much.
 The store side: `checkpoints` says at which prompt lengths the batch hands a state over
 (`keep`) for a cache that cannot be trimmed (recurrent layers, a rotating window): only a
 state taken exactly at a prefix can serve a later prompt, so long prompts leave one every
-`every` tokens, one at the prompt but its last token, and one where the prompt parts from
-an earlier one of its namespace (`branch`, at least `branch_min` tokens past where it
-started): prompts that share a long system prompt and tools but not their last message,
-or an edited last message, part there, and the next one that shares the part starts from
-it (without it, a hybrid or windowed model's first turn of every new conversation was
-prefilled whole: the states kept held more than the shared part). A trimmable final
+`every` tokens, one at the prompt but its last token, one where the prompt parts from an
+earlier one of its namespace (`branch`) and one where a chat's system prompt and tools end
+(found by the engine), each at least `branch_min` tokens past where it started: prompts
+that share a long system prompt and tools but not their last message, or an edited last
+message, start from there (without them, a hybrid or windowed model's first turn of
+every new conversation was prefilled whole: the states kept held more than the shared
+part). A trimmable final
 state, trimmed, serves the same prompts. `finish` keeps a sequence's final state, under its name too when
 its request gave one. The prefix cache gives way to the running sequences (`trim_to`).
 Every tier carries the MTP head's state beside a state where the batch hands one over
@@ -114,19 +115,20 @@ class KVCache:
 
     # ---- storing ---------------------------------------------------------------------
 
-    def checkpoints(self, cached: int, prompt: int, branch: int = 0,
+    def checkpoints(self, cached: int, prompt: int, marks=(),
                     began: Optional[int] = None) -> list[int]:
         """The prompt lengths (ascending) at which a sequence that starts with `cached` of
-        its `prompt` tokens hands its state to `keep`; `branch`: where it parts from an
-        earlier prompt (`branch`), kept when `branch_min` past where the prompt's own
-        prefill `began` (default `cached`: an image prompt's text starts after the images
-        it prefilled itself: worker/vision/batch.py)."""
+        its `prompt` tokens hands its state to `keep`; `marks`: more points worth a state
+        (where it parts from an earlier prompt: `branch`; where its system prompt ends:
+        worker/text/engine.py `keeps_system`), each kept when `branch_min` past where the
+        prompt's own prefill `began` (default `cached`: an image prompt's text starts
+        after the images it prefilled itself: worker/vision/batch.py)."""
         if self.trimmable:
             return []
         points = {n for n in range(self.every, prompt - 1, self.every) if n > cached}
         began = cached if began is None else began
-        if branch > cached and began + self.branch_min <= branch < prompt - 1:
-            points.add(branch)
+        points.update(n for n in marks
+                      if n > cached and began + self.branch_min <= n < prompt - 1)
         if prompt - 1 > cached:
             points.add(prompt - 1)  # the prompt but its last token
         return sorted(points)

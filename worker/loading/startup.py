@@ -43,6 +43,8 @@ def make_batch(engine, args, path, shard: str = "", cls=None):
         engine.cap_context(fits)
     kvcache = _kvcache(engine, args, path, shard, kv_format) \
         if args.prompt_cache_bytes > 0 else None
+    # (a chat's system prompt: a state worth keeping where the cache cannot be trimmed)
+    engine.keeps_system = kvcache is not None and not kvcache.trimmable
     step = max(1, args.prefill_step)
     draft, price = None, None
     if getattr(args, "draft_model", None):

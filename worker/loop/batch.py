@@ -218,8 +218,8 @@ class Batch:
         cached = hit.tokens if hit is not None else 0
         key = self.cache_key(prep)
         if self.kvcache is not None:
-            checkpoints = self.kvcache.checkpoints(cached, len(ids),
-                                                   self.kvcache.branch(spec, key), began)
+            marks = (self.kvcache.branch(spec, key), *getattr(prep, "marks", ()))
+            checkpoints = self.kvcache.checkpoints(cached, len(ids), marks, began)
         bounds = [cached] + checkpoints + [len(ids)]
         segments = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
         processors = engine.processors(prep)

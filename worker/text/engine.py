@@ -20,6 +20,8 @@ caller recycles the worker.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,6 +44,7 @@ from worker.text.tokens import Answered
 
 # Texts shorter than this are tokenized (~0.1 s at most) rather than judged by the bound.
 _BOUND_MIN_CHARS = 100_000
+SYSTEM_HEADS = 16  # distinct system prompts (and tools) whose tokens are kept
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Prepared:
     snapshot: object = None                      # its `resume` state read from disk, if any
     media: Optional[dict] = None                 # a vision model's processed images (numpy)
     prediction: Optional[list] = None            # Predicted Outputs' text, as token ids
+    marks: tuple = ()                            # prompt lengths worth a kept state (the
+    #                                              system prompt's end: `keeps_system`)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -73,6 +78,13 @@ class TextEngine:
         self.grammars = Grammars(tokenizer, self.vocab_size, self.tool_format)
         self.bound = TokenBound(tokenizer)
         self._token_bytes: dict[int, bytes] = {}
+        # Set at load where the KV cache cannot be trimmed (worker/loading/startup.py): a
+        # chat's leading system prompt and tools are then a point whose state the KV cache
+        # keeps (its `checkpoints`), so the next conversation with them starts there; a
+        # trimmed state serves that by itself elsewhere.
+        self.keeps_system = False
+        self._system_heads: OrderedDict = OrderedDict()  # (chat_prompt.system_end's)
+        self._heads_lock = threading.Lock()  # (two preparation threads use them)
 
     # ---- preparation (no MLX compute) -----------------------------------------------
 
@@ -134,6 +146,13 @@ class TextEngine:
     def _outputs(self, gen, ids: list[int]) -> Prepared:
         """The grammar and the splitter a request needs (none for plain completions)."""
         prep = Prepared(gen, ids)
+        if self.keeps_system and gen.messages is not None:
+            with self._heads_lock:
+                end = chat_prompt.system_end(self.tokenizer, gen, ids,
+                                             getattr(self, "reads", ()), self._system_heads)
+                while len(self._system_heads) > SYSTEM_HEADS:
+                    self._system_heads.popitem(last=False)
+            prep.marks = (end,) if end else ()
         if getattr(gen, "prediction", None):
             prep.prediction = list(self.tokenizer.encode(gen.prediction,
                                                          add_special_tokens=False))
