@@ -22,11 +22,11 @@ earlier one of its namespace (`branch`) and one where a chat's system prompt and
 that share a long system prompt and tools but not their last message, or an edited last
 message, start from there (without them, a hybrid or windowed model's first turn of
 every new conversation was prefilled whole: the states kept held more than the shared
-part). A trimmable final
-state, trimmed, serves the same prompts. `finish` keeps a sequence's final state, under its name too when
-its request gave one. The prefix cache gives way to the running sequences (`trim_to`).
-Every tier carries the MTP head's state beside a state where the batch hands one over
-(`head`: worker/kvcache/prefix.py), and gives it back with the whole state.
+part). A trimmable final state, trimmed, serves the same prompts. `finish` keeps a
+sequence's final state, under its name too when its request gave one. The prefix cache
+gives way to the running sequences (`trim_to`). Every tier carries the MTP head's state
+beside a state where the batch hands one over (`head`: worker/kvcache/prefix.py), and
+gives it back with the whole state.
 
 Everything here runs on the MLX thread except `preload` (the preparation thread).
 """
@@ -49,8 +49,9 @@ from worker.kvcache.snapshots import SnapshotStore
 # exactly at a prefix; long prompts get one every this many tokens, so a prompt that
 # shares only the first part of a long earlier one still finds a recent snapshot.
 SNAPSHOT_EVERY = 4096
-# ...and one where a prompt parts from an earlier one, when it starts at least this many
-# tokens past the prompt's cached start (a state's copy for less is not worth keeping).
+# ...and where a prompt parts from an earlier one or its system prompt ends, when that is
+# at least this many tokens past the prompt's cached start (a state's copy for less is not
+# worth keeping).
 BRANCH_MIN = 128
 
 

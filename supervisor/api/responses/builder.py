@@ -7,9 +7,9 @@ returns the events to send, with a strictly increasing `sequence_number`, and
 (Response, ResponseStreamEvent and its members) and the Open Responses one
 (ResponseResource and its streaming events), which clients validate strictly: so every
 field either requires is present in every state, with null where nothing is known
-(`usage` until the end, `max_tool_calls` and `safety_identifier` unless sent), and an item the response
-ended inside (failed, cancelled, or cut off by max_output_tokens: a tool call included)
-says `incomplete`, never `completed`.
+(`usage` until the end, `max_tool_calls` and `safety_identifier` unless sent), and an
+item the response ended inside (failed, cancelled, or cut off by max_output_tokens: a
+tool call included) says `incomplete`, never `completed`.
 """
 
 from __future__ import annotations

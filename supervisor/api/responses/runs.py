@@ -119,8 +119,8 @@ class Run:
                     self._emit(b.function_call(call.name, call.arguments, call.id))
                 if part.cut_call is not None:  # max_output_tokens ran out inside it
                     c = part.cut_call
-                    self._emit(b.function_call(c.name or only_tool(b.req.tools, b.req.tool_choice), c.arguments, c.id,
-                                               status="incomplete"))
+                    name = c.name or only_tool(b.req.tools, b.req.tool_choice)
+                    self._emit(b.function_call(name, c.arguments, c.id, status="incomplete"))
             done = gen.done
             u = usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
                       done.reasoning_tokens)
