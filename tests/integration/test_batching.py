@@ -145,8 +145,8 @@ def test_a_hybrid_models_next_turn_reports_cached_tokens(hybrid_model):
 def test_a_hybrid_models_new_chat_with_the_same_system_prompt_reports_cached_tokens(
         hybrid_model):
     """Recurrent state cannot be trimmed back to a shared system prompt: the worker keeps
-    the state where the first chat's system prompt ends (its template rendered with the
-    system message alone), so every new chat with it starts there, and answers as a cold
+    the state where the first chat's system prompt ends (and the next user turn opens),
+    so every new chat with it starts there, and answers as a cold
     run would."""
     model = str(hybrid_model)
 

@@ -76,7 +76,8 @@ def test_the_next_turn_resumes_from_a_snapshot(hybrid):
 
 def test_a_chats_system_prompt_is_a_state_the_next_chat_starts_from(hybrid, monkeypatch):
     """Where the cache cannot be trimmed, the engine marks where a chat's system prompt
-    ends (its template rendered with the system message alone) and the batch keeps the
+    ends (the system message rendered with different user messages after it, as far as
+    the renderings agree: the engine's `turn_prefix`) and the batch keeps the
     state there: the second conversation with the same system prompt starts from it
     (without the mark only the third did, from where the second parted), and says what
     it says cold."""

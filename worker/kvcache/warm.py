@@ -24,8 +24,6 @@ from pathlib import Path
 from protocol.messages import Generate, OutputSpec
 from worker.errors import LoadError
 
-_PROBES = ("a", "Hello", "{", "1")  # different first user words: where renderings part
-
 
 def warm_request(path: Path) -> Generate:
     """The file's conversation as a Generate (LoadError if it is not a system prompt or a
@@ -55,16 +53,9 @@ def warm_request(path: Path) -> Generate:
 
 
 def shared_prefix(engine, gen: Generate) -> list[int]:
-    """The tokens every next turn of `gen`'s conversation begins with."""
-    renders = []
-    for word in _PROBES:
-        probe = Generate(rid=gen.rid, messages=[*gen.messages, {"role": "user", "content": word}],
-                         output=gen.output, template_kwargs=gen.template_kwargs)
-        renders.append(engine.prompt_ids(probe, bound=False)[0])
-    n = 0
-    while all(len(r) > n for r in renders) and len({r[n] for r in renders}) == 1:
-        n += 1
-    return renders[0][:n]
+    """The tokens every next turn of `gen`'s conversation begins with (the engine's
+    `turn_prefix`: worker/text/engine.py)."""
+    return engine.turn_prefix(gen)
 
 
 def prefill(engine, ids: list[int], step: int, max_kv_size=None, kv_format=None,

@@ -20,6 +20,7 @@ caller recycles the worker.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from worker.text.tokens import Answered
 # Texts shorter than this are tokenized (~0.1 s at most) rather than judged by the bound.
 _BOUND_MIN_CHARS = 100_000
 SYSTEM_HEADS = 16  # distinct system prompts (and tools) whose tokens are kept
+_PROBES = ("a", "Hello", "{", "1")  # different first user words: where renderings part
 
 
 @dataclass
@@ -83,7 +85,7 @@ class TextEngine:
         # keeps (its `checkpoints`), so the next conversation with them starts there; a
         # trimmed state serves that by itself elsewhere.
         self.keeps_system = False
-        self._system_heads: OrderedDict = OrderedDict()  # (chat_prompt.system_end's)
+        self._system_heads: OrderedDict = OrderedDict()  # (`_system_end`'s)
         self._heads_lock = threading.Lock()  # (two preparation threads use them)
 
     # ---- preparation (no MLX compute) -----------------------------------------------
@@ -143,15 +145,60 @@ class TextEngine:
         and splitter (a compiled grammar comes from the cache: no compile again)."""
         return self._outputs(prep.gen, prep.ids)
 
+    def turn_prefix(self, gen) -> list[int]:
+        """The tokens every next turn of `gen`'s conversation begins with, whatever the
+        template: the conversation rendered with different user messages after it, as far
+        as the renderings agree (up to and including the opening of the user turn)."""
+        renders = []
+        for word in _PROBES:
+            probe = Generate(rid=gen.rid, messages=[*gen.messages,
+                                                    {"role": "user", "content": word}],
+                             output=gen.output, template_kwargs=gen.template_kwargs)
+            renders.append(self.prompt_ids(probe, bound=False)[0])
+        n = 0
+        while all(len(r) > n for r in renders) and len({r[n] for r in renders}) == 1:
+            n += 1
+        return renders[0][:n]
+
+    def _system_end(self, gen, ids: list[int]) -> int:
+        """How many of `ids` (a chat prompt's) its leading system messages and tools make
+        (`turn_prefix` of them alone, as far as it agrees with `ids`; those tokens kept
+        for the next request with the same system prompt and tools). 0 where there is no
+        leading system message, nothing after it, or a template that refuses it alone."""
+        messages = gen.messages if isinstance(gen.messages, list) else []
+        lead = 0
+        while lead < len(messages) and isinstance(messages[lead], dict) \
+                and messages[lead].get("role") in ("system", "developer"):
+            lead += 1
+        if not lead or lead == len(messages):
+            return 0
+        key = json.dumps([messages[:lead], gen.output.tools, gen.output.reasoning_effort,
+                          gen.template_kwargs], sort_keys=True, default=str)
+        with self._heads_lock:
+            head = self._system_heads.get(key)
+        if head is None:
+            try:
+                head = self.turn_prefix(Generate(rid=gen.rid, messages=messages[:lead],
+                                                 output=gen.output,
+                                                 template_kwargs=gen.template_kwargs))
+            except Exception:  # (a template that refuses the system messages alone)
+                head = []
+            with self._heads_lock:
+                self._system_heads[key] = head
+                while len(self._system_heads) > SYSTEM_HEADS:
+                    self._system_heads.popitem(last=False)
+        n = 0
+        for a, b in zip(head, ids):
+            if a != b:
+                break
+            n += 1
+        return n
+
     def _outputs(self, gen, ids: list[int]) -> Prepared:
         """The grammar and the splitter a request needs (none for plain completions)."""
         prep = Prepared(gen, ids)
         if self.keeps_system and gen.messages is not None:
-            with self._heads_lock:
-                end = chat_prompt.system_end(self.tokenizer, gen, ids,
-                                             getattr(self, "reads", ()), self._system_heads)
-                while len(self._system_heads) > SYSTEM_HEADS:
-                    self._system_heads.popitem(last=False)
+            end = self._system_end(gen, ids)
             prep.marks = (end,) if end else ()
         if getattr(gen, "prediction", None):
             prep.prediction = list(self.tokenizer.encode(gen.prediction,

@@ -12,7 +12,6 @@ have that; explicit `chat_template_kwargs` win.
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 from protocol.messages import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, INVALID_REQUEST
 from worker.errors import RequestError
@@ -161,45 +160,6 @@ def chat_text(tokenizer, gen, media: tuple = ()) -> tuple[str, bool]:
                            "messages") from None
     # What apply_chat_template(tokenize=True) does: encode the text, adding nothing.
     return text, False
-
-
-_LEADING = ("system", "developer")
-
-
-def system_end(tokenizer, gen, ids: list[int], media: tuple = (),
-               rendered: Optional[dict] = None) -> int:
-    """How many of `ids` (the chat prompt's) the conversation's leading system messages
-    and its tools make: the template rendered with those alone (no generation prompt),
-    as far as its tokens agree with `ids`. 0 where there is no leading system message or
-    nothing after it, or the template renders nothing without a user turn. `rendered`: a
-    dict of those tokens by what they were made of, so a system prompt and tools that
-    repeat (every turn of an agent) are tokenized once; the caller bounds it."""
-    messages = gen.messages if isinstance(gen.messages, list) else []
-    lead = 0
-    while lead < len(messages) and isinstance(messages[lead], dict) \
-            and messages[lead].get("role") in _LEADING:
-        lead += 1
-    if not lead or lead == len(messages) or not tokenizer.has_chat_template:
-        return 0
-    kwargs = template_kwargs(tokenizer, gen)
-    key = json.dumps([messages[:lead], kwargs], sort_keys=True, default=str)
-    head = rendered.get(key) if rendered is not None else None
-    if head is None:
-        try:
-            text = tokenizer.apply_chat_template(normalize_messages(messages[:lead], media),
-                                                 tokenize=False, add_generation_prompt=False,
-                                                 **kwargs)
-        except Exception:  # (a template that wants a user turn)
-            return 0
-        head = list(tokenizer.encode(text, add_special_tokens=False))
-        if rendered is not None:
-            rendered[key] = head
-    n = 0
-    for a, b in zip(head, ids):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 def chat_ids(tokenizer, gen) -> list[int]:
