@@ -21,6 +21,7 @@ caller recycles the worker.
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -155,10 +156,7 @@ class TextEngine:
                                                     {"role": "user", "content": word}],
                              output=gen.output, template_kwargs=gen.template_kwargs)
             renders.append(self.prompt_ids(probe, bound=False)[0])
-        n = 0
-        while all(len(r) > n for r in renders) and len({r[n] for r in renders}) == 1:
-            n += 1
-        return renders[0][:n]
+        return list(os.path.commonprefix(renders))  # (of any sequences, not only paths)
 
     def _system_end(self, gen, ids: list[int]) -> int:
         """How many of `ids` (a chat prompt's) its leading system messages and tools make
@@ -187,12 +185,7 @@ class TextEngine:
                 self._system_heads[key] = head
                 while len(self._system_heads) > SYSTEM_HEADS:
                     self._system_heads.popitem(last=False)
-        n = 0
-        for a, b in zip(head, ids):
-            if a != b:
-                break
-            n += 1
-        return n
+        return len(os.path.commonprefix([head, ids]))
 
     def _outputs(self, gen, ids: list[int]) -> Prepared:
         """The grammar and the splitter a request needs (none for plain completions)."""
