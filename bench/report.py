@@ -17,6 +17,7 @@ import math
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -101,12 +102,17 @@ def in_turn(i: int, sides: dict[str, Callable[[int], float]]) -> dict[str, float
 
 
 def alternate(rounds: int, sides: dict[str, Callable[[int], float]], *, label: str = "",
-              log=sys.stderr) -> Rounds:
+              log=sys.stderr, until: float | None = None,
+              now: Callable[[], float] = time.monotonic) -> Rounds:
     """`rounds` rounds of every side (`side(i)` runs round i and returns its figure), in
     the given order in even rounds and reversed in odd ones; each round's figures and the
-    GPU clocks after it are logged to `log` (None: silent)."""
+    GPU clocks after it are logged to `log` (None: silent). `until` (a `now()` time): no
+    round starts after it once two have run, so a run on a lease with a time limit ends
+    with a table of the rounds it had time for rather than none."""
     got = Rounds({name: [] for name in sides})
     for i in range(rounds):
+        if until is not None and i >= 2 and now() >= until:
+            break
         for name, figure in in_turn(i, sides).items():
             got.figures[name].append(figure)
         got.clocks.append(gpu_clocks())

@@ -5,7 +5,7 @@ whose speed drifts between rounds (the H200s here did by ±30% within one run).
 
     python -m bench.single_ab [--shape 0.5b] [--rounds 40] [--tokens 128]
         [--variants '{"default": {}, "no prefix cache": {"args": ["--prompt-cache-bytes", "0"]}}']
-        [--mlx-lm-steps] [--cpu]
+        [--mlx-lm-steps] [--cpu] [--budget-s S]
 
 Raw is `stream_generate` in this process; "in-process" is mlxd's batch in this process
 (no worker, no HTTP); each variant is a server of its own (`args` to `mlxd`, `env` added
@@ -52,6 +52,9 @@ def main() -> None:
     p.add_argument("--variants", default='{"default": {}}')
     p.add_argument("--mlx-lm-steps", action="store_true")
     p.add_argument("--cpu", action="store_true", help="CPU per token by process and thread")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no round after this many seconds of rounds (a lease's limit): "
+                   "the table is of the rounds run")
     a = p.parse_args()
     dtype = default_dtype(a.dtype)
     path = build(a.shape, dtype)
@@ -89,11 +92,13 @@ def main() -> None:
         for name, side in list(sides.items()):
             sides[name] = counted(cpu if a.cpu else None, name, side, servers.get(name),
                                   a.tokens)
-        got = alternate(a.rounds, sides, label=a.shape)
+        until = time.monotonic() + a.budget_s if a.budget_s else None
+        got = alternate(a.rounds, sides, label=a.shape, until=until)
     finally:
         for s in servers.values():
             s.__exit__(None, None, None)
-    print_table(f"{a.shape} {dtype}: one stream of {a.tokens} tokens, {a.rounds} paired rounds "
+    done = len(got.clocks)
+    print_table(f"{a.shape} {dtype}: one stream of {a.tokens} tokens, {done} paired rounds "
                 "(decode tok/s median; × raw: geometric mean of the rounds' ratios, 95% interval)",
                 [(name, f"{statistics.median(got.figures[name]):.1f} tok/s",
                   ratio_verdict(got.ratio(name, "raw"), ">=", 0.97))
@@ -102,7 +107,7 @@ def main() -> None:
                      ratio_verdict(got.ratio("in-process", "in-process, mlx-lm's steps"),
                                    ">=", 1.0))] if a.mlx_lm_steps else []))
     if a.cpu:
-        print_table(f"CPU per generated token, us (median of {a.rounds} rounds; "
+        print_table(f"CPU per generated token, us (median of {done} rounds; "
                     "bench/token_cpu.py)", cpu.rows())
 
 

@@ -51,3 +51,17 @@ def test_the_sides_take_turns_going_first():
     assert got.figures == {"ref": [10.0] * 4, "ours": [9.0] * 4} and len(got.clocks) == 4
     assert [round(x, 9) for x in got.ratio("ours", "ref")] == [0.9] * 3
     assert log.getvalue().count("round") == 4
+
+
+def test_no_round_starts_after_the_deadline_once_two_have_run():
+    now = [0.0]
+
+    def side(i):
+        now[0] += 10.0  # (each side's round takes 10 s of the injected clock)
+        return 1.0
+
+    got = alternate(9, {"ref": side, "ours": side}, log=None, until=45.0, now=lambda: now[0])
+    assert len(got.clocks) == 3 and len(got.figures["ours"]) == 3  # (40 s after two: one more)
+    got = alternate(9, {"ref": side, "ours": side}, log=None, until=-1.0, now=lambda: now[0])
+    assert len(got.clocks) == 2  # (two at least, whatever the clock)
+    assert len(alternate(3, {"ref": side}, log=None).clocks) == 3  # (no deadline: all)
