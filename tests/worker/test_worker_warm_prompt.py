@@ -13,7 +13,7 @@ from tests.generates import generate
 from tests.worker.batchrun import Seq, make_batch
 from worker.errors import LoadError
 from worker.kvcache.prefix import PrefixCache
-from worker.kvcache.warm import pin_warm_prompt, shared_prefix, warm_request
+from worker.kvcache.warm import pin_warm_prompt, warm_request
 
 SYSTEM = "You are a careful coding agent. " * 20
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
@@ -68,7 +68,7 @@ def test_a_chat_request_with_tools_is_pinned_as_its_renders_share_it(engine, tmp
     g = chat("Open main.py", tools=TOOLS)
     assert run_one(batch, engine, g)[0] == pinned
     ids = engine.prepare(g).ids
-    assert ids[:pinned] == shared_prefix(engine, warm_request(path))
+    assert ids[:pinned] == engine.turn_prefix(warm_request(path))
 
 
 def test_pinned_state_outlives_eviction_sweeps_and_clear(engine, warm_file):

@@ -4,9 +4,10 @@ from it instead of prefilling an agent's long system prompt and tool list.
 
 The file is plain text (the system prompt) or a chat completions request as JSON
 (`messages`, and `tools` as the client sends them). What is prefilled is the part that
-every next turn shares, whatever the template: the conversation is rendered twice with a
-different user message after it, and the tokens the renderings share are the prefix (up
-to and including the opening of the user turn). Its state is computed once, before the
+every next turn shares, whatever the template: the conversation is rendered with
+different user messages after it, and the tokens the renderings share are the prefix (up
+to and including the opening of the user turn: the engine's `turn_prefix`, which also
+marks where a chat's system prompt ends). Its state is computed once, before the
 worker says it is ready, and pinned (worker/kvcache/prefix.py `pin`).
 
 Where the batch drafts with the checkpoint's MTP head, the prompt is prefilled as the
@@ -52,12 +53,6 @@ def warm_request(path: Path) -> Generate:
     return Generate(rid="warm-prompt", messages=messages, output=OutputSpec(tools=tools or None))
 
 
-def shared_prefix(engine, gen: Generate) -> list[int]:
-    """The tokens every next turn of `gen`'s conversation begins with (the engine's
-    `turn_prefix`: worker/text/engine.py)."""
-    return engine.turn_prefix(gen)
-
-
 def prefill(engine, ids: list[int], step: int, max_kv_size=None, kv_format=None,
             reader=None) -> tuple[list, list | None]:
     """(The model's cache after `ids` (in `kv_format`: worker/kvcache/quantized.py),
@@ -88,7 +83,7 @@ def pin_warm_prompt(batch, path: Path, step: int) -> int:
         raise LoadError("--warm-prompt needs the prompt cache (--prompt-cache-bytes above 0)")
     engine = batch.engine
     try:
-        ids = shared_prefix(engine, warm_request(path))
+        ids = engine.turn_prefix(warm_request(path))  # (worker/text/engine.py)
     except LoadError:
         raise
     except Exception as e:  # the template refused the conversation, say

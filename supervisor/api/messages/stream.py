@@ -10,8 +10,8 @@ each tool call a `tool_use` block whose input arrives as `input_json_delta` frag
 (the worker hands over a call whole; it is cut into fragments so clients that assemble
 them, as Anthropic's SDK does, see what Anthropic sends); a call the output ran out of
 tokens inside is the last block, its input the partial JSON the model wrote (shapes.py).
-A failure after the first event
-ends the stream with an `error` event (http/errors.py renders it in this API's shape).
+A failure after the first event ends the stream with an `error` event (http/errors.py
+renders it in this API's shape).
 """
 
 from __future__ import annotations
