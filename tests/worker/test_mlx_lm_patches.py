@@ -6,6 +6,8 @@ mlx-lm's own code, with less work."""
 
 from __future__ import annotations
 
+import pytest
+
 from protocol.messages import pack_ids
 from tests.generates import generate
 from tests.worker.batchrun import forward_shapes, make_batch, run_all, steps
@@ -330,16 +332,24 @@ def test_a_lone_prompt_prefilled_in_buckets_gives_the_same_output_and_cache(engi
         assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(got, want))
 
 
-def test_prompts_prefilled_together_in_buckets_give_each_its_own_output(engine, monkeypatch):
+@pytest.mark.parametrize("lengths, pass_", [
+    ((20, 33, 41), (4, 48)),  # (a fourth row: 4 x 48 within the three rows' 3 x 64)
+    ((50, 55, 60), (3, 64)),  # (4 x 64 would pass the three rows' chunks: three)
+    ((9, 12, 17, 20, 26), (8, 32)),
+])
+def test_prompts_prefilled_together_in_buckets_give_each_its_own_output(
+        engine, monkeypatch, lengths, pass_):
     # Several prompts in one prefill step on CUDA: mlx-lm's right padding to a multiple of
-    # BUCKET rather than to the longest, then its `finalize`: each its own tokens and
-    # log-probabilities, and a row left alone afterwards decodes as before.
+    # BUCKET rather than to the longest, then its `finalize`; the rows rounded up to a
+    # power of two (bucket_rows: the last repeated, filtered out after the pass) while
+    # that stays within the rows' chunks (make_batch's 64 each). Each prompt its own
+    # tokens and log-probabilities, decoding on as the batch shrinks.
     import random
 
     from worker.loop import mlx_lm_patches
 
     rng = random.Random(5)
-    prompts = {f"p{n}": [rng.randrange(10, 200) for _ in range(n)] for n in (20, 33, 41)}
+    prompts = {f"p{n}": [rng.randrange(10, 200) for _ in range(n)] for n in lengths}
 
     def preps():
         return {name: engine.prepare(generate(rid=name, prompt_ids=pack_ids(ids),
@@ -352,7 +362,9 @@ def test_prompts_prefilled_together_in_buckets_give_each_its_own_output(engine, 
     monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
     widths = forward_shapes(monkeypatch, type(engine.model))
     padded = run_all(make_batch(engine), preps())
-    assert [w for w in widths if w[1] > 1] == [(3, 48)]  # (the three, but their last tokens)
+    assert [w for w in widths if w[1] > 1] == [pass_]  # (every prompt but its last token)
+    # (after the pass, the step that reads each prompt's last token: the real rows only)
+    assert widths[widths.index(pass_) + 1] == (len(lengths), 1)
     for name in prompts:
         got, want = padded[name], plain[name]
         assert len(got) == len(want) > 4 and tokens(got) == tokens(want), name

@@ -179,8 +179,8 @@ def test_text_prompts_and_image_tails_prefill_in_buckets_on_the_language_model(
 
 @pytest.mark.parametrize("bound", [None, "tight"])
 def test_a_group_runs_as_a_power_of_two_rows_on_cuda(vlm_engine, passes, monkeypatch, bound):
-    """On CUDA a group's row count is bucketed too (group.py `bucket_rows`): three image
-    chats run as four rows, the last repeated, each real row with its own tokens and
+    """On CUDA a group's row count is bucketed too (mlx_lm_patches `bucket_rows`): three
+    image chats run as four rows, the last repeated, each real row with its own tokens and
     log-probabilities and its kept state its own; where four rows would pass the step's
     bound on positions, three."""
     from worker.loop import mlx_lm_patches

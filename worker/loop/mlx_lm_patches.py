@@ -226,6 +226,21 @@ def bucket_pad(n: int, step: int | None = None) -> int:
     return min(-(-n // BUCKET) * BUCKET, step or n + BUCKET) - n
 
 
+def bucket_rows(n: int, width: int, positions: int | None) -> int:
+    """The rows a pass of `n` prompts runs as: on CUDA (`BUCKET`) the next power of two,
+    where rows × `width` stays within `positions` (None: no bound); else `n`. The rows
+    are a dimension of the pass's shape too, and a burst reaches a prefill step in as
+    many rows as were waiting (3+3+2, 3+5, 4+4 for three waves of 8 on an H200): each new
+    count was a new build, 420-580 ms where a count met before took 160-190 (image
+    groups, session 19). Rounded up, 1, 2, 4 and 8 rows are the shapes there are; the
+    rows added repeat the last one and are never read (worker/vision/group.py, and the
+    text prompts' pass below)."""
+    rows = 1 << (n - 1).bit_length()
+    if not BUCKET or (positions is not None and rows * width > positions):
+        return n
+    return rows
+
+
 def _prompts_prefill_in_buckets() -> None:
     """MLX's CUDA backend builds kernels, CUDA graphs and cuDNN attention graphs for each
     new shape of a forward pass: a prompt chunk of a length not seen before costs 50-110
@@ -240,7 +255,10 @@ def _prompts_prefill_in_buckets() -> None:
     padding, so that the row stays a batch of one without left padding (the plain masks
     and lone decode above rely on that); several prompts take mlx-lm's own right padding
     (`prepare`, then `finalize` moves each row's padding to its left), to the bucket
-    rather than to the longest. Only on caches that take the padding back (`_paddable`:
+    rather than to the longest, and as a power of two rows (`bucket_rows`) where every
+    row starts from nothing on plain caches and the added rows keep the pass within its
+    rows' chunks (`prefill_step_size` each: what the step's memory was fitted for); the
+    added rows are filtered out after the pass. Only on caches that take the padding back (`_paddable`:
     plain attention caches, and a sliding window's while the pass fits in it) of an
     mlx-lm model's forward (`_plain_model`), a chunk under `step`; anything else is
     mlx-lm's own `prompt`."""
@@ -263,13 +281,22 @@ def _prompts_prefill_in_buckets() -> None:
             for c in self.prompt_cache:
                 c.trim(pad)
         else:  # (mlx-lm's own `prompt` with its padding to `width`)
-            for c in self.prompt_cache:
-                c.prepare(lengths=[len(t) for t in tokens],
-                          right_padding=[width - len(t) for t in tokens])
-            self.model(_right_pad_prompts(tokens, max_length=width), cache=self.prompt_cache)
-            mx.eval([c.state for c in self.prompt_cache])
-            for c in self.prompt_cache:
+            n, caches = len(tokens), self.prompt_cache
+            extra = 0
+            if all(type(c) is BatchKVCache and c.keys is None for c in caches):
+                extra = bucket_rows(n, width, n * self.prefill_step_size) - n
+            rows = list(tokens) + [tokens[-1]] * extra  # (the added rows: never read)
+            for c in caches:
+                if extra:
+                    c.extend(BatchKVCache([0] * extra))
+                c.prepare(lengths=[len(t) for t in rows],
+                          right_padding=[width - len(t) for t in rows])
+            self.model(_right_pad_prompts(rows, max_length=width), cache=caches)
+            mx.eval([c.state for c in caches])
+            for c in caches:
                 c.finalize()
+            if extra:
+                _filter(caches, list(range(n)))
         mx.eval([c.state for c in self.prompt_cache])
         mx.clear_cache()
 

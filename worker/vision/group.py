@@ -29,8 +29,8 @@ bound (`prefill_batch` chunks' positions, the chunk sized by time: 3+3+2, 3+5, 4
 three waves of 8 on an H200), and each new row count was a new shape again: a group of
 819 tokens in 3 rows took 160 ms where 5 rows (1,375) took 579 and 2 rows (550) 538,
 the first time each. So on CUDA the rows are rounded up too, to a power of two
-(`bucket_rows`; the last row repeated, its results never read): 1, 2, 4 and 8 rows are
-the shapes there are. The repeated rows at most double the pass's positions, which the
+(mlx_lm_patches `bucket_rows`, as text prompts' passes are; the last row repeated, its
+results never read): 1, 2, 4 and 8 rows are the shapes there are. The repeated rows at most double the pass's positions, which the
 batch allows (`positions`: twice the step's bound); a GPU computes them in far less
 time than it builds a new shape.
 
@@ -54,8 +54,7 @@ from mlx_vlm.generate.ar import _merge_prefill_prompt_kwargs as merge_rows
 from mlx_vlm.generate.ar import _pad_sequence_aligned_prompt_kwarg as pad_to
 from mlx_vlm.generate.ar import _slice_sequence_aligned_prompt_kwarg as cut
 
-from worker.loop import mlx_lm_patches
-from worker.loop.mlx_lm_patches import bucket_pad
+from worker.loop.mlx_lm_patches import bucket_pad, bucket_rows
 
 # What an image prompt's step may take, beside its embeddings, and go in a batch: each
 # a row of its own (Qwen's 3-D positions and position deltas, Gemma 4's per-layer inputs).
@@ -66,15 +65,6 @@ def groupable(job) -> bool:
     """Whether `job` (embedded: its `extra` known, batch.py `_Prefill`) has a step that a
     batch can take with others' (the module's doc)."""
     return not job.whole and set(job.extra) <= PADDABLE
-
-
-def bucket_rows(n: int, width: int, positions: int | None) -> int:
-    """The rows a group of `n` runs as (the module's doc): on CUDA the next power of two,
-    where rows × `width` stays within `positions` (None: no bound); else `n`."""
-    rows = 1 << (n - 1).bit_length()
-    if not mlx_lm_patches.BUCKET or (positions is not None and rows * width > positions):
-        return n
-    return rows
 
 
 class Together:
