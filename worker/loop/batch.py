@@ -46,7 +46,7 @@ from mlx_lm.models.cache import BatchKVCache
 from protocol.messages import CacheStats, KVStats, PromptCache, SpeculationStats
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
-from worker.loop import mlx_lm_patches, warmup
+from worker.loop import cuda_attention, mlx_lm_patches, warmup
 from worker.loop.first_token import FirstToken, read_first
 from worker.loop.sizing import (MIN_CHUNK, CacheRoom, ChunkSizer, KVSize, StepMemory,
                                 prompts_for_step)
@@ -60,6 +60,7 @@ log = logging.getLogger("worker.loop.batch")
 
 
 mlx_lm_patches.apply()
+cuda_attention.install()
 verify.install()
 
 

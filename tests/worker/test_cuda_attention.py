@@ -1,0 +1,108 @@
+"""worker/loop/cuda_attention.py: on CUDA a prompt pass after cached keys attends by MLX's
+own fallback ops rather than cuDNN (whose graph is built per key count). Run on the CPU
+with mlx_lm_patches.BUCKET set as on CUDA and the wrapper put in place: its output equals
+MLX's attention for every mask and head grouping a model passes, it is taken only for the
+passes it is for, and a warm prompt served through it says what it says without it."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from protocol.messages import pack_ids
+from tests.generates import generate
+from tests.worker.batchrun import make_batch, steps
+from tests.worker.test_worker_batching import tokens
+from worker.loop import cuda_attention, mlx_lm_patches
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    """BUCKET as on CUDA and the wrapper in place (install() leaves it out elsewhere);
+    returns the calls that took the plain path."""
+    cuda_attention.install()
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", cuda_attention.attention)
+    calls = []
+    plain = cuda_attention.plain
+
+    def counted(q, k, v, scale, mask):
+        calls.append((q.shape[2], k.shape[2]))
+        return plain(q, k, v, scale, mask)
+
+    monkeypatch.setattr(cuda_attention, "plain", counted)
+    return calls
+
+
+def qkv(repeats: int, queries: int = 5, keys: int = 23, batch: int = 2, kv_heads: int = 2):
+    mx.random.seed(repeats * 100 + queries)
+    return (mx.random.normal((batch, kv_heads * repeats, queries, 16)),
+            mx.random.normal((batch, kv_heads, keys, 16)),
+            mx.random.normal((batch, kv_heads, keys, 16)))
+
+
+@pytest.mark.parametrize("repeats", [1, 2])
+@pytest.mark.parametrize("mask", [None, "causal", "bool rows", "bool 2-D", "additive heads"])
+def test_the_plain_path_equals_mlxs_attention(repeats, mask):
+    q, k, v = qkv(repeats)
+    b, h, ql, kl = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    m = {"bool rows": lambda: mx.random.uniform(shape=(b, 1, ql, kl)) > 0.3,
+         "bool 2-D": lambda: mx.random.uniform(shape=(ql, kl)) > 0.3,
+         "additive heads": lambda: mx.random.normal((b, h, ql, kl))}.get(mask, lambda: mask)()
+    cuda_attention.install()
+    want = cuda_attention._FUSED(q, k, v, scale=0.25, mask=m)
+    got = cuda_attention.plain(q, k, v, 0.25, m)
+    assert got.shape == want.shape == q.shape
+    assert mx.allclose(got, want, atol=1e-5).item()
+
+
+def test_only_a_pass_after_cached_keys_takes_the_plain_path(on_cuda):
+    sdpa = mx.fast.scaled_dot_product_attention
+    for queries, keys, kw in ((5, 23, {}), (5, 23, {"mask": "causal"}),  # plain
+                              (1, 23, {}),   # decoding: MLX's choice
+                              (16, 16, {"mask": "causal"}),  # from nothing
+                              (5, 32, {}),   # a multiple of the bucket: a cold chunk
+                              (5, 23, {"sinks": mx.zeros((2,))})):
+        q, k, v = qkv(1, queries, keys)
+        sdpa(q, k, v, scale=0.25, **kw)
+    assert on_cuda == [(5, 23), (5, 23)]
+    q, k, v = qkv(1, 64, 4099)
+    cuda_attention.SCORES, before = 2 * 2 * 64 * 4099 - 1, cuda_attention.SCORES
+    try:
+        sdpa(q, k, v, scale=0.25)  # (scores past SCORES: cuDNN's)
+    finally:
+        cuda_attention.SCORES = before
+    assert len(on_cuda) == 2
+    mlx_lm_patches.BUCKET = 0  # (the fixture's monkeypatch restores it)
+    sdpa(*qkv(1), scale=0.25)
+    assert len(on_cuda) == 2
+
+
+def test_a_warm_prompt_through_the_plain_path_says_what_it_says_cold(engine, on_cuda,
+                                                                     monkeypatch):
+    # A prompt that resumes from the prefix cache (its first 150 tokens cached) attends
+    # after cached keys in every layer: the plain path, each pass; the cold prompt's
+    # passes (from nothing) keep MLX's. Tokens and log-probabilities as without it.
+    import random
+
+    from worker.kvcache.prefix import PrefixCache
+
+    rng = random.Random(11)
+    ids = [rng.randrange(10, 200) for _ in range(150)]
+    longer = ids + [rng.randrange(10, 200) for _ in range(9)]
+
+    def ask(prompt, batch):
+        g = generate(rid="w", prompt_ids=pack_ids(prompt), max_tokens=8, temperature=0.0,
+                     logprobs=True)
+        return [o for o in steps(engine, engine.prepare(g), batch) if o is not None]
+
+    batch = make_batch(engine, prefix=PrefixCache(1 << 26))
+    ask(ids, batch)
+    assert on_cuda == []  # (cold: every pass from nothing, or one query)
+    warm = ask(longer, batch)
+    layers = len(engine.model.layers)
+    assert len(on_cuda) == layers and all(q > 1 and k > q for q, k in on_cuda)
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 0)
+    cold = ask(longer, make_batch(engine))
+    assert len(warm) == 8 and tokens(warm) == tokens(cold)
+    assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(warm, cold))

@@ -1,0 +1,99 @@
+"""On CUDA, a prompt pass that follows cached keys attends by MLX's plain ops, not cuDNN.
+
+MLX's CUDA backend runs a prompt pass's attention (more than one query) through cuDNN's
+fused attention, whose graph it builds for each new set of shapes and strides
+(mlx/backend/cuda/scaled_dot_product_attention.cpp `build_sdpa_cache_key`: the queries'
+and the keys' shapes, the key count among them). A cold prompt's passes repeat their
+shapes (their chunks are padded to buckets: worker/loop/mlx_lm_patches.py), but a pass
+after cached keys (the next turn of a conversation, a prompt that shares a system prompt
+with an earlier one) attends to as many keys as the cache held plus its own: a count
+seldom seen twice, so nearly every warm prompt paid a new graph. Measured on a lent H200
+(the 0.5B shape, bfloat16, the whole model's pass of 128 tokens after a cache of ~2,000):
+62 ms at a key count new each time against 8-13 ms at one seen before; with cuDNN's
+attention switched off for the process (MLX_CUDA_USE_CUDNN_SDPA=0, so MLX's own
+fallback of matmuls and a softmax), 17-20 ms new and 13.5 seen (docs/benchmarks.md,
+session 21). Switching it off for the process would give up cuDNN where its shapes do
+repeat (a cold prompt's passes), and the setting is read once per process, so the choice
+is made per call instead: MLX's fallback, written out here as MLX writes it
+(mlx/fast.cpp), for a pass of several queries after cached keys whose key count is not
+a bucket's multiple (a cold prompt's later chunks are: those keep cuDNN) and whose
+scores stay small (`SCORES`: a long pass is worth a build, and its scores would be
+large). Decoding (one query) keeps MLX's own choice.
+
+Only where mlx_lm_patches.BUCKET is set (CUDA; tests set it to run this on the CPU),
+read at each call. `install()` wraps `mx.fast.scaled_dot_product_attention`, which
+mlx-lm's and mlx-vlm's models look up at each call (worker/loop/batch.py installs it
+with mlx-lm's patches).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from worker.loop import mlx_lm_patches
+
+# Scores (batch × query heads × queries × keys) up to which a pass after cached keys is
+# computed by plain ops: 2^27 is 128 queries against 64K keys on 16 heads, 256 MiB at
+# bfloat16; beyond it the pass itself outweighs a graph's build.
+SCORES = 1 << 27
+
+_FUSED = None  # MLX's own, once install() wrapped it
+
+
+def install() -> None:
+    """Wraps MLX's attention where BUCKET is set (elsewhere a call through Python per
+    layer and token for nothing: tests put `attention` in place themselves). Idempotent."""
+    global _FUSED
+    if _FUSED is None:
+        _FUSED = mx.fast.scaled_dot_product_attention
+        if mlx_lm_patches.BUCKET:
+            mx.fast.scaled_dot_product_attention = attention
+
+
+def attention(q, k, v, *, scale, mask=None, sinks=None, **kwargs):
+    """mx.fast.scaled_dot_product_attention, by `plain` for what the module's doc says."""
+    if after_cached_keys(q, k, mask, sinks, kwargs):
+        return plain(q, k, v, scale, mask)
+    return _FUSED(q, k, v, scale=scale, mask=mask, sinks=sinks, **kwargs)
+
+
+def after_cached_keys(q, k, mask, sinks, kwargs) -> bool:
+    """A pass of several queries after cached keys, at a key count not a bucket's
+    multiple, with small scores (`SCORES`), no sinks (gpt-oss: cuDNN's) and a mask the
+    fallback reads (none, "causal", an array)."""
+    bucket = mlx_lm_patches.BUCKET
+    queries, keys = q.shape[2], k.shape[2]
+    if not bucket or not 1 < queries < keys or keys % bucket == 0:
+        return False
+    if sinks is not None or kwargs.get("force_fused") or (isinstance(mask, str)
+                                                          and mask != "causal"):
+        return False
+    return q.shape[0] * q.shape[1] * queries * keys <= SCORES
+
+
+def plain(q, k, v, scale: float, mask):
+    """MLX's fallback (mlx/fast.cpp `scaled_dot_product_attention`), sinks aside:
+    grouped heads unflattened, a causal mask aligned to the last keys, a boolean mask as
+    the dtype's lowest value, a precise softmax."""
+    dtype = mx.result_type(q, k, v)
+    q, k, v = q.astype(dtype), k.astype(dtype), v.astype(dtype)
+    heads, kv_heads = q.shape[1], k.shape[1]
+    repeats = heads // kv_heads
+    q = q * mx.array(scale, dtype)
+    if repeats > 1:
+        q = mx.unflatten(q, 1, (kv_heads, repeats))
+        k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
+    scores = q @ mx.swapaxes(k, -1, -2)
+    if isinstance(mask, str):  # "causal"
+        kl, ql = k.shape[-2], q.shape[-2]
+        mask = mx.arange(kl - ql, kl)[:, None] >= mx.arange(kl)[None]
+    if mask is not None:
+        if repeats > 1 and mask.ndim >= 3:
+            mask = mx.expand_dims(mask, -3) if mask.shape[-3] == 1 \
+                else mx.unflatten(mask, -3, (kv_heads, repeats))
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
+        else:
+            scores = scores + mask
+    out = mx.softmax(scores, axis=-1, precise=True) @ v
+    return mx.flatten(out, 1, 2) if repeats > 1 else out
