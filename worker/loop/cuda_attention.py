@@ -11,8 +11,8 @@ seldom seen twice, so nearly every warm prompt paid a new graph. Measured on a l
 (the 0.5B shape, bfloat16, the whole model's pass of 128 tokens after a cache of ~2,000):
 62 ms at a key count new each time against 8-13 ms at one seen before; with cuDNN's
 attention switched off for the process (MLX_CUDA_USE_CUDNN_SDPA=0, so MLX's own
-fallback of matmuls and a softmax), 17-20 ms new and 13.5 seen (docs/benchmarks.md,
-session 21). Switching it off for the process would give up cuDNN where its shapes do
+fallback of matmuls and a softmax), 17-20 ms new and 13.5 seen (bench/attention_shapes.py;
+docs/benchmarks.md, session 21). Switching it off for the process would give up cuDNN where its shapes do
 repeat (a cold prompt's passes), and the setting is read once per process, so the choice
 is made per call instead: MLX's fallback, written out here as MLX writes it
 (mlx/fast.cpp), for a pass of several queries after cached keys whose key count is not

@@ -1,0 +1,114 @@
+"""A prompt pass after cached keys at key counts new and seen, by three attentions: MLX's as
+it is (cuDNN's fused attention on CUDA, its graph built per shape), MLX's with cuDNN's off
+for the process (MLX_CUDA_USE_CUDNN_SDPA=0: its fallback of matmuls and a softmax), and
+mlxd's per-call choice (worker/loop/cuda_attention.py: the fallback for a pass after
+cached keys, cuDNN for the rest). Each in a process of its own (MLX reads the setting
+once), on a random-weight model of bench/gpu.py's shapes, its forward called directly.
+
+    python -m bench.attention_shapes [--shape 0.5b] [--queries 128]
+
+Rows: a pass of `--queries` tokens after ~2,000 cached at a key count seen before, and at
+counts new each time (and new multiples of 128); a cold 2,048- and 8,192-token prompt in
+chunks of 2,048 (shapes seen); one stream's decode from 1,000 tokens for 300 (its key
+count crosses the cache's 256-token steps). Medians in ms (decode: tokens/s), and each
+side against MLX's as it is. On Metal and the CPU nothing is built per shape and mlxd's
+choice is not installed: the sides should agree there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+SIDES = {"MLX": {}, "MLX, cuDNN off": {"MLX_CUDA_USE_CUDNN_SDPA": "0"}, "mlxd": {}}
+
+
+def measure(shape: str, side: str, queries: int) -> dict:
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from bench.gpu import SHAPES, build, default_dtype
+
+    if side == "mlxd":
+        from worker.loop import cuda_attention
+        cuda_attention.install()
+    model, _ = load(str(build(shape, default_dtype(None))))
+    rng = random.Random(0)
+    ids = [rng.randrange(3, SHAPES[shape]["vocab_size"]) for _ in range(9000)]
+
+    def fill(n, chunk=2048):
+        cache = make_prompt_cache(model)
+        t = time.perf_counter()
+        for a in range(0, n, chunk):
+            model(mx.array([ids[a:min(n, a + chunk)]]), cache=cache)
+            mx.eval([c.state for c in cache])
+        return cache, (time.perf_counter() - t) * 1e3
+
+    def warm(n):
+        cache, _ = fill(n, 1024)
+        t = time.perf_counter()
+        mx.eval(model(mx.array([ids[n:n + queries]]), cache=cache))
+        return (time.perf_counter() - t) * 1e3
+
+    def decode(n, tokens=300):
+        cache, _ = fill(n, 1024)
+        y = mx.array([[ids[n]]])
+        t = time.perf_counter()
+        for _ in range(tokens):
+            y = mx.argmax(model(y, cache=cache)[:, -1:, :], axis=-1)
+            mx.eval(y)
+        return tokens / (time.perf_counter() - t)
+
+    warm(2048), warm(2048)
+    out = {"warm, key count seen": [warm(2048) for _ in range(5)],
+           "warm, key count new": [warm(1500 + 37 * i) for i in range(1, 11)],
+           "warm, new multiples of 128": [warm(1024 + 128 * i) for i in range(1, 9)]}
+    for n in (2048, 8192):
+        fill(n), fill(n)
+        out[f"cold {n}"] = [fill(n)[1] for _ in range(4)]
+    decode(1000, 20)
+    out["decode from 1,000 (tok/s)"] = [decode(1000) for _ in range(3)]
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="0.5b")
+    p.add_argument("--queries", type=int, default=128)
+    p.add_argument("--side", help=argparse.SUPPRESS)  # (one side, in its own process)
+    a = p.parse_args()
+    if a.side:
+        print(json.dumps(measure(a.shape, a.side, a.queries)))
+        return
+    got = {}
+    for side, env in SIDES.items():
+        r = subprocess.run([sys.executable, "-m", "bench.attention_shapes", "--shape", a.shape,
+                            "--queries", str(a.queries), "--side", side],
+                           env={**os.environ, **env}, capture_output=True, text=True)
+        if r.returncode:
+            sys.exit(f"{side} failed:\n{r.stderr[-3000:]}")
+        got[side] = json.loads(r.stdout.strip().splitlines()[-1])
+    import mlx.core as mx
+    from bench.report import print_table
+
+    info = mx.device_info()
+    rows = []
+    for row in got["MLX"]:
+        cells = ", ".join(f"{side} {got[side][row]:.1f}" for side in SIDES)
+        ratios = ", ".join(f"{side} {got[side][row] / got['MLX'][row]:.2f}" for side in SIDES
+                           if side != "MLX")
+        rows.append((row, cells, f"x MLX's: {ratios}"))
+    print_table(f"{a.shape} on {info.get('device_name', info)} (MLX {mx.__version__}): a "
+                f"{a.queries}-token pass after cached keys, cold prompts, decode "
+                "(medians, ms; decode tok/s)", rows)
+
+
+if __name__ == "__main__":
+    main()
