@@ -88,6 +88,22 @@ def test_an_unknown_name_is_a_miss_and_the_prefix_cache_answers():
     assert kv.start(PromptCache(resume_from="resp_gone"), [5, 6, 7]) is None
 
 
+def test_no_start_shorter_than_least():
+    """`least` (CUDA's bucket, worker/loop/batch.py `cached_start`): a state of fewer
+    tokens, from the prefix cache or a named snapshot, is not taken (a miss); one of as
+    many is."""
+    kv = manager()
+    kv.keep(PromptCache(namespace="k"), CONV, state(CONV))
+    assert kv.start(PromptCache(namespace="k"), CONV + [1, 2], least=13) is None
+    assert kv.prefix.hits == 0 and kv.prefix.misses == 1
+    got = kv.start(PromptCache(namespace="k"), CONV + [1, 2], least=12)
+    assert (got.tier, got.tokens) == (Tier.PREFIX, 12) and kv.prefix.hits == 1
+    kv.finish(PromptCache(namespace="n", keep_as="resp_1"), CONV, state(CONV))
+    named = PromptCache(namespace="n", resume_from="resp_1")
+    assert kv.start(named, MORE, least=13) is None
+    assert kv.start(named, MORE, least=12).tier is Tier.SNAPSHOT
+
+
 def test_a_disk_snapshot_serves_a_fresh_worker_and_memory_has_it_then(tmp_path):
     first = manager(tmp_path / "m")
     first.finish(PromptCache(namespace="k", keep_as="key:k"), MORE, state(MORE))

@@ -411,3 +411,37 @@ def test_prompts_within_a_sliding_window_are_prefilled_in_buckets_too(models_dir
         want = plain_together[name]
         assert len(got) == 50 and tokens(got) == tokens(want), name
         assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(got, want))
+
+
+def test_on_cuda_a_cached_start_shorter_than_a_bucket_is_computed_again(engine, monkeypatch):
+    # worker/loop/batch.py `cached_start`: with BUCKET set (CUDA), a prompt that shares
+    # fewer than BUCKET tokens with an earlier one (a chat template's header) starts from
+    # nothing, its pass from nothing; one that shares more resumes. Each says what it
+    # says cold.
+    import random
+
+    from tests.worker.batchrun import turn
+    from worker.kvcache.prefix import PrefixCache
+    from worker.loop import mlx_lm_patches
+
+    rng = random.Random(13)
+    head = [rng.randrange(10, 200) for _ in range(40)]
+    first = head + [rng.randrange(10, 200) for _ in range(20)]
+    short = head[:10] + [rng.randrange(10, 200) for _ in range(30)]  # shares 10
+    long = head + [rng.randrange(10, 200) for _ in range(5)]         # shares 40
+
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 0)
+    cold = {n: turn(engine, make_batch(engine), ids, max_tokens=6)[1]
+            for n, ids in (("short", short), ("long", long))}
+    batch = make_batch(engine, prefix=PrefixCache(1 << 26))
+    turn(engine, batch, first, max_tokens=6)
+    assert turn(engine, batch, short, max_tokens=6)[0] == 10  # (no bucket: taken)
+    monkeypatch.setattr(mlx_lm_patches, "BUCKET", 16)
+    batch = make_batch(engine, prefix=PrefixCache(1 << 26))
+    turn(engine, batch, first, max_tokens=6)
+    widths = forward_shapes(monkeypatch, type(engine.model))
+    cached, out = turn(engine, batch, short, max_tokens=6)
+    assert cached == 0 and out == cold["short"]
+    assert [w for w in widths if w[1] > 1] == [(1, 48)]  # (its 39 from nothing, padded)
+    cached, out = turn(engine, batch, long, max_tokens=6)
+    assert cached >= 16 and out == cold["long"]

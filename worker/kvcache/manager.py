@@ -97,18 +97,20 @@ class KVCache:
         return self.snapshots.preload(spec.resume_from) if spec.resume_from else None
 
     def start(self, spec: PromptCache, ids: list[int],
-              preloaded: Optional[files.Snapshot] = None) -> Optional[Start]:
+              preloaded: Optional[files.Snapshot] = None, least: int = 0) -> Optional[Start]:
         """The best state for `ids` to start from (None: from scratch), at least the last
-        token left to feed."""
+        token left to feed, and none of fewer than `least` tokens."""
         namespace = spec.namespace or ""
         resumed = None
         if spec.resume_from:
             resumed = self.snapshots.resume(spec.resume_from, namespace, ids, preloaded,
                                             spec.resume_label)
+            if resumed is not None and resumed.tokens < least:
+                resumed = None
         if resumed is not None and not resumed.partial:
             return Start(resumed.cache, resumed.tokens,
                          Tier.DISK if resumed.tier == "disk" else Tier.SNAPSHOT, resumed.head)
-        found = self.prefix.fetch(namespace, ids)
+        found = self.prefix.fetch(namespace, ids, least)
         if found is not None and (resumed is None or found.tokens >= resumed.tokens):
             return Start(found.cache, found.tokens, Tier.PREFIX, found.head)
         return Start(resumed.cache, resumed.tokens, Tier.DISK, resumed.head) \

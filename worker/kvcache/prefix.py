@@ -108,15 +108,18 @@ class PrefixCache:
 
     # ---- lookups ---------------------------------------------------------------------
 
-    def fetch(self, namespace: str, tokens: list[int]) -> Optional[Hit]:
+    def fetch(self, namespace: str, tokens: list[int], least: int = 0) -> Optional[Hit]:
         """A copy of the state of the longest usable stored prefix of `tokens`, leaving
-        at least the last token to be fed (its logits start the generation)."""
+        at least the last token to be fed (its logits start the generation); one of
+        fewer than `least` tokens is not taken (a miss)."""
         self.expire()
         want = tokens[:-1]
         hit = self._find(namespace, want) if want and self._lru else None
         for pin in self._pinned:  # the warm prompt serves every namespace
             if (hit is None or len(pin) > hit.tokens) and tuple(want[:len(pin)]) == pin:
                 hit = self._use(SHARED, list(pin), len(pin))
+        if hit is not None and hit.tokens < least:
+            hit = None
         if hit is None:
             self.misses += 1
             return None

@@ -200,12 +200,18 @@ class Batch:
         self.insert(seq, prep, hit)
         return hit.tokens if hit is not None else 0
 
-    def cached_start(self, prep):
-        """The KV cache's starting state for `prep` (None: from scratch)."""
+    def cached_start(self, prep, least: Optional[int] = None):
+        """The KV cache's starting state for `prep` (None: from scratch), none of fewer
+        than `least` tokens: by default, on CUDA, a prompt chunk's bucket
+        (mlx_lm_patches.BUCKET). Such a start (a chat template's header, which nearly
+        every chat shares) is computed again in a pass no wider than the one after it
+        would be, and from nothing a prompt goes with others in a power of two rows and
+        at a key count cuDNN's attention has met (worker/loop/cuda_attention.py)."""
         self.settle()  # (a state that just ended may be its prefix)
         if self.kvcache is None:
             return None
-        hit = self.kvcache.start(prep.gen.cache, self.cache_key(prep), prep.snapshot)
+        least = mlx_lm_patches.BUCKET if least is None else least
+        hit = self.kvcache.start(prep.gen.cache, self.cache_key(prep), prep.snapshot, least)
         prep.snapshot = None  # (host memory: not kept with a waiting request)
         return hit
 

@@ -186,9 +186,11 @@ class VisionBatch(Batch):
     def add(self, seq, prep) -> int:
         """Start `prep`: into mlx-lm's batch now when the KV cache holds all its images
         (or it has none), else once `step` has prefilled them, a chunk a step."""
-        hit = self.cached_start(prep)
-        cached = hit.tokens if hit is not None else 0
         media = prep.media or {}
+        # (an image prompt takes even a short start: it spares the pass before its image,
+        # or is dropped where a group computes it anyway: `_together`)
+        hit = self.cached_start(prep, 0 if encoded(media) else None)
+        cached = hit.tokens if hit is not None else 0
         if not encoded(media):
             self.insert(seq, prep, hit)
             return cached
