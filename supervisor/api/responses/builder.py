@@ -89,7 +89,7 @@ class ResponseBuilder:
             "tool_choice": r.tool_choice_echo,
             # a FunctionTool's description may be null but not absent (Open Responses)
             "tools": [{"description": None, **t} for t in r.tools_echo],
-            "truncation": "disabled", "metadata": r.metadata,
+            "truncation": r.truncation, "metadata": r.metadata,
             "prompt_cache_key": r.prompt_cache_key,
             "presence_penalty": r.presence_penalty or 0.0,
             "frequency_penalty": r.frequency_penalty or 0.0,

@@ -64,6 +64,7 @@ class ResponsesRequest:
     max_tool_calls: Optional[int] = None
     safety_identifier: Optional[str] = None
     verbosity: str = "medium"              # text.verbosity (OpenAI's default)
+    truncation: str = "disabled"           # "auto": cut to the window (truncation.py)
     compact_threshold: Optional[int] = None  # context_management: compact past this many
     #                                          prompt tokens (api/responses/summary.py)
     generate: bool = True  # False: a WebSocket mode warm-up (api/responses/websocket.py):
@@ -171,6 +172,7 @@ def parse_responses_request(body: dict) -> ResponsesRequest:
         max_tool_calls=opt_int(body, "max_tool_calls", minimum=0),
         safety_identifier=_safety_identifier(body),
         verbosity=_verbosity(text),
+        truncation=_truncation(body),
         compact_threshold=_compact_threshold(body),
     )
 
@@ -282,6 +284,19 @@ def _verbosity(text: dict) -> str:
     if value not in VERBOSITIES:
         raise invalid_value("text.verbosity", f"'{value}'. Supported values are: "
                             + ", ".join(f"'{v}'" for v in VERBOSITIES) + ".")
+    return value
+
+
+TRUNCATIONS = ("auto", "disabled")
+
+
+def _truncation(body: dict) -> str:
+    value = opt_str(body, "truncation")
+    if value is None:
+        return "disabled"
+    if value not in TRUNCATIONS:
+        raise invalid_value("truncation", f"'{value}'. Supported values are: 'auto' and "
+                            "'disabled'.")
     return value
 
 

@@ -44,6 +44,7 @@ from aiohttp import web
 from protocol.messages import Done, Generate, Task
 from supervisor.api import lifecycle
 from supervisor.api.fields import tools as toolspec
+from supervisor.api.responses import truncation
 from supervisor.api.responses.builder import ResponseBuilder
 from supervisor.api.responses.items import text_of
 from supervisor.api.responses.request import ResponsesRequest
@@ -249,7 +250,9 @@ async def start(request: web.Request, runner, req: ResponsesRequest,
                                 sealer=sealer if req.sealed_reasoning else None)
     message = req.to_generate(items, config, builder.id)
     if req.compact_threshold is None:
-        return builder, message
+        return builder, await truncation.fit(
+            request, runner, req, items, message,
+            lambda kept: req.to_generate(kept, config, builder.id))
     counted = await lifecycle.compute(request, req.model,
                                       msgspec.structs.replace(message, task=Task.TOKENIZE))
     threshold = req.compact_threshold or int(DEFAULT_THRESHOLD * (runner.context_length or 0))

@@ -1,0 +1,104 @@
+"""`truncation: "auto"` on POST /v1/responses (supervisor/api/responses/truncation.py), end
+to end through the official `openai` SDK on the tiny model served with a 512-token window:
+a conversation past it is refused as it is by default and, with "auto", answered from its
+last turns, the fewest dropped: the prompt it answered from is, token for token, the one
+/v1/responses/input_tokens counts for the conversation from the first user message that
+fits. Streamed too, and a stored response's next turn (previous_response_id) cut alike."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.openresponses.schema import check_event, check_response
+from tests.serverproc import ServerProcess
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 512
+OUT = 8
+
+
+@pytest.fixture(scope="module")
+def capped(tiny_model):
+    with ServerProcess([str(tiny_model)], "--max-context-tokens", str(WINDOW)) as srv:
+        srv.wait_healthy()
+        yield srv
+
+
+@pytest.fixture
+def client(capped):
+    return openai.OpenAI(base_url=capped.url + "/v1", api_key="unused", max_retries=0)
+
+
+def conversation(turns: int = 8) -> list[dict]:
+    items = [{"type": "message", "role": "developer", "content": "Answer briefly."}]
+    for t in range(turns):
+        items.append({"type": "message", "role": "user",
+                      "content": f"Question {t}: " + " ".join(f"word{t}x{i}" for i in range(25))})
+        items.append({"type": "message", "role": "assistant",
+                      "content": f"Answer {t}: " + " ".join(f"reply{t}y{i}" for i in range(15))})
+    items.append({"type": "message", "role": "user", "content": "And the last question?"})
+    return items
+
+
+def counted(capped, model_id, items) -> int:
+    r = httpx.post(f"{capped.url}/v1/responses/input_tokens",
+                   json={"model": model_id, "input": items}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()["input_tokens"]
+
+
+def first_fit(capped, model_id, items) -> int:
+    """Input tokens of the conversation from its first user message that fits (the
+    developer message kept), counted by the server's own endpoint."""
+    starts = [i for i, it in enumerate(items) if i > 1 and it["role"] == "user"]
+    for s in starts:
+        n = counted(capped, model_id, items[:1] + items[s:])
+        if n + OUT <= WINDOW:
+            return n
+    raise AssertionError("nothing fits")
+
+
+def test_a_conversation_past_the_window_is_cut_from_its_start_with_auto(
+        client, capped, model_id):
+    items = conversation()
+    assert counted(capped, model_id, items) > WINDOW  # (the test's premise)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model_id, input=items, max_output_tokens=OUT)
+    assert e.value.body["code"] == "context_length_exceeded"
+    r = client.responses.create(model=model_id, input=items, max_output_tokens=OUT,
+                                temperature=0, truncation="auto")
+    check_response(r.model_dump(mode="json", exclude_unset=True))
+    assert r.truncation == "auto" and r.status in ("completed", "incomplete")
+    assert r.usage.input_tokens == first_fit(capped, model_id, items)
+    assert r.usage.input_tokens + OUT <= WINDOW
+    plain = client.responses.create(model=model_id, input="Hi", max_output_tokens=OUT)
+    assert plain.truncation == "disabled"
+
+
+def test_streamed_and_continued_by_previous_response_id(client, capped, model_id):
+    items = conversation(6)
+    events = list(client.responses.create(model=model_id, input=items, max_output_tokens=OUT,
+                                          temperature=0, truncation="auto", stream=True))
+    for ev in events:
+        check_event(ev.model_dump(mode="json", exclude_unset=True))
+    done = events[-1].response
+    assert done.truncation == "auto"
+    assert done.usage.input_tokens == first_fit(capped, model_id, items)
+    # The next turn continues the stored response: its chain is past the window again.
+    more = conversation(2)[1:]
+    r = client.responses.create(model=model_id, previous_response_id=done.id, input=more,
+                                max_output_tokens=OUT, temperature=0, truncation="auto")
+    assert r.usage.input_tokens + OUT <= WINDOW and r.previous_response_id == done.id
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model_id, previous_response_id=done.id, input=more,
+                                max_output_tokens=OUT)
+    assert e.value.body["code"] == "context_length_exceeded"
+
+
+def test_an_unknown_truncation_is_a_400_naming_it(client, model_id):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model_id, input="Hi", extra_body={"truncation": "some"})
+    assert e.value.body["param"] == "truncation"
