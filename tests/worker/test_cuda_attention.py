@@ -58,14 +58,15 @@ def test_the_plain_path_equals_mlxs_attention(repeats, mask):
 
 def test_only_a_pass_after_cached_keys_takes_the_plain_path(on_cuda):
     sdpa = mx.fast.scaled_dot_product_attention
-    for queries, keys, kw in ((5, 23, {}), (5, 23, {"mask": "causal"}),  # plain
-                              (1, 23, {}),   # decoding: MLX's choice
-                              (16, 16, {"mask": "causal"}),  # from nothing
-                              (5, 32, {}),   # a multiple of the bucket: a cold chunk
-                              (5, 23, {"sinks": mx.zeros((2,))})):
+    for queries, keys, kw in ((20, 53, {}), (20, 53, {"mask": "causal"}),  # plain
+                              (1, 53, {}),   # decoding: MLX's choice
+                              (9, 53, {}),   # a verification (a draft of 8): MLX's
+                              (32, 32, {"mask": "causal"}),  # from nothing
+                              (20, 64, {}),  # a multiple of the bucket: a cold chunk
+                              (20, 53, {"sinks": mx.zeros((2,))})):
         q, k, v = qkv(1, queries, keys)
         sdpa(q, k, v, scale=0.25, **kw)
-    assert on_cuda == [(5, 23), (5, 23)]
+    assert on_cuda == [(20, 53), (20, 53)]
     q, k, v = qkv(1, 64, 4099)
     cuda_attention.SCORES, before = 2 * 2 * 64 * 4099 - 1, cuda_attention.SCORES
     try:
@@ -81,15 +82,15 @@ def test_only_a_pass_after_cached_keys_takes_the_plain_path(on_cuda):
 def test_a_warm_prompt_through_the_plain_path_says_what_it_says_cold(engine, on_cuda,
                                                                      monkeypatch):
     # A prompt that resumes from the prefix cache (its first 150 tokens cached) attends
-    # after cached keys in every layer: the plain path, each pass; the cold prompt's
-    # passes (from nothing) keep MLX's. Tokens and log-probabilities as without it.
+    # after cached keys in every layer: the plain path, each layer of its one pass; the
+    # cold prompt's passes (from nothing) keep MLX's. Tokens and log-probabilities as without it.
     import random
 
     from worker.kvcache.prefix import PrefixCache
 
     rng = random.Random(11)
     ids = [rng.randrange(10, 200) for _ in range(150)]
-    longer = ids + [rng.randrange(10, 200) for _ in range(9)]
+    longer = ids + [rng.randrange(10, 200) for _ in range(30)]  # (a pass of 32 after them)
 
     def ask(prompt, batch):
         g = generate(rid="w", prompt_ids=pack_ids(prompt), max_tokens=8, temperature=0.0,

@@ -11,11 +11,11 @@ seldom seen twice, so nearly every warm prompt paid a new graph. Measured on a l
 (the 0.5B shape, bfloat16, the whole model's pass of 128 tokens after a cache of ~2,000):
 62 ms at a key count new each time against 8-13 ms at one seen before; with cuDNN's
 attention switched off for the process (MLX_CUDA_USE_CUDNN_SDPA=0, so MLX's own
-fallback of matmuls and a softmax), 17-20 ms new and 13.5 seen (bench/attention_shapes.py;
-docs/benchmarks.md, session 21). Switching it off for the process would give up cuDNN where its shapes do
-repeat (a cold prompt's passes), and the setting is read once per process, so the choice
-is made per call instead: MLX's fallback, written out here as MLX writes it
-(mlx/fast.cpp), for a pass of several queries after cached keys whose key count is not
+fallback of matmuls and a softmax), 17-20 ms new and 13.5 seen
+(bench/attention_shapes.py; docs/benchmarks.md, session 21). Switching it off for the
+process would give up cuDNN where its shapes do repeat (a cold prompt's passes), and the
+setting is read once per process, so the choice is made per call instead: MLX's fallback, written out here as MLX writes it
+(mlx/fast.cpp), for a prompt pass after cached keys (`MIN_QUERIES`) whose key count is not
 a bucket's multiple (a cold prompt's later chunks are: those keep cuDNN) and whose
 scores stay small (`SCORES`: a long pass is worth a build, and its scores would be
 large). Decoding (one query) keeps MLX's own choice.
@@ -32,6 +32,11 @@ import mlx.core as mx
 
 from worker.loop import mlx_lm_patches
 
+# More queries than a verification's (worker/speculative: a draft of up to 8 tokens and the
+# token before it). A verify step keeps MLX's choice: its price, measured on an H200 (1.86 ×
+# a one-token step, session 10), shows no build, and the fallback's seven kernels for one
+# would add launches to every step that drafts.
+MIN_QUERIES = 16
 # Scores (batch × query heads × queries × keys) up to which a pass after cached keys is
 # computed by plain ops: 2^27 is 128 queries against 64K keys on 16 heads, 256 MiB at
 # bfloat16; beyond it the pass itself outweighs a graph's build.
@@ -58,12 +63,12 @@ def attention(q, k, v, *, scale, mask=None, sinks=None, **kwargs):
 
 
 def after_cached_keys(q, k, mask, sinks, kwargs) -> bool:
-    """A pass of several queries after cached keys, at a key count not a bucket's
-    multiple, with small scores (`SCORES`), no sinks (gpt-oss: cuDNN's) and a mask the
-    fallback reads (none, "causal", an array)."""
+    """A pass of more than MIN_QUERIES queries after cached keys, at a key count not a
+    bucket's multiple, with small scores (`SCORES`), no sinks (gpt-oss: cuDNN's) and a
+    mask the fallback reads (none, "causal", an array)."""
     bucket = mlx_lm_patches.BUCKET
     queries, keys = q.shape[2], k.shape[2]
-    if not bucket or not 1 < queries < keys or keys % bucket == 0:
+    if not bucket or not MIN_QUERIES < queries < keys or keys % bucket == 0:
         return False
     if sinks is not None or kwargs.get("force_fused") or (isinstance(mask, str)
                                                           and mask != "causal"):
