@@ -14,11 +14,12 @@ attention switched off for the process (MLX_CUDA_USE_CUDNN_SDPA=0, so MLX's own
 fallback of matmuls and a softmax), 17-20 ms new and 13.5 seen
 (bench/attention_shapes.py; docs/benchmarks.md, session 21). Switching it off for the
 process would give up cuDNN where its shapes do repeat (a cold prompt's passes), and the
-setting is read once per process, so the choice is made per call instead: MLX's fallback, written out here as MLX writes it
-(mlx/fast.cpp), for a prompt pass after cached keys (`MIN_QUERIES`) whose key count is not
-a bucket's multiple (a cold prompt's later chunks are: those keep cuDNN) and whose
-scores stay small (`SCORES`: a long pass is worth a build, and its scores would be
-large). Decoding (one query) keeps MLX's own choice.
+setting is read once per process, so the choice is made per call instead: MLX's
+fallback, written out here as MLX writes it (mlx/fast.cpp), for a prompt pass after
+cached keys (`MIN_QUERIES`) whose key count is not a bucket's multiple (a cold prompt's
+later chunks are: those keep cuDNN) and whose scores stay small (`SCORES`: a long pass
+is worth a build, and its scores would be large). Decoding (one query) and a draft's
+verification keep MLX's own choice.
 
 Only where mlx_lm_patches.BUCKET is set (CUDA; tests set it to run this on the CPU),
 read at each call. `install()` wraps `mx.fast.scaled_dot_product_attention`, which
