@@ -205,8 +205,9 @@ class Batch:
         than `least` tokens: by default, on CUDA, a prompt chunk's bucket
         (mlx_lm_patches.BUCKET). Such a start (a chat template's header, which nearly
         every chat shares) is computed again in a pass at most a bucket wider than the
-        one after it would be, and from nothing a prompt goes with others in a power of two rows and
-        at a key count cuDNN's attention has met (worker/loop/cuda_attention.py)."""
+        one after it would be, and from nothing a prompt goes with others in a power of
+        two rows and at a key count cuDNN's attention has met
+        (worker/loop/cuda_attention.py)."""
         self.settle()  # (a state that just ended may be its prefix)
         if self.kvcache is None:
             return None

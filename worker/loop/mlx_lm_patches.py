@@ -258,10 +258,10 @@ def _prompts_prefill_in_buckets() -> None:
     rather than to the longest, and as a power of two rows (`bucket_rows`) where every
     row starts from nothing on plain caches and the added rows keep the pass within its
     rows' chunks (`prefill_step_size` each: what the step's memory was fitted for); the
-    added rows are filtered out after the pass. Only on caches that take the padding back (`_paddable`:
-    plain attention caches, and a sliding window's while the pass fits in it) of an
-    mlx-lm model's forward (`_plain_model`), a chunk under `step`; anything else is
-    mlx-lm's own `prompt`."""
+    added rows are filtered out after the pass. Only on caches that take the padding back
+    (`_paddable`: plain attention caches, and a sliding window's while the pass fits in
+    it) of an mlx-lm model's forward (`_plain_model`), a chunk under `step`; anything else
+    is mlx-lm's own `prompt`."""
     original = PromptProcessingBatch.prompt
     if getattr(original, "mlxd_buckets", False):
         return

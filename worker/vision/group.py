@@ -30,9 +30,9 @@ three waves of 8 on an H200), and each new row count was a new shape again: a gr
 819 tokens in 3 rows took 160 ms where 5 rows (1,375) took 579 and 2 rows (550) 538,
 the first time each. So on CUDA the rows are rounded up too, to a power of two
 (mlx_lm_patches `bucket_rows`, as text prompts' passes are; the last row repeated, its
-results never read): 1, 2, 4 and 8 rows are the shapes there are. The repeated rows at most double the pass's positions, which the
-batch allows (`positions`: twice the step's bound); a GPU computes them in far less
-time than it builds a new shape.
+results never read): 1, 2, 4 and 8 rows are the shapes there are. The repeated rows at
+most double the pass's positions, which the batch allows (`positions`: twice the step's
+bound); a GPU computes them in far less time than it builds a new shape.
 
 Which prompts go together (`groupable`, and batch.py `_together`): those that start from
 nothing, or from a cached start short enough to compute again in the batch (a chat
