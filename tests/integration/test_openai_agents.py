@@ -152,3 +152,51 @@ async def test_an_agent_runs_over_the_responses_websocket(stopping_server):
     assert names == ["tool_called", "tool_output", "message_output_created"]
     assert len(calls) == 2 and result.final_output and streamed.final_output
     assert posted == []   # no turn fell back to HTTP
+
+
+@pytest.fixture(scope="module")
+def narrow_server(stopping_server):
+    """The stopping model again, served with a 512-token window."""
+    from tests.serverproc import ServerProcess
+
+    with ServerProcess([stopping_server.model], "--max-context-tokens", "512") as srv:
+        srv.wait_healthy()
+        srv.model = stopping_server.model
+        yield srv
+
+
+async def test_a_long_history_goes_on_with_truncation_auto(narrow_server):
+    # ModelSettings(truncation="auto"): a history past the window is cut at its start by
+    # the server (supervisor/api/responses/truncation.py) and the run answers; without
+    # it the same run fails with the server's context_length_exceeded.
+    import openai
+
+    sent = []
+
+    async def record(request):
+        if request.method == "POST":
+            sent.append(json.loads(request.content))
+
+    client = AsyncOpenAI(base_url=narrow_server.url + "/v1", api_key="unused", max_retries=0,
+                         http_client=httpx.AsyncClient(event_hooks={"request": [record]},
+                                                       timeout=120))
+    history = []
+    for t in range(8):
+        history += [{"role": "user", "content": f"Note {t}: " + " ".join(
+                        f"item{t}n{i}" for i in range(30))},
+                    {"role": "assistant", "content": f"Noted {t}."}]
+    history.append({"role": "user", "content": "What was the last note?"})
+
+    def agent(**settings):
+        model = OpenAIResponsesModel(model=narrow_server.model, openai_client=client)
+        return Agent(name="notes", instructions="Answer briefly.", model=model,
+                     model_settings=ModelSettings(max_tokens=8, temperature=0, **settings))
+
+    with pytest.raises(openai.BadRequestError) as e:
+        await Runner.run(agent(), history, max_turns=1)
+    assert e.value.body["code"] == "context_length_exceeded"
+    result = await Runner.run(agent(truncation="auto"), history, max_turns=1)
+    assert result.final_output is not None
+    assert sent[-1]["truncation"] == "auto"
+    (response,) = result.raw_responses
+    assert 0 < response.usage.input_tokens <= 512 - 8
