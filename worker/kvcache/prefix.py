@@ -114,12 +114,11 @@ class PrefixCache:
         fewer than `least` tokens is not taken (a miss)."""
         self.expire()
         want = tokens[:-1]
-        hit = self._find(namespace, want) if want and self._lru else None
+        best = self._find(namespace, want) if want and self._lru else None
         for pin in self._pinned:  # the warm prompt serves every namespace
-            if (hit is None or len(pin) > hit.tokens) and tuple(want[:len(pin)]) == pin:
-                hit = self._use(SHARED, list(pin), len(pin))
-        if hit is not None and hit.tokens < least:
-            hit = None
+            if (best is None or len(pin) > best[2]) and tuple(want[:len(pin)]) == pin:
+                best = (SHARED, list(pin), len(pin))
+        hit = self._use(*best) if best is not None and best[2] >= least else None
         if hit is None:
             self.misses += 1
             return None
@@ -127,17 +126,19 @@ class PrefixCache:
         self.tokens_reused += hit.tokens
         return hit
 
-    def _find(self, ns: str, want: list[int]) -> Optional[Hit]:
+    def _find(self, ns: str, want: list[int]) -> Optional[tuple[str, list[int], int]]:
+        """The entry that serves most of `want`: (its namespace, its tokens, how many of
+        them serve), not yet copied (`_use`)."""
         found = self._trie.search(ns, want)
         if found.exact is not None:
-            return self._use(ns, found.exact, len(found.exact))
+            return ns, found.exact, len(found.exact)
         shorter = len(found.shorter) if found.shorter is not None else 0
         if found.longer is not None and found.common_prefix > shorter:
             entry = self._lru.get((ns, tuple(found.longer)))
             if entry is not None and entry.trimmable:
-                return self._use(ns, found.longer, found.common_prefix)
+                return ns, found.longer, found.common_prefix
         if shorter:
-            return self._use(ns, found.shorter, shorter)
+            return ns, found.shorter, shorter
         return None
 
     def branch(self, namespace: str, tokens: list[int]) -> int:
