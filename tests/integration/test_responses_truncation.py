@@ -20,9 +20,13 @@ WINDOW = 512
 OUT = 8
 
 
+DEFAULT = 64  # the server's --default-max-tokens
+
+
 @pytest.fixture(scope="module")
 def capped(tiny_model):
-    with ServerProcess([str(tiny_model)], "--max-context-tokens", str(WINDOW)) as srv:
+    with ServerProcess([str(tiny_model)], "--max-context-tokens", str(WINDOW),
+                       "--default-max-tokens", str(DEFAULT)) as srv:
         srv.wait_healthy()
         yield srv
 
@@ -32,13 +36,13 @@ def client(capped):
     return openai.OpenAI(base_url=capped.url + "/v1", api_key="unused", max_retries=0)
 
 
-def conversation(turns: int = 8) -> list[dict]:
+def conversation(turns: int = 8, asked: int = 25, answered: int = 15) -> list[dict]:
     items = [{"type": "message", "role": "developer", "content": "Answer briefly."}]
     for t in range(turns):
-        items.append({"type": "message", "role": "user",
-                      "content": f"Question {t}: " + " ".join(f"word{t}x{i}" for i in range(25))})
-        items.append({"type": "message", "role": "assistant",
-                      "content": f"Answer {t}: " + " ".join(f"reply{t}y{i}" for i in range(15))})
+        items.append({"type": "message", "role": "user", "content": f"Question {t}: "
+                      + " ".join(f"word{t}x{i}" for i in range(asked))})
+        items.append({"type": "message", "role": "assistant", "content": f"Answer {t}: "
+                      + " ".join(f"reply{t}y{i}" for i in range(answered))})
     items.append({"type": "message", "role": "user", "content": "And the last question?"})
     return items
 
@@ -50,13 +54,14 @@ def counted(capped, model_id, items) -> int:
     return r.json()["input_tokens"]
 
 
-def first_fit(capped, model_id, items) -> int:
-    """Input tokens of the conversation from its first user message that fits (the
-    developer message kept), counted by the server's own endpoint."""
+def first_fit(capped, model_id, items, out: int = OUT) -> int:
+    """Input tokens of the conversation from its first user message that leaves `out`
+    tokens of the window (the developer message kept), counted by the server's own
+    endpoint."""
     starts = [i for i, it in enumerate(items) if i > 1 and it["role"] == "user"]
     for s in starts:
         n = counted(capped, model_id, items[:1] + items[s:])
-        if n + OUT <= WINDOW:
+        if n + out <= WINDOW:
             return n
     raise AssertionError("nothing fits")
 
@@ -96,6 +101,16 @@ def test_streamed_and_continued_by_previous_response_id(client, capped, model_id
         client.responses.create(model=model_id, previous_response_id=done.id, input=more,
                                 max_output_tokens=OUT)
     assert e.value.body["code"] == "context_length_exceeded"
+
+
+def test_without_max_output_tokens_the_servers_default_is_left_room(client, capped, model_id):
+    items = conversation(40, 4, 2)  # (short turns: the cut can land between the two rooms)
+    # (the premise: room for one token would keep a turn more than room for the default)
+    assert first_fit(capped, model_id, items, 1) > first_fit(capped, model_id, items, DEFAULT)
+    r = client.responses.create(model=model_id, input=items, temperature=0,
+                                truncation="auto")
+    assert r.usage.input_tokens == first_fit(capped, model_id, items, DEFAULT)
+    assert r.usage.output_tokens <= DEFAULT
 
 
 def test_an_unknown_truncation_is_a_400_naming_it(client, model_id):

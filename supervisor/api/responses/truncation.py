@@ -46,10 +46,11 @@ def turn_starts(items: list[dict]) -> tuple[int, list[int]]:
     return lead, starts
 
 
-def room(window: int, max_output_tokens: int | None) -> int:
+def room(window: int, max_tokens: int | None) -> int:
     """The most prompt tokens the worker takes (worker/text/engine.py `_check_context`):
-    the window less the completion asked for, or less one token for it."""
-    return window - (max_output_tokens if max_output_tokens is not None else 1)
+    the window less the completion's tokens (the request's `max_output_tokens`, else the
+    server's default), or less one token for it where there are none."""
+    return window - (max_tokens if max_tokens is not None else 1)
 
 
 def surely_fits(message: Generate, limit: int) -> bool:
@@ -66,7 +67,8 @@ async def fit(request: web.Request, runner, req, items: list[dict], message: Gen
     window = runner.context_length
     if req.truncation != "auto" or not window:
         return message
-    limit = room(window, req.max_output_tokens)
+    sampling = message.sampling
+    limit = room(window, None if sampling.max_tokens_ceiling else sampling.max_tokens)
     if surely_fits(message, limit):
         return message
 
