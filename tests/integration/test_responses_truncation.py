@@ -3,7 +3,8 @@ to end through the official `openai` SDK on the tiny model served with a 512-tok
 a conversation past it is refused as it is by default and, with "auto", answered from its
 last turns, the fewest dropped: the prompt it answered from is, token for token, the one
 /v1/responses/input_tokens counts for the conversation from the first user message that
-fits. Streamed too, and a stored response's next turn (previous_response_id) cut alike."""
+fits. Streamed too, a stored response's next turn (previous_response_id) cut alike, and
+without max_output_tokens room left for the server's --default-max-tokens."""
 
 from __future__ import annotations
 
