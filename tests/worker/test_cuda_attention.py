@@ -107,3 +107,50 @@ def test_a_warm_prompt_through_the_plain_path_says_what_it_says_cold(engine, on_
     cold = ask(longer, make_batch(engine))
     assert len(warm) == 8 and tokens(warm) == tokens(cold)
     assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(warm, cold))
+
+
+def test_on_cuda_decoding_attends_to_no_buffer_of_a_multiple_of_256(engine, monkeypatch):
+    # MLX decodes by cuDNN (a graph per buffer length) exactly when the keys are a slice
+    # of a buffer whose length is a multiple of 256; on CUDA the caches grow by
+    # DECODE_STEP instead. Every decode step's buffer, a lone stream's (plain views) and
+    # two streams' (the batch cache), past a growth of each: none such with the step
+    # set, some without; the same tokens either way.
+    import random
+
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    from tests.worker.batchrun import run_all
+
+    buffers = []
+    for cls in (KVCache, BatchKVCache):
+        own = cls.update_and_fetch
+
+        def spy(self, keys, values, _own=own):
+            out = _own(self, keys, values)
+            if keys.shape[2] == 1:
+                buffers.append(self.keys.shape[2])
+            return out
+
+        monkeypatch.setattr(cls, "update_and_fetch", spy)
+        monkeypatch.setattr(cls, "step", cls.step)  # (restored after the test)
+    rng = random.Random(5)
+    prompts = {name: [rng.randrange(10, 200) for _ in range(n)]
+               for name, n in (("a", 200), ("b", 230))}
+
+    def run(names):
+        preps = {n: engine.prepare(generate(rid=n, prompt_ids=pack_ids(prompts[n]),
+                                            max_tokens=90, temperature=0.0))
+                 for n in names}
+        out = run_all(make_batch(engine), preps)
+        return {n: [o[0] for o in outs] for n, outs in out.items()}
+
+    plain = [run(["a"]), run(["a", "b"])]
+    assert any(n % 256 == 0 for n in buffers)  # (mlx-lm's step: what cuDNN decodes)
+    buffers.clear()
+    cuda_attention.grow_by_decode_steps()
+    assert KVCache.step == BatchKVCache.step == cuda_attention.DECODE_STEP
+    stepped = [run(["a"]), run(["a", "b"])]
+    assert buffers and not any(n % 256 == 0 for n in buffers)
+    step = cuda_attention.DECODE_STEP
+    assert {step, 2 * step} <= set(buffers)  # (grown while decoding)
+    assert stepped == plain and len(plain[1]["b"]) == 90

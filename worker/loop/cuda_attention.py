@@ -1,4 +1,5 @@
-"""On CUDA, a prompt pass that follows cached keys attends by MLX's plain ops, not cuDNN.
+"""On CUDA, attention whose cuDNN graph would be built for a shape seldom seen twice runs
+without one: a prompt pass after cached keys by MLX's plain ops, decoding by its vector kernel.
 
 MLX's CUDA backend runs a prompt pass's attention (more than one query) through cuDNN's
 fused attention, whose graph it builds for each new set of shapes and strides
@@ -21,15 +22,29 @@ later chunks are: those keep cuDNN) and whose scores stay small (`SCORES`: a lon
 is worth a build, and its scores would be large). Decoding (one query) and a draft's
 verification keep MLX's own choice.
 
+Decoding is steered by the caches' allocation instead: MLX decodes (one query, no mask
+array) by cuDNN exactly when the keys are a slice of a buffer whose length is a multiple
+of 256, mlx-lm's cache step (`use_cudnn_for_decoding`, "number is from mlx-lm"), and else
+by its own vector kernel, which needs no graph. cuDNN's decode graph is keyed by the
+buffer's length, so a stream built one every 256 tokens of context, and between builds
+its kernel was no faster: on a lent H200, plain caches decoding 200 tokens after 1,000,
+4,000 and 16,000 cached, the vector kernel ran 1.28, 1.13 and 1.04 × cuDNN's rate on the
+0.5B shape and 1.03 and 1.04 on 7B (geometric means of alternating rounds in one process;
+never behind on any context's mean; docs/benchmarks.md, session 22). So on CUDA the
+worker's caches grow `DECODE_STEP` tokens at a time: 257, prime to 256, is a multiple of
+256 only every 65,792 tokens. (A sliding window's full buffer is its window, not a step's
+multiple: its decode keeps MLX's choice.)
+
 Only where mlx_lm_patches.BUCKET is set (CUDA; tests set it to run this on the CPU),
 read at each call. `install()` wraps `mx.fast.scaled_dot_product_attention`, which
-mlx-lm's and mlx-vlm's models look up at each call (worker/loop/batch.py installs it
-with mlx-lm's patches).
+mlx-lm's and mlx-vlm's models look up at each call, and sets the step of mlx-lm's caches
+(worker/loop/batch.py installs it with mlx-lm's patches).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from worker.loop import mlx_lm_patches
 
@@ -42,18 +57,30 @@ MIN_QUERIES = 16
 # computed by plain ops: 2^27 is 128 queries against 64K keys on 16 heads, 256 MiB at
 # bfloat16; beyond it the pass itself outweighs a graph's build.
 SCORES = 1 << 27
+# The tokens a cache grows by on CUDA: not a multiple of 256, so decoding takes MLX's
+# vector kernel, not a cuDNN graph per 256 tokens (the module's doc).
+DECODE_STEP = 257
 
 _FUSED = None  # MLX's own, once install() wrapped it
 
 
 def install() -> None:
-    """Wraps MLX's attention where BUCKET is set (elsewhere a call through Python per
-    layer and token for nothing: tests put `attention` in place themselves). Idempotent."""
+    """Wraps MLX's attention and sets the caches' step where BUCKET is set (elsewhere a
+    call through Python per layer and token for nothing: tests put `attention` in place
+    themselves). Idempotent."""
     global _FUSED
     if _FUSED is None:
         _FUSED = mx.fast.scaled_dot_product_attention
         if mlx_lm_patches.BUCKET:
             mx.fast.scaled_dot_product_attention = attention
+            grow_by_decode_steps()
+
+
+def grow_by_decode_steps() -> None:
+    """mlx-lm's caches (plain ones: a lone sequence's views, a draft model's; and the
+    batch's) grow DECODE_STEP tokens at a time, a class attribute their growth reads."""
+    for cls in (KVCache, BatchKVCache):
+        cls.step = DECODE_STEP
 
 
 def attention(q, k, v, *, scale, mask=None, sinks=None, **kwargs):
