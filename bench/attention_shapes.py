@@ -6,6 +6,7 @@ cached keys, cuDNN for the rest). Each in a process of its own (MLX reads the se
 once), on a random-weight model of bench/gpu.py's shapes, its forward called directly.
 
     python -m bench.attention_shapes [--shape 0.5b] [--queries 128]
+    python -m bench.attention_shapes --decode 1000,4000,16000 [--shape 0.5b] [--rounds 4]
 
 Rows: a pass of `--queries` tokens after ~2,000 cached at a key count seen before, and at
 counts new each time (and new multiples of 128); a cold 2,048- and 8,192-token prompt in
@@ -13,6 +14,11 @@ chunks of 2,048 (shapes seen); one stream's decode from 1,000 tokens for 300 (it
 count crosses the cache's 256-token steps). Medians in ms (decode: tokens/s), and each
 side against MLX's as it is. On Metal and the CPU nothing is built per shape and mlxd's
 choice is not installed: the sides should agree there.
+
+`--decode`: one stream's decode of 200 tokens after each context on plain caches growing
+256 tokens at a time (mlx-lm's step: MLX decodes by cuDNN, keys sliced from a buffer of a
+multiple of 256) against `cuda_attention.DECODE_STEP` (MLX's vector kernel), in one
+process, rounds alternating: the medians and each round's ratio.
 """
 
 from __future__ import annotations
@@ -78,12 +84,63 @@ def measure(shape: str, side: str, queries: int) -> dict:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def decode_by_step(shape: str, contexts: list[int], rounds: int, tokens: int = 200) -> list:
+    """Rows of tok/s at each context: step 256 against DECODE_STEP, alternating."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from bench.gpu import SHAPES, build, default_dtype
+    from bench.report import alternate
+    from worker.loop.cuda_attention import DECODE_STEP
+
+    model, _ = load(str(build(shape, default_dtype(None))))
+    rng = random.Random(0)
+    ids = [rng.randrange(3, SHAPES[shape]["vocab_size"]) for _ in range(max(contexts) + 1)]
+
+    def run(n, step, count=tokens):
+        cache = make_prompt_cache(model)
+        for c in cache:
+            c.step = step
+        for a in range(0, n, 2048):
+            model(mx.array([ids[a:min(n, a + 2048)]]), cache=cache)
+            mx.eval([c.state for c in cache])
+        y = mx.array([[ids[n]]])
+        t = time.perf_counter()
+        for _ in range(count):
+            y = mx.argmax(model(y, cache=cache)[:, -1:, :], axis=-1)
+            mx.eval(y)
+        return count / (time.perf_counter() - t)
+
+    rows = []
+    for n in contexts:
+        run(n, 256, 20), run(n, DECODE_STEP, 20)  # (each side's shapes met once)
+        got = alternate(rounds, {"256": lambda _: run(n, 256),
+                                 str(DECODE_STEP): lambda _: run(n, DECODE_STEP)}, log=None)
+        a, b = got.figures["256"], got.figures[str(DECODE_STEP)]
+        mean, low, high = got.ratio(str(DECODE_STEP), "256")
+        rows.append((f"{shape} decode after {n:,}",
+                     f"step 256 (cuDNN) {statistics.median(a):.1f} tok/s, step {DECODE_STEP} "
+                     f"(vector) {statistics.median(b):.1f}",
+                     f"vector / cuDNN {mean:.3f} [{low:.3f}-{high:.3f}]; by round "
+                     + " ".join(f"{y / x:.2f}" for x, y in zip(a, b))))
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="0.5b")
     p.add_argument("--queries", type=int, default=128)
     p.add_argument("--side", help=argparse.SUPPRESS)  # (one side, in its own process)
+    p.add_argument("--decode", default=None, metavar="CONTEXTS",
+                   help="decode by cache step after these contexts, e.g. 1000,4000")
+    p.add_argument("--rounds", type=int, default=4, help="of --decode")
     a = p.parse_args()
+    if a.decode:
+        from bench.report import print_table
+        print_table(f"{a.shape}: one stream's decode by the caches' step",
+                    decode_by_step(a.shape, [int(n) for n in a.decode.split(",")], a.rounds))
+        return
     if a.side:
         print(json.dumps(measure(a.shape, a.side, a.queries)))
         return
