@@ -105,3 +105,33 @@ def test_sigint_past_the_drain_timeout_ends_the_stream_with_an_error(tiny_model)
     assert time.monotonic() - t0 >= 0.5  # it had its drain first
     assert srv.proc.wait(15) == 0 and time.monotonic() - t0 < 10
     srv.stop()
+
+
+def test_an_idle_worker_keeps_its_buffer_cache_for_buffer_cache_idle(tiny_model):
+    # A request's freed buffers stay in MLX's cache while the worker idles less than
+    # --buffer-cache-idle (the next turn reuses them), and go back to the system after:
+    # /health's cache_bytes, from the worker's heartbeats. (The default, 60 s, would
+    # outlast the wait below.)
+    with ServerProcess([str(tiny_model)], "--buffer-cache-idle", "4") as srv:
+        srv.wait_healthy()
+
+        def cache_bytes():
+            _, body = srv.get("/health")
+            return body["workers"][0]["cache_bytes"]
+
+        def until(check, limit):
+            deadline = time.monotonic() + limit
+            while time.monotonic() < deadline:
+                if check():
+                    return time.monotonic()
+                time.sleep(0.1)
+            raise AssertionError(f"not within {limit} s")
+
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "model": str(tiny_model), "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Hello there"}]})
+        done = time.monotonic()
+        assert r.status_code == 200
+        kept = until(lambda: cache_bytes() > 0, 3)
+        assert kept - done < 4
+        until(lambda: cache_bytes() == 0, 30)

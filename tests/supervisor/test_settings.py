@@ -41,7 +41,7 @@ def test_every_setting_has_a_flag_and_an_environment_name():
 def test_the_worker_takes_the_settings_it_always_took():
     assert {s.name for s in WORKER_SETTINGS} == {
         "state_dir", "max_context_tokens", "prefill_step", "heartbeat_interval",
-        "stream_interval", "log_prompts", "kv_budget", "max_batch_size",
+        "stream_interval", "buffer_cache_idle", "log_prompts", "kv_budget", "max_batch_size",
         "prefill_batch_size", "prompt_cache_bytes", "prompt_cache_ttl", "kv_disk_bytes", "warm_prompt",
         "max_kv_size",
         "kv_bits", "kv_group_size", "quantized_kv_start", "gguf_dtype", "quantize",
@@ -61,7 +61,8 @@ def worker_values(argv: list[str], parser: argparse.ArgumentParser | None = None
     {},
     {"state_dir": Path("/tmp/s p a c e"), "max_context_tokens": 2048, "prefill_step": 64,
      "heartbeat_interval": 0.25, "stream_interval": 0.0, "log_prompts": True},
-    {"stream_interval": 1 / 3, "max_context_tokens": 0, "heartbeat_interval": 2},
+    {"stream_interval": 1 / 3, "max_context_tokens": 0, "heartbeat_interval": 2,
+     "buffer_cache_idle": 0.0},
 ])
 def test_worker_argv_round_trips_through_the_worker_parser(changes):
     config = Config(**changes)

@@ -219,7 +219,7 @@ def test_heartbeats_carry_load_progress_only_while_loading():
 
 def test_the_buffer_cache_goes_back_after_a_moment_idle_not_between_requests(engine,
                                                                            monkeypatch):
-    """MLX's buffer cache is cleared once the worker has been idle `_CLEAR_AFTER_IDLE`,
+    """MLX's buffer cache is cleared once the worker has been idle `buffer_cache_idle`,
     not after each request: a request that follows at once finds its buffers."""
     import threading
     import time
@@ -227,7 +227,6 @@ def test_the_buffer_cache_goes_back_after_a_moment_idle_not_between_requests(eng
     import worker.loop.scheduler as sched
 
     cleared, done_at = [], {}
-    monkeypatch.setattr(sched, "_CLEAR_AFTER_IDLE", 0.4)
     monkeypatch.setattr(sched, "return_buffers", lambda: cleared.append(time.monotonic()))
     link, status = FakeLink(), WorkerStatus(epoch=1)
 
@@ -243,7 +242,7 @@ def test_the_buffer_cache_goes_back_after_a_moment_idle_not_between_requests(eng
 
     link.on_send = hook
     link.commands.put(generate(rid="a", prompt="Hi", max_tokens=3))
-    Scheduler(engine, link, status, make_batch(engine)).run()
+    Scheduler(engine, link, status, make_batch(engine), buffer_cache_idle=0.4).run()
     assert link.kinds("b")[-1] == "done"
     assert len(cleared) == 1, cleared               # once, while idle after b
     assert cleared[0] - done_at["b"] >= 0.4 - 0.05

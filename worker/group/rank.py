@@ -273,7 +273,8 @@ def serve(args) -> int:
     code = 0
     try:
         Scheduler(engine, link, status, leader, log_prompts=args.log_prompts,
-                  stream_interval=args.stream_interval).run()
+                  stream_interval=args.stream_interval,
+                  buffer_cache_idle=args.buffer_cache_idle).run()
     except GroupLost as e:
         log.critical("a rank of the group is gone (%s); the supervisor replaces the group", e)
         code = EXIT_GROUP_LOST

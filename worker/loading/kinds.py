@@ -150,7 +150,8 @@ def _text_loop(engine, batch, link, status, args):
     from worker.loop.scheduler import Scheduler
 
     return Scheduler(engine, link, status, batch, log_prompts=args.log_prompts,
-                     stream_interval=args.stream_interval, faults=Faults.from_env())
+                     stream_interval=args.stream_interval,
+                     buffer_cache_idle=args.buffer_cache_idle, faults=Faults.from_env())
 
 
 def _pool_loop(engine, batch, link, status, args):

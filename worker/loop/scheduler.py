@@ -60,7 +60,6 @@ log = logging.getLogger("worker.loop.scheduler")
 
 _IDLE_WAIT = 0.1         # s; idle get() timeout, so memory figures stay fresh
 _MEMORY_EVERY = 0.1      # s; how often the MLX thread refreshes the memory figures
-_CLEAR_AFTER_IDLE = 2.0  # s idle before MLX's buffer cache goes back to the system
 PREPARERS = 2  # preparation threads (worker/loop/preparer.py says why two)
 _pack1 = struct.Struct("<I").pack  # == protocol.pack_ids([tok]) for one id, cheaper
 CANCELLED = FinishReason.CANCELLED
@@ -74,7 +73,8 @@ def return_buffers() -> None:
 
 class Scheduler(Gathering):
     def __init__(self, engine, link, status, batch: Batch, *, log_prompts: bool = False,
-                 stream_interval: float = 0.0, faults=None):
+                 stream_interval: float = 0.0, buffer_cache_idle: float = 60.0,
+                 faults=None):
         self.engine = engine
         self.batch = batch
         batch.hold_stores()  # (`_step` settles once the step's events are out)
@@ -83,6 +83,9 @@ class Scheduler(Gathering):
         # and those wake-ups preempt MLX's compute threads. Slower steps (any real model
         # on Apple Silicon) still go out one by one, at once.
         self.stream_interval = stream_interval
+        # Seconds idle before MLX's buffer cache goes back to the system
+        # (protocol/settings.py `buffer_cache_idle` says why not at once).
+        self.buffer_cache_idle = buffer_cache_idle
         self.link = link
         self.status = status
         self.epoch = status.epoch
@@ -399,9 +402,9 @@ class Scheduler(Gathering):
                      reason, seq.prompt_tokens, seq.completion_tokens, dt)
         if not self.active:
             # The buffer cache goes back to the system once the worker has been idle a
-            # moment, not at once: the next request (a client's next call, an agent's
-            # next turn) would allocate every buffer anew, on CUDA one cudaMalloc each.
-            self._clear_at = time.monotonic() + _CLEAR_AFTER_IDLE
+            # while (`buffer_cache_idle`), not at once: the next request (a client's next
+            # call, an agent's next turn) would allocate every buffer anew.
+            self._clear_at = time.monotonic() + self.buffer_cache_idle
         self._publish(memory=True)
 
     def _release_when_idle(self) -> None:
