@@ -3,8 +3,9 @@ to end through the official `openai` SDK on the tiny model served with a 512-tok
 a conversation past it is refused as it is by default and, with "auto", answered from its
 last turns, the fewest dropped: the prompt it answered from is, token for token, the one
 /v1/responses/input_tokens counts for the conversation from the first user message that
-fits. Streamed too, a stored response's next turn (previous_response_id) cut alike, and
-without max_output_tokens room left for the server's --default-max-tokens."""
+fits. Streamed too, a stored response's next turn (previous_response_id) cut alike,
+without max_output_tokens room left for the server's --default-max-tokens, and under a
+context-management threshold set past the window."""
 
 from __future__ import annotations
 
@@ -112,6 +113,21 @@ def test_without_max_output_tokens_the_servers_default_is_left_room(client, capp
                                 truncation="auto")
     assert r.usage.input_tokens == first_fit(capped, model_id, items, DEFAULT)
     assert r.usage.output_tokens <= DEFAULT
+
+
+def test_under_a_compact_threshold_past_the_window_auto_still_cuts(client, capped, model_id):
+    # Context management with its threshold set above the window: the conversation is
+    # under it (not compacted) but past the window, so "auto" cuts it as without.
+    items = conversation()
+    managed = [{"type": "compaction", "compact_threshold": 100 * WINDOW}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=model_id, input=items, max_output_tokens=OUT,
+                                context_management=managed)
+    assert e.value.body["code"] == "context_length_exceeded"
+    r = client.responses.create(model=model_id, input=items, max_output_tokens=OUT,
+                                temperature=0, truncation="auto", context_management=managed)
+    assert not [o for o in r.output if o.type == "compaction"]
+    assert r.usage.input_tokens == first_fit(capped, model_id, items)
 
 
 def test_an_unknown_truncation_is_a_400_naming_it(client, model_id):

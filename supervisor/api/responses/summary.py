@@ -28,7 +28,9 @@ own history) reads from the item on (seal.expand). The compacted prompt is a new
 the generation resumes from no snapshot, and is kept under the response's id (or the
 cache key) as usual, so the next turn resumes from the compacted state. The summarising
 request (a transcript, a prefix of its own) neither resumes from a snapshot nor is kept
-under a name.
+under a name. A prompt under its threshold but past the window (a `compact_threshold` the
+client set above it) is cut with `truncation: "auto"` as any other (truncation.py), from
+the count already made.
 """
 
 from __future__ import annotations
@@ -249,15 +251,20 @@ async def start(request: web.Request, runner, req: ResponsesRequest,
     builder = CompactingBuilder(req, runner.id,  # (its id names the KV snapshot)
                                 sealer=sealer if req.sealed_reasoning else None)
     message = req.to_generate(items, config, builder.id)
+
+    async def fitted(count: int | None = None) -> Generate:  # (truncation "auto")
+        return await truncation.fit(request, runner, req, items, message,
+                                    lambda kept: req.to_generate(kept, config, builder.id),
+                                    count)
+
     if req.compact_threshold is None:
-        return builder, await truncation.fit(
-            request, runner, req, items, message,
-            lambda kept: req.to_generate(kept, config, builder.id))
+        return builder, await fitted()
     counted = await lifecycle.compute(request, req.model,
                                       msgspec.structs.replace(message, task=Task.TOKENIZE))
+    count = len(counted.result.id_list())
     threshold = req.compact_threshold or int(DEFAULT_THRESHOLD * (runner.context_length or 0))
-    if len(counted.result.id_list()) <= threshold:
-        return builder, message
+    if count <= threshold:  # (a threshold past the window: under it, cut to fit it)
+        return builder, await fitted(count)
 
     async def answer(notes: str) -> tuple[list, lifecycle.Generation]:
         summary = written(items, notes)

@@ -61,15 +61,17 @@ def surely_fits(message: Generate, limit: int) -> bool:
 
 
 async def fit(request: web.Request, runner, req, items: list[dict], message: Generate,
-              make) -> Generate:
+              make, count: int | None = None) -> Generate:
     """`message` (built from `items` by `make(items)`), or, with truncation "auto" and a
-    prompt past the window, one built from the conversation's last turns that fits."""
+    prompt past the window, one built from the conversation's last turns that fits.
+    `count`: `message`'s tokens where the caller counted them already (context
+    management's threshold: summary.py)."""
     window = runner.context_length
     if req.truncation != "auto" or not window:
         return message
     sampling = message.sampling
     limit = room(window, None if sampling.max_tokens_ceiling else sampling.max_tokens)
-    if surely_fits(message, limit):
+    if count is None and surely_fits(message, limit):
         return message
 
     async def tokens(m: Generate) -> int:
@@ -77,7 +79,7 @@ async def fit(request: web.Request, runner, req, items: list[dict], message: Gen
                                           msgspec.structs.replace(m, task=Task.TOKENIZE))
         return len(counted.result.id_list())
 
-    if await tokens(message) <= limit:
+    if (count if count is not None else await tokens(message)) <= limit:
         return message
     lead, starts = turn_starts(items)
 
