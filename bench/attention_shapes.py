@@ -35,10 +35,37 @@ import time
 SIDES = {"MLX": {}, "MLX, cuDNN off": {"MLX_CUDA_USE_CUDNN_SDPA": "0"}, "mlxd": {}}
 
 
+def prefilled(model, ids: list[int], n: int, chunk: int, step: int | None = None):
+    """A plain prompt cache holding `ids[:n]`, filled `chunk` tokens a pass, its layers
+    growing `step` tokens at a time where given (else mlx-lm's 256); and the ms it took."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    for c in cache if step else ():
+        c.step = step
+    t = time.perf_counter()
+    for a in range(0, n, chunk):
+        model(mx.array([ids[a:min(n, a + chunk)]]), cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache, (time.perf_counter() - t) * 1e3
+
+
+def decoded(model, cache, first: int, count: int) -> float:
+    """Tokens/s of `count` greedy steps on `cache` from the token `first`."""
+    import mlx.core as mx
+
+    y = mx.array([[first]])
+    t = time.perf_counter()
+    for _ in range(count):
+        y = mx.argmax(model(y, cache=cache)[:, -1:, :], axis=-1)
+        mx.eval(y)
+    return count / (time.perf_counter() - t)
+
+
 def measure(shape: str, side: str, queries: int) -> dict:
     import mlx.core as mx
     from mlx_lm import load
-    from mlx_lm.models.cache import make_prompt_cache
 
     from bench.gpu import SHAPES, build, default_dtype
 
@@ -50,12 +77,7 @@ def measure(shape: str, side: str, queries: int) -> dict:
     ids = [rng.randrange(3, SHAPES[shape]["vocab_size"]) for _ in range(9000)]
 
     def fill(n, chunk=2048):
-        cache = make_prompt_cache(model)
-        t = time.perf_counter()
-        for a in range(0, n, chunk):
-            model(mx.array([ids[a:min(n, a + chunk)]]), cache=cache)
-            mx.eval([c.state for c in cache])
-        return cache, (time.perf_counter() - t) * 1e3
+        return prefilled(model, ids, n, chunk)
 
     def warm(n):
         cache, _ = fill(n, 1024)
@@ -64,13 +86,7 @@ def measure(shape: str, side: str, queries: int) -> dict:
         return (time.perf_counter() - t) * 1e3
 
     def decode(n, tokens=300):
-        cache, _ = fill(n, 1024)
-        y = mx.array([[ids[n]]])
-        t = time.perf_counter()
-        for _ in range(tokens):
-            y = mx.argmax(model(y, cache=cache)[:, -1:, :], axis=-1)
-            mx.eval(y)
-        return tokens / (time.perf_counter() - t)
+        return decoded(model, fill(n, 1024)[0], ids[n], tokens)
 
     warm(2048), warm(2048)
     out = {"warm, key count seen": [warm(2048) for _ in range(5)],
@@ -86,9 +102,7 @@ def measure(shape: str, side: str, queries: int) -> dict:
 
 def decode_by_step(shape: str, contexts: list[int], rounds: int, tokens: int = 200) -> list:
     """Rows of tok/s at each context: step 256 against DECODE_STEP, alternating."""
-    import mlx.core as mx
     from mlx_lm import load
-    from mlx_lm.models.cache import make_prompt_cache
 
     from bench.gpu import SHAPES, build, default_dtype
     from bench.report import alternate
@@ -99,18 +113,7 @@ def decode_by_step(shape: str, contexts: list[int], rounds: int, tokens: int = 2
     ids = [rng.randrange(3, SHAPES[shape]["vocab_size"]) for _ in range(max(contexts) + 1)]
 
     def run(n, step, count=tokens):
-        cache = make_prompt_cache(model)
-        for c in cache:
-            c.step = step
-        for a in range(0, n, 2048):
-            model(mx.array([ids[a:min(n, a + 2048)]]), cache=cache)
-            mx.eval([c.state for c in cache])
-        y = mx.array([[ids[n]]])
-        t = time.perf_counter()
-        for _ in range(count):
-            y = mx.argmax(model(y, cache=cache)[:, -1:, :], axis=-1)
-            mx.eval(y)
-        return count / (time.perf_counter() - t)
+        return decoded(model, prefilled(model, ids, n, 2048, step)[0], ids[n], count)
 
     rows = []
     for n in contexts:
