@@ -409,11 +409,8 @@ SETTINGS: tuple[Setting, ...] = (
     # longer than this per token, so for them every token still goes out at once.
     S("stream_interval", FLOAT, 0.01, "seconds: tokens that come faster than this are "
       "streamed together (0: every token alone)", worker=True),
-    # An idle worker's MLX buffer cache (freed buffers kept for reuse, within the cache limit
-    # the worker set from what the memory gate admitted) goes back to the system after this
-    # long. The next request after that allocates every buffer anew (on CUDA a cudaMalloc
-    # each, on Metal a new MTLBuffer): a chat's next turn comes after the user has read and
-    # typed, an agent's after its tools ran, both often more than a few seconds.
+    # A request after it allocates every buffer anew (a cudaMalloc, an MTLBuffer each); a
+    # chat's next turn comes after its user read and typed, an agent's after its tools ran.
     S("buffer_cache_idle", FLOAT, 60.0, "seconds an idle worker keeps MLX's buffer cache "
       "before giving it back to the system (0: at once)", worker=True),
     # Restarts: exponential backoff; more than `crash_budget` crashes within `crash_window`
