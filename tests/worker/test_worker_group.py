@@ -314,7 +314,10 @@ if not native:
     from worker.group import p2p
     p2p.install()
 model.model.pipeline(group)
-print("rank", group.rank(), native, float(mx.abs(run() - whole).max()), flush=True)
+# (one write a line: the launcher passes the ranks' output on as it comes, and print's
+# pieces, unbuffered, interleave with another rank's)
+sys.stdout.write(f"rank {group.rank()} {native} {float(mx.abs(run() - whole).max())}\\n")
+sys.stdout.flush()
 """
 
 
@@ -419,7 +422,8 @@ def test_the_ranks_of_a_real_mlx_launch_see_their_own_gpu(tmp_path, monkeypatch)
         {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 3}))
     rank = ("import os; from worker.group.rank import pin_device; "
             "seen = os.environ.get('CUDA_VISIBLE_DEVICES'); pin_device(); "
-            "print('rank', os.environ['MLX_RANK'], seen, os.environ['CUDA_VISIBLE_DEVICES'])")
+            "import sys; sys.stdout.write(f\"rank {os.environ['MLX_RANK']} {seen} "
+            "{os.environ['CUDA_VISIBLE_DEVICES']}\\n\")")  # (one write: see PIPELINE_RANK)
     cmd = launch.launch_command(hostfile, read_hostfile(hostfile), str(tmp_path / "exit"),
                                 [sys.executable, "-c", rank], tmp_path / "keys")
     assert "MLXD_GROUP_DEVICES=0,1,2" in cmd
