@@ -97,8 +97,8 @@ def test_a_prefill_chunk_may_borrow_the_devices_free_memory_less_a_margin(monkey
 def test_the_first_decode_step_after_a_prefill_makes_room_in_the_cache():
     """worker/loop/sizing.py `CacheRoom`: buffers a prefill left in MLX's cache (here 800 KB
     of one array) are dropped at the first decode-only step when the cache has not room
-    for a step's buffers under its limit, kept when it has, and never touched between
-    decode steps."""
+    for a step's buffers under its limit, kept when it has; buffers freed while decoding
+    (a KV cache's outgrown ones) are looked at every CHECK_EVERY decode steps, alike."""
     from worker.loop.sizing import CacheRoom
 
     def stale(n: int) -> None:
@@ -123,6 +123,16 @@ def test_the_first_decode_step_after_a_prefill_makes_room_in_the_cache():
         room.prefilling()
         room.decoding()  # 400 KB + a 300 KB step fit under 1 MiB: the prefill's stay
         assert mx.get_cache_memory() >= 400_000
+        stale(600_000)  # (freed while decoding, no prefill since: 1 MB now)
+        for _ in range(room.CHECK_EVERY - 1):
+            room.decoding()
+        assert mx.get_cache_memory() >= 1_000_000
+        room.decoding()  # the CHECK_EVERY-th: no room for the 150 KB a step frees, cleared
+        assert mx.get_cache_memory() == 0
+        stale(800_000)
+        for _ in range(room.CHECK_EVERY):
+            room.decoding()
+        assert mx.get_cache_memory() >= 800_000  # (room for a step's frees: kept)
     finally:
         mx.set_cache_limit(old)
         mx.clear_cache()
