@@ -48,6 +48,7 @@ from protocol.messages import (
     INTERNAL, CacheCommand, Cancel, Delta, Done, Error, FinishReason, Generate,
     Shutdown, Started, StatusRequest,
 )
+from protocol.settings import BY_NAME
 from worker.kvcache import admin as cache_admin
 from worker.loop.batch import Batch
 from worker.loop.gathering import Gathering
@@ -73,7 +74,8 @@ def return_buffers() -> None:
 
 class Scheduler(Gathering):
     def __init__(self, engine, link, status, batch: Batch, *, log_prompts: bool = False,
-                 stream_interval: float = 0.0, buffer_cache_idle: float = 60.0,
+                 stream_interval: float = 0.0,
+                 buffer_cache_idle: float = BY_NAME["buffer_cache_idle"].default,
                  faults=None):
         self.engine = engine
         self.batch = batch
