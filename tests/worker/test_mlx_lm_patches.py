@@ -294,6 +294,56 @@ def test_a_lone_sequence_on_a_sliding_window_model_decodes_on_plain_rotating_cac
         assert tokens(out[name]) == tokens(alone(engine, window_gen(name, max_tokens=n))), name
 
 
+def test_a_lone_sequence_on_a_hybrid_model_decodes_on_views_beside_its_recurrent_caches(
+        hybrid_engine):
+    """worker/loop/mlx_lm_patches.py on a hybrid model (qwen3_next: GatedDeltaNet layers
+    with recurrent state between attention layers, as Qwen3.5's): alone, its attention layers decode
+    on KVCache views and its recurrent layers' ArraysCaches stay the batch's own objects,
+    with mlx-lm's own single-sequence tokens; when another joins, the views go back to the
+    batch caches and each gives what it gives alone."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import ArraysCache, KVCache
+
+    from tests.worker.batchrun import Seq
+
+    engine = hybrid_engine
+    g = gen("a", max_tokens=30)
+    ids = engine.prepare(g).ids
+    solo = tokens(alone(engine, g))
+    raw = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=30)]
+    assert solo == raw
+
+    preps = {"a": engine.prepare(gen("a", max_tokens=20)),
+             "c": engine.prepare(gen("c", max_tokens=30))}
+    batch = make_batch(engine)
+    out = {n: [] for n in preps}
+
+    def step():
+        for seq, o in batch.step():
+            out[seq.rid].append(o)
+        gb = batch.gen._generation_batch
+        lone = gb.__dict__.get("_lone")
+        if lone is None:
+            return False, len(gb.uids)
+        caches, views = lone
+        kinds = {type(v) for v in views}
+        assert kinds == {KVCache, ArraysCache}  # (both kinds of layer)
+        assert all(v is c for c, v in zip(caches, views) if type(c) is ArraysCache)
+        return True, len(gb.uids)
+
+    batch.add(Seq("a"), preps["a"])
+    seen = [step() for _ in range(6)]
+    assert set(seen[-3:]) == {(True, 1)}
+    batch.add(Seq("c"), preps["c"])
+    while batch.members:
+        seen.append(step())
+    assert (False, 2) in seen and seen[-2] == (True, 1)  # together, then "c" alone again
+    for name in preps:
+        n = len(tokens(out[name]))
+        assert tokens(out[name]) == tokens(alone(engine, gen(name, max_tokens=n))), name
+
+
 def test_a_lone_prompt_prefilled_in_buckets_gives_the_same_output_and_cache(engine, monkeypatch):
     # On CUDA (mlx_lm_patches.BUCKET) a lone prompt's chunk is padded at its end to a
     # multiple of BUCKET and the caches trimmed back: the same tokens and log-probabilities

@@ -16,8 +16,8 @@ import functools
 
 import mlx.core as mx
 from mlx_lm.generate import GenerationBatch, PromptProcessingBatch, _right_pad_prompts
-from mlx_lm.models.cache import (BatchKVCache, BatchRotatingKVCache, KVCache, RotatingKVCache,
-                                  create_attention_mask)
+from mlx_lm.models.cache import (ArraysCache, BatchKVCache, BatchRotatingKVCache, KVCache,
+                                  RotatingKVCache, create_attention_mask)
 
 from worker.loop import lean
 
@@ -75,11 +75,13 @@ def _a_lone_sequence_decodes_on_plain_caches() -> None:
     alone: a BatchKVCache's a KVCache sharing its key and value arrays (a batch of one
     has no left padding: `filter` shifts it away), a BatchRotatingKVCache's the row's
     window as mlx-lm's `extract` gives it (a copy, in time order; once a lone spell: its
-    padding is not shifted away, and a plain cache has no mask to hide it). Only
-    batches whose every layer is one of those two, and a windowed one only without
-    speculation (whose verification trims the caches). Everything else that reads the
-    batch's caches (a join's `extend`, `filter`, `extract_cache`) first writes them back
-    to the batch caches (`_batched`), so mlx-lm's own code only ever sees those."""
+    padding is not shifted away, and a plain cache has no mask to hide it). A recurrent
+    layer's ArraysCache (Qwen3.5's linear attention) is mlx-lm's plain one already and
+    stays as it is. Only batches whose every layer is one of those three, and a windowed
+    one only without speculation (whose verification trims the caches). Everything else
+    that reads the batch's caches (a join's `extend`, `filter`, `extract_cache`) first
+    writes them back to the batch caches (`_batched`), so mlx-lm's own code only ever
+    sees those."""
     step = GenerationBatch._step
     if getattr(step, "mlxd_lone", False):
         return
@@ -102,12 +104,14 @@ def _views(caches, windows: bool) -> list | None:
     """A lone row's plain caches, or None where a layer has no plain view (the doc
     above): `windows` says whether a sliding window's may be made."""
     kinds = {type(c) for c in caches}
-    if not caches or not kinds <= {BatchKVCache, BatchRotatingKVCache} \
+    if not caches or not kinds <= {BatchKVCache, BatchRotatingKVCache, ArraysCache} \
             or (BatchRotatingKVCache in kinds and not windows) \
             or any(type(c) is BatchKVCache and c._right_padding is not None for c in caches) \
-            or any(type(c) is BatchRotatingKVCache and c._lengths is not None for c in caches):
+            or any(type(c) is BatchRotatingKVCache and c._lengths is not None for c in caches) \
+            or any(type(c) is ArraysCache and c.lengths is not None for c in caches):
         return None
-    return [_view(c) if type(c) is BatchKVCache else _window_view(c) for c in caches]
+    return [_view(c) if type(c) is BatchKVCache else c if type(c) is ArraysCache
+            else _window_view(c) for c in caches]
 
 
 def _view(c: BatchKVCache) -> KVCache:
@@ -144,6 +148,8 @@ def _batched(gb) -> None:
         return
     caches, views = lone
     for c, v in zip(caches, views):
+        if v is c:  # (a recurrent layer's: its own)
+            continue
         if type(c) is BatchRotatingKVCache:  # (mlx-lm's own merge of one row)
             c.state = BatchRotatingKVCache.merge([v]).state
             continue
