@@ -239,6 +239,38 @@ def test_one_read_extract_and_filter_equal_mlx_lms_per_layer_methods(engine):
         assert mx.array_equal(g.keys, w.keys) and mx.array_equal(g.values, w.values)
 
 
+def alone_then_joined(engine, make, max_tokens: dict, alone_for: int, on_views) -> list:
+    """Request "a" alone until it has `alone_for` outcomes, then "c" joins, run to the end
+    (`make(name, max_tokens)` their requests): alone, "a" decodes on views
+    (`on_views(batch caches, views)`), together the two on the batch caches, and "c"
+    alone again at its end; each gives what it gives alone. Each step's (on views, rows)."""
+    from tests.worker.batchrun import Seq
+
+    batch = make_batch(engine)
+    out = {n: [] for n in max_tokens}
+
+    def step():
+        for seq, o in batch.step():
+            out[seq.rid].append(o)
+        gb = batch.gen._generation_batch
+        lone = gb.__dict__.get("_lone")
+        return lone is not None and on_views(*lone), len(gb.uids)
+
+    batch.add(Seq("a"), engine.prepare(make("a", max_tokens["a"])))
+    seen = []
+    while len(out["a"]) < alone_for:
+        seen.append(step())
+    assert set(seen[-3:]) == {(True, 1)}
+    batch.add(Seq("c"), engine.prepare(make("c", max_tokens["c"])))
+    while batch.members:
+        seen.append(step())
+    assert (False, 2) in seen and seen[-2] == (True, 1)
+    for name in max_tokens:
+        n = len(tokens(out[name]))
+        assert tokens(out[name]) == tokens(alone(engine, make(name, n))), name
+    return seen
+
+
 def test_a_lone_sequence_on_a_sliding_window_model_decodes_on_plain_rotating_caches(
         models_dir, monkeypatch):
     """worker/loop/mlx_lm_patches.py on Gemma 3's layout (a 16-token window every other
@@ -251,7 +283,6 @@ def test_a_lone_sequence_on_a_sliding_window_model_decodes_on_plain_rotating_cac
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import BatchRotatingKVCache, RotatingKVCache
 
-    from tests.worker.batchrun import Seq
     from tests.worker.test_worker_kv_quant import _engine, gen as window_gen
 
     engine, _ = _engine(models_dir, "tiny-sliding-kvq")
@@ -267,45 +298,22 @@ def test_a_lone_sequence_on_a_sliding_window_model_decodes_on_plain_rotating_cac
     raw = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=40)]
     assert solo == raw
 
-    preps = {"a": engine.prepare(window_gen("a", max_tokens=30)),
-             "c": engine.prepare(window_gen("c", max_tokens=40))}
-    batch = make_batch(engine)
-    out = {n: [] for n in preps}
-
-    def step():
-        for seq, o in batch.step():
-            out[seq.rid].append(o)
-        gb = batch.gen._generation_batch
-        lone = gb.__dict__.get("_lone")
-        return lone is not None and any(type(v) is RotatingKVCache for v in lone[1]), len(gb.uids)
-
-    batch.add(Seq("a"), preps["a"])
-    seen = []
-    while len(out["a"]) < 20:  # (past its window)
-        seen.append(step())
-    assert set(seen[-3:]) == {(True, 1)}
-    batch.add(Seq("c"), preps["c"])
-    while batch.members:
-        seen.append(step())
-    assert (False, 2) in seen and 2 in masks  # together on the batch caches
-    assert seen[-2] == (True, 1)  # "c" alone again at its end: on views
-    for name in preps:
-        n = len(tokens(out[name]))
-        assert tokens(out[name]) == tokens(alone(engine, window_gen(name, max_tokens=n))), name
+    alone_then_joined(  # ("a" alone past its window)
+        engine, lambda name, n: window_gen(name, max_tokens=n), {"a": 30, "c": 40}, 20,
+        lambda caches, views: any(type(v) is RotatingKVCache for v in views))
+    assert 2 in masks  # together on the batch caches
 
 
 def test_a_lone_sequence_on_a_hybrid_model_decodes_on_views_beside_its_recurrent_caches(
         hybrid_engine):
     """worker/loop/mlx_lm_patches.py on a hybrid model (qwen3_next: GatedDeltaNet layers
-    with recurrent state between attention layers, as Qwen3.5's): alone, its attention layers decode
-    on KVCache views and its recurrent layers' ArraysCaches stay the batch's own objects,
-    with mlx-lm's own single-sequence tokens; when another joins, the views go back to the
-    batch caches and each gives what it gives alone."""
+    with recurrent state between attention layers, as Qwen3.5's): alone, its attention
+    layers decode on KVCache views and its recurrent layers' ArraysCaches stay the batch's
+    own objects, with mlx-lm's own single-sequence tokens; when another joins, the views go
+    back to the batch caches and each gives what it gives alone."""
     import mlx.core as mx
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import ArraysCache, KVCache
-
-    from tests.worker.batchrun import Seq
 
     engine = hybrid_engine
     g = gen("a", max_tokens=30)
@@ -314,34 +322,9 @@ def test_a_lone_sequence_on_a_hybrid_model_decodes_on_views_beside_its_recurrent
     raw = [t for t, _ in generate_step(mx.array(ids), engine.model, max_tokens=30)]
     assert solo == raw
 
-    preps = {"a": engine.prepare(gen("a", max_tokens=20)),
-             "c": engine.prepare(gen("c", max_tokens=30))}
-    batch = make_batch(engine)
-    out = {n: [] for n in preps}
-
-    def step():
-        for seq, o in batch.step():
-            out[seq.rid].append(o)
-        gb = batch.gen._generation_batch
-        lone = gb.__dict__.get("_lone")
-        if lone is None:
-            return False, len(gb.uids)
-        caches, views = lone
-        kinds = {type(v) for v in views}
-        assert kinds == {KVCache, ArraysCache}  # (both kinds of layer)
-        assert all(v is c for c, v in zip(caches, views) if type(c) is ArraysCache)
-        return True, len(gb.uids)
-
-    batch.add(Seq("a"), preps["a"])
-    seen = [step() for _ in range(6)]
-    assert set(seen[-3:]) == {(True, 1)}
-    batch.add(Seq("c"), preps["c"])
-    while batch.members:
-        seen.append(step())
-    assert (False, 2) in seen and seen[-2] == (True, 1)  # together, then "c" alone again
-    for name in preps:
-        n = len(tokens(out[name]))
-        assert tokens(out[name]) == tokens(alone(engine, gen(name, max_tokens=n))), name
+    alone_then_joined(engine, lambda name, n: gen(name, max_tokens=n), {"a": 20, "c": 30}, 6,
+                      lambda caches, views: {type(v) for v in views} == {KVCache, ArraysCache}
+                      and all(v is c for c, v in zip(caches, views) if type(c) is ArraysCache))
 
 
 def test_a_lone_prompt_prefilled_in_buckets_gives_the_same_output_and_cache(engine, monkeypatch):
