@@ -39,12 +39,18 @@ DEVICES_ENV = "MLXD_GROUP_DEVICES"   # each rank's GPU, by rank (protocol/hosts.
 
 
 def leave(code: int) -> int:
-    """Record the leader's exit code for the launcher; returns it."""
+    """Record the leader's exit code for the launcher; returns it. Written beside the file
+    and renamed onto it, so the file is never seen empty or half written: another thread
+    may end the process at any moment (a SIGTERM's `_Leave`, while the main thread records
+    its own code), and a file truncated by `open(path, "w")` whose write never came made
+    the launcher exit "with no code" (1, a plain crash) where the group had been lost."""
     path = os.environ.get(EXIT_FILE_ENV)
     if path:
+        part = f"{path}.{threading.get_ident()}"
         try:
-            with open(path, "w") as f:
+            with open(part, "w") as f:
                 f.write(str(code))
+            os.replace(part, path)
         except OSError:
             log.warning("could not write the exit file %s", path)
     return code
@@ -66,9 +72,7 @@ def leave_on_sigterm(code: int) -> None:
     signal goes to any thread that does not block it, and threads started before main()
     (the preloaded OpenBLAS's pool) never did.
     """
-    def now(*_) -> None:
-        log.error("terminated: another rank of the group failed")
-        os._exit(leave(code))
+    now = _Leave(code)
 
     def watch(fd: int) -> None:
         while signal.SIGTERM not in os.read(fd, 64):  # (one byte per signal caught)
@@ -80,6 +84,23 @@ def leave_on_sigterm(code: int) -> None:
     signal.signal(signal.SIGTERM, now)  # (the main thread's, when it runs: either leaves)
     signal.set_wakeup_fd(woken, warn_on_full_buffer=False)
     threading.Thread(target=watch, args=(wake,), name="sigterm", daemon=True).start()
+
+
+class _Leave:
+    """The SIGTERM's way out, taken once: both handlers run for one signal (Python's on the
+    main thread, `watch` on its own), and the second must not write the exit file again
+    while the first's exit is under way (one CI run: "terminated" logged twice, the
+    launcher then found an empty file and reported a crash, not a lost group)."""
+
+    def __init__(self, code: int):
+        self.code = code
+        self._once = threading.Lock()
+
+    def __call__(self, *_) -> None:
+        if not self._once.acquire(blocking=False):
+            return  # the other handler is leaving: the process ends with its code
+        log.error("terminated: another rank of the group failed")
+        os._exit(leave(self.code))
 
 
 def pin_device() -> None:
