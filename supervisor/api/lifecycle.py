@@ -34,6 +34,7 @@ for both.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from typing import AsyncIterator, Callable, Optional, Protocol
 from aiohttp import web
 
 from protocol import Done, Generate, Pooled, Started, Tokens
+from supervisor.api import choices
 from supervisor.api.fields.media import fetch_remote
 from supervisor.api.output import Output, Part
 from supervisor.http import sse
@@ -118,11 +120,10 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
     }
 
 
-def usage_of(done) -> dict:
-    """The OpenAI usage object of a finished request (chat and legacy completions)."""
-    return usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens,
-                 done.reasoning_tokens, done.accepted_prediction_tokens,
-                 done.rejected_prediction_tokens)
+def usage_of(gens: list[Generation], n: int = 1) -> dict:
+    """The OpenAI usage object of a finished request's choices (chat and legacy
+    completions; `n` choices a prompt: choices.py says how they add up)."""
+    return usage(**choices.usage_parts([gen.done for gen in gens], n))
 
 
 def wire_finish(table: dict, reason: str) -> str:
@@ -161,21 +162,29 @@ def _generation(request: web.Request, runner, message, params: dict | None) -> G
 
 async def run(request: web.Request, parsed,
               make_shapes: Callable[[str, int], Shapes]) -> web.StreamResponse:
-    """`make_shapes(model, created)` gives the response's object builders."""
-    runner, gen = await submit(request, parsed.model, parsed.to_generate(request.app[CONFIG]))
-    model = runner.id
-    objects = make_shapes(model, int(time.time()))
+    """`make_shapes(model, created)` gives the response's object builders. The request's
+    choices (`n`, a legacy completion's prompts: api/choices.py) run side by side."""
+    config = request.app[CONFIG]
+    prompts = [await fetch_remote(m, request.app) for m in parsed.to_generates(config)]
+    runner = await request.app[POOL].get(parsed.model)
+    gens: list[Generation] = []
     t0 = time.monotonic()
     try:
-        await gen.started()
+        for message in choices.fan_out(prompts, parsed.n):
+            gens.append(_generation(request, runner, message, None))
+        objects = make_shapes(runner.id, int(time.time()))
+        for gen in gens:
+            await gen.started()
         if parsed.stream:
-            return await _stream(request, parsed, objects, gen)
-        output = await gen.collect()
-        return web.json_response(objects.body(output, gen.done.finish_reason,
-                                              usage_of(gen.done)))
+            return await _stream(request, parsed, objects, gens)
+        outputs = await asyncio.gather(*(gen.collect() for gen in gens))
+        return web.json_response(objects.body(
+            [(output, gen.done.finish_reason) for output, gen in zip(outputs, gens)],
+            usage_of(gens, parsed.n)))
     finally:
-        gen.close()
-        log_request(request, gen, model, parsed.stream, t0)
+        for gen in gens:
+            gen.close()
+            log_request(request, gen, runner.id, parsed.stream, t0)
 
 
 def log_request(request, gen: Generation, model: str, stream: bool, t0: float) -> None:
@@ -191,23 +200,27 @@ def log_request(request, gen: Generation, model: str, stream: bool, t0: float) -
              (time.monotonic() - t0) * 1000)
 
 
-async def _stream(request, parsed, objects: Shapes, gen: Generation) -> web.StreamResponse:
+async def _stream(request, parsed, objects: Shapes, gens: list) -> web.StreamResponse:
     resp = await sse.open_stream(request)
-    first = objects.first_chunk()
-    if first is not None:
-        await resp.write(sse.encode_event(first))
+    for index in range(len(gens)):
+        first = objects.first_chunk(index)
+        if first is not None:
+            await resp.write(sse.encode_event(first))
     # A failure from here on raises through: the error middleware, the one place that
     # does so, ends a stream whose status line went out with an error event.
-    async for part in gen.parts(idle=sse.PING_INTERVAL_S):
-        if part is None:
+    async for event in choices.events(gens, idle=sse.PING_INTERVAL_S):
+        if event is None:
             await resp.write(sse.PING)
             continue
-        for chunk in objects.chunks(part):
+        index, part = event
+        if part is choices.END:
+            chunk = objects.final_chunk(gens[index].done.finish_reason, index)
             await resp.write(sse.encode_event(chunk))
-    done = gen.done
-    await resp.write(sse.encode_event(objects.final_chunk(done.finish_reason)))
+            continue
+        for chunk in objects.chunks(part, index):
+            await resp.write(sse.encode_event(chunk))
     if parsed.include_usage:
-        await resp.write(sse.encode_event(objects.usage_chunk(usage_of(done))))
+        await resp.write(sse.encode_event(objects.usage_chunk(usage_of(gens, parsed.n))))
     await resp.write(sse.DONE)
     await resp.write_eof()
     return resp

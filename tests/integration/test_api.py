@@ -160,7 +160,8 @@ def test_malformed_json_is_400(http):
     ({"messages": []}, "messages"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"top_p": 1.5}, "top_p"),
-    ({"n": 2}, "n"),
+    ({"n": 0}, "n"),
+    ({"n": 129}, "n"),
 ])
 def test_wrong_types_and_ranges_are_400(http, model_id, patch, param):
     body = {"model": model_id, "messages": [{"role": "user", "content": "x"}], **patch}

@@ -133,6 +133,33 @@ def test_json_schema_whole_and_streamed(oai, raw, model, schema):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def test_each_of_n_sampled_choices_keeps_the_grammar_and_its_own_tool_calls(oai, model):
+    """`n` choices sampled apart (seed + j): each is held to the response format, and
+    each choice's tool call is parsed as its own."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "out", "schema": schema,
+                                                  "strict": True}}
+    r = oai.chat.completions.create(model=model, messages=MESSAGES, response_format=fmt, n=3,
+                                    temperature=1.0, seed=3, max_tokens=200,
+                                    extra_body=NO_THINKING)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for choice in r.choices:
+        jsonschema.validate(json.loads(choice.message.content), schema)
+    r = oai.chat.completions.create(model=model, messages=MESSAGES, tools=TOOLS, n=3,
+                                    tool_choice="required", parallel_tool_calls=False,
+                                    temperature=1.0, seed=3, max_tokens=200,
+                                    extra_body=NO_THINKING)
+    ids = set()
+    for choice in r.choices:
+        assert choice.finish_reason == "tool_calls"
+        [call] = choice.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+        ids.add(call.id)
+    assert len(ids) == 3
+
+
 def test_chat_logprobs_whole_and_streamed(oai, raw, model):
     r = oai.chat.completions.create(model=model, messages=MESSAGES, temperature=0,
                                     max_tokens=10, logprobs=True, top_logprobs=4,
@@ -193,5 +220,3 @@ def test_feature_errors(raw, model):
     r = raw.post("/v1/chat/completions", json={"model": model, "messages": MESSAGES,
                                                "response_format": {"type": "yaml"}})
     assert_envelope(r, 400, param="response_format.type")
-    r = raw.post("/v1/chat/completions", json={"model": model, "messages": MESSAGES, "n": 2})
-    assert_envelope(r, 400, param="n")

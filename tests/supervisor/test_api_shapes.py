@@ -134,6 +134,60 @@ def test_completion_chunks():
     sdk_parse(Completion, usage_chunk)
 
 
+def _output(text: str, logprobs=()):
+    from supervisor.api.output import Output, Part
+
+    out = Output()
+    out.add(Part(text=text, logprobs=list(logprobs)))
+    return out
+
+
+def test_choices_of_one_chat_completion():
+    """`n` choices: each its own index, message and finish reason, in one body; each
+    choice's chunks (role, content, finish) carry its index."""
+    objects = shapes.ChatShapes("chatcmpl-n", 1, "m", include_usage=False)
+    body = objects.body([(_output("a"), "stop"), (_output("b"), "length"),
+                         (_output(""), "cancelled")], U)
+    assert [(c["index"], c["message"]["content"], c["finish_reason"])
+            for c in body["choices"]] == [(0, "a", "stop"), (1, "b", "length"),
+                                          (2, "", "length")]
+    validate(body, "CreateChatCompletionResponse", strict=True)
+    sdk_parse(ChatCompletion, body)
+    from supervisor.api.output import Part
+
+    chunks = [objects.first_chunk(2), *objects.chunks(Part(text="x"), 2),
+              objects.final_chunk("stop", 2)]
+    assert [c["choices"][0]["index"] for c in chunks] == [2, 2, 2]
+    for chunk in chunks:
+        validate(chunk, "CreateChatCompletionStreamResponse", strict=True)
+        sdk_parse(ChatCompletionChunk, chunk)
+
+
+def test_choices_of_one_text_completion():
+    """Several choices (a batch of prompts, `n`): indexes in order; each choice's
+    logprobs' text offsets count that choice's own text, streamed or whole."""
+    from supervisor.api.output import Part, TokenLogprob
+
+    def lp(token):
+        return TokenLogprob(token, -0.5, list(token.encode()), [])
+
+    objects = text_shapes.CompletionShapes("cmpl-n", 1, "m", logprobs=True)
+    body = objects.body([(_output("ab", [lp("a"), lp("b")]), "stop"),
+                         (_output("c", [lp("c")]), "length")], U)
+    assert [(c["index"], c["text"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "ab", "stop"), (1, "c", "length")]
+    assert body["choices"][1]["logprobs"]["text_offset"] == [0]
+    validate(body, "CreateCompletionResponse", strict=True)
+    sdk_parse(Completion, body)
+    first = objects.chunks(Part(text="ab", logprobs=[lp("a"), lp("b")]), 0)
+    other = objects.chunks(Part(text="c", logprobs=[lp("c")]), 1)
+    again = objects.chunks(Part(text="d", logprobs=[lp("d")]), 0)
+    assert [c["choices"][0]["index"] for c in first + other + again] == [0, 1, 0]
+    assert other[0]["choices"][0]["logprobs"]["text_offset"] == [0]
+    assert again[0]["choices"][0]["logprobs"]["text_offset"] == [2]
+    assert objects.final_chunk("stop", 1)["choices"][0]["index"] == 1
+
+
 def test_models():
     plain = models.model_object("tiny", 1700000000, "mlxd")
     validate(plain, "Model", strict=True)

@@ -228,7 +228,7 @@ CHAT_BAD = [
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"stop": [1]}, "stop[0]"),
     ({"stop": ["a", ""]}, "stop[1]"),
-    ({"n": 2}, "n"),
+    ({"n": 129}, "n"),  # (OpenAI's bound)
     ({"n": 0}, "n"),
     ({"n": True}, "n"),
     ({"n": "1"}, "n"),
@@ -293,8 +293,9 @@ def test_chat_bad(patch, param):
 
 
 def test_chat_error_wording():
-    err = _expect_400(parse_chat_request, patched(CHAT, {"n": 2}), "n")
-    assert "n > 1 is not supported" in err.message
+    err = _expect_400(parse_chat_request, patched(CHAT, {"n": 129}), "n")
+    assert err.code == "integer_above_max_value" and "128" in err.message
+    assert parse_chat_request(patched(CHAT, {"n": 128})).n == 128
     err = _expect_400(parse_chat_request, patched(CHAT, {"max_tokens": True}), "max_tokens")
     assert err.code == "invalid_type" and "boolean" in err.message
     err = _expect_400(parse_chat_request, patched(CHAT, {"messages": DROP}), "messages")
@@ -315,7 +316,7 @@ def test_chat_error_wording():
 def test_completion_defaults():
     req = parse_completion_request(TEXT)
     assert isinstance(req, CompletionRequest)
-    assert req.prompt == "Once upon a time" and req.prompt_ids is None
+    assert req.prompts == (("Once upon a time", None),) and req.n == 1
     # Not given: the server's --default-max-tokens, else OpenAI's 16 (applied when the
     # Generate is built: supervisor/api/fields/generate.py).
     assert req.max_tokens is None and req.default_max_tokens == 16
@@ -332,7 +333,7 @@ def test_completion_defaults():
 ])
 def test_completion_prompt_forms(prompt, text, ids):
     req = parse_completion_request(patched(TEXT, {"prompt": prompt}))
-    assert (req.prompt, req.prompt_ids) == (text, ids)
+    assert req.prompts == ((text, ids),)
 
 
 def test_completion_generate():
@@ -365,9 +366,9 @@ TEXT_BAD = [
     ({"prompt": 5}, "prompt"),
     ({"prompt": {"text": "x"}}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
-    ({"prompt": [[1], [2]]}, "prompt"),
-    ({"prompt": ["a", [1]]}, "prompt"),
+    ({"prompt": ["a"] * 65, "n": 2}, "prompt"),  # 130 choices in all
+    ({"prompt": ["a", [1, "x"]]}, "prompt[1]"),
+    ({"prompt": ["a", [1, -1]]}, "prompt[1][1]"),
     ({"prompt": [[]]}, "prompt[0]"),
     ({"prompt": [["a"]]}, "prompt[0]"),
     ({"prompt": [1, "a"]}, "prompt"),
@@ -385,7 +386,7 @@ TEXT_BAD = [
     ({"echo": "no"}, "echo"),
     ({"suffix": "tail"}, "suffix"),
     ({"best_of": 2}, "best_of"),
-    ({"n": 3}, "n"),
+    ({"n": 129}, "n"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"temperature": 5}, "temperature"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
@@ -398,6 +399,13 @@ def test_completion_bad(patch, param):
     _expect_400(parse_completion_request, patched(TEXT, patch), param)
 
 
-def test_completion_multiple_prompts_wording():
-    err = _expect_400(parse_completion_request, patched(TEXT, {"prompt": ["a", "b"]}), "prompt")
-    assert "only one prompt per request is supported" in err.message.lower()
+def test_completion_batch_of_prompts():
+    """A list of prompts, strings and token ids mixed: one Generate each, in order."""
+    req = parse_completion_request(patched(TEXT, {"prompt": ["a", [1, 2], "b"], "n": 2}))
+    assert req.prompts == (("a", None), (None, (1, 2)), ("b", None)) and req.n == 2
+    built = req.to_generates(Config())
+    assert [(g.prompt, g.prompt_ids and unpack_ids(g.prompt_ids)) for g in built] == [
+        ("a", None), (None, [1, 2]), ("b", None)]
+    err = _expect_400(parse_completion_request,
+                      patched(TEXT, {"prompt": ["a"] * 65, "n": 2}), "prompt")
+    assert "at most 128 choices" in err.message

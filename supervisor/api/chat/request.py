@@ -44,6 +44,10 @@ class ChatRequest(CommonParams):
     reasoning_effort: Optional[str] = None
     prediction: Optional[str] = None       # Predicted Outputs' content (the worker drafts)
 
+    def to_generates(self, config) -> list[Generate]:
+        """lifecycle.run's prompts: the one (a legacy completion may send several)."""
+        return [self.to_generate(config)]
+
     def to_generate(self, config) -> Generate:
         """The request as the worker gets it (less its rid), with the server's defaults
         from `config` (supervisor/api/fields/generate.py)."""

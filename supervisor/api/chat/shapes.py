@@ -66,16 +66,10 @@ def chat_logprobs(tokens) -> dict:
 
 # ---- chat completions ----------------------------------------------------------------
 
-def chat_completion(id: str, created: int, model: str, content: Optional[str],
-                    finish_reason: str, usage: Optional[dict], *,
-                    tool_calls: Optional[list] = None,
-                    reasoning: Optional[str] = None,
-                    logprobs: Optional[dict] = None,
-                    system_fingerprint: Optional[str] = None) -> dict:
-    """A whole (non-streamed) chat completion. `usage` from usage(); `tool_calls` from
-    tool_call(); `logprobs` from chat_logprobs(). Reasoning goes in
-    `message.reasoning_content` (not OpenAI's; what vLLM, DeepSeek and most local
-    servers send, so clients that show thinking find it)."""
+def chat_choice(index: int, content: Optional[str], finish_reason: str, *,
+                tool_calls: Optional[list] = None, reasoning: Optional[str] = None,
+                logprobs: Optional[dict] = None) -> dict:
+    """One choice of a whole chat completion (chat_completion says what each part is)."""
     if tool_calls and not content:
         content = None  # OpenAI: a turn that only calls tools has null content
     message = {"role": "assistant", "content": content, "refusal": None, "annotations": []}
@@ -83,17 +77,29 @@ def chat_completion(id: str, created: int, model: str, content: Optional[str],
         message["reasoning_content"] = reasoning
     if tool_calls:
         message["tool_calls"] = tool_calls
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": chat_finish_reason(finish_reason)}
+
+
+def chat_completion(id: str, created: int, model: str, content: Optional[str],
+                    finish_reason: str, usage: Optional[dict], *,
+                    tool_calls: Optional[list] = None,
+                    reasoning: Optional[str] = None,
+                    logprobs: Optional[dict] = None,
+                    system_fingerprint: Optional[str] = None,
+                    more: tuple = ()) -> dict:
+    """A whole (non-streamed) chat completion. `usage` from usage(); `tool_calls` from
+    tool_call(); `logprobs` from chat_logprobs(). Reasoning goes in
+    `message.reasoning_content` (not OpenAI's; what vLLM, DeepSeek and most local
+    servers send, so clients that show thinking find it). `more`: the choices after the
+    first (`n`), from chat_choice()."""
     body = {
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": chat_finish_reason(finish_reason),
-        }],
+        "choices": [chat_choice(0, content, finish_reason, tool_calls=tool_calls,
+                                reasoning=reasoning, logprobs=logprobs), *more],
         "usage": usage,
     }
     if usage is None:
@@ -106,17 +112,17 @@ def chat_completion(id: str, created: int, model: str, content: Optional[str],
 def chat_chunk(id: str, created: int, model: str, delta: dict,
                finish_reason: Optional[str] = None, *, include_usage: bool = False,
                logprobs: Optional[dict] = None,
-               system_fingerprint: Optional[str] = None) -> dict:
-    """One streamed chat chunk. `delta` is e.g. {"content": "text"}; the last chunk has
-    delta {} and a finish_reason. With include_usage every chunk but the usage chunk
-    carries `"usage": null`, as OpenAI's do."""
+               system_fingerprint: Optional[str] = None, index: int = 0) -> dict:
+    """One streamed chat chunk of choice `index`. `delta` is e.g. {"content": "text"}; a
+    choice's last chunk has delta {} and a finish_reason. With include_usage every chunk
+    but the usage chunk carries `"usage": null`, as OpenAI's do."""
     chunk = {
         "id": id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "choices": [{
-            "index": 0,
+            "index": index,
             "delta": delta,
             "logprobs": logprobs,
             "finish_reason": None if finish_reason is None else chat_finish_reason(finish_reason),
@@ -130,10 +136,11 @@ def chat_chunk(id: str, created: int, model: str, delta: dict,
 
 
 def chat_first_chunk(id: str, created: int, model: str, *, include_usage: bool = False,
-                     system_fingerprint: Optional[str] = None) -> dict:
-    """The opening chunk: role "assistant" and empty content, as OpenAI sends it."""
+                     system_fingerprint: Optional[str] = None, index: int = 0) -> dict:
+    """A choice's opening chunk: role "assistant" and empty content, as OpenAI sends it."""
     return chat_chunk(id, created, model, {"role": "assistant", "content": ""},
-                      include_usage=include_usage, system_fingerprint=system_fingerprint)
+                      include_usage=include_usage, system_fingerprint=system_fingerprint,
+                      index=index)
 
 
 def chat_usage_chunk(id: str, created: int, model: str, usage: dict, *,
@@ -148,44 +155,51 @@ def chat_usage_chunk(id: str, created: int, model: str, usage: dict, *,
 
 @dataclass
 class ChatShapes:
-    """The objects of one chat completion, streamed or whole."""
+    """The objects of one chat completion, streamed or whole, its choices by `index`."""
     id: str
     created: int
     model: str
     include_usage: bool
     logprobs: bool = False
 
-    def _chunk(self, delta: dict, logprobs=None) -> dict:
+    def _chunk(self, index: int, delta: dict, logprobs=None) -> dict:
         return chat_chunk(self.id, self.created, self.model, delta,
-                                 include_usage=self.include_usage, logprobs=logprobs)
+                          include_usage=self.include_usage, logprobs=logprobs, index=index)
 
-    def first_chunk(self):
+    def first_chunk(self, index: int = 0):
         return chat_first_chunk(self.id, self.created, self.model,
-                                       include_usage=self.include_usage)
+                                include_usage=self.include_usage, index=index)
 
-    def chunks(self, part: Part) -> list[dict]:
+    def chunks(self, part: Part, index: int = 0) -> list[dict]:
         """Reasoning, answer text (with the batch's logprobs) and tool calls, in the order
         the model produced them within one batch (reasoning comes before the answer)."""
         out = []
         if part.reasoning:
-            out.append(self._chunk({"reasoning_content": part.reasoning}))
+            out.append(self._chunk(index, {"reasoning_content": part.reasoning}))
         logprobs = chat_logprobs(part.logprobs) if part.logprobs else None
         if part.text or logprobs:
-            out.append(self._chunk({"content": part.text}, logprobs))
+            out.append(self._chunk(index, {"content": part.text}, logprobs))
         for call in part.tool_calls:
-            out.extend(self._chunk(d) for d in tool_call_deltas(call))
+            out.extend(self._chunk(index, d) for d in tool_call_deltas(call))
         return out
 
-    def final_chunk(self, finish_reason):
+    def final_chunk(self, finish_reason, index: int = 0):
         return chat_chunk(self.id, self.created, self.model, {}, finish_reason,
-                                 include_usage=self.include_usage)
+                          include_usage=self.include_usage, index=index)
 
     def usage_chunk(self, usage):
         return chat_usage_chunk(self.id, self.created, self.model, usage)
 
-    def body(self, output: Output, finish_reason, usage):
+    def _parts(self, output: Output) -> dict:
+        return {"tool_calls": [tool_call(c) for c in output.tool_calls],
+                "reasoning": output.reasoning_text,
+                "logprobs": chat_logprobs(output.logprobs) if self.logprobs else None}
+
+    def body(self, choices: list, usage):
+        """`choices`: (Output, finish reason) of each choice, by index."""
+        (first, reason), rest = choices[0], choices[1:]
         return chat_completion(
-            self.id, self.created, self.model, output.content, finish_reason, usage,
-            tool_calls=[tool_call(c) for c in output.tool_calls],
-            reasoning=output.reasoning_text,
-            logprobs=chat_logprobs(output.logprobs) if self.logprobs else None)
+            self.id, self.created, self.model, first.content, reason, usage,
+            **self._parts(first),
+            more=tuple(chat_choice(i, output.content, why, **self._parts(output))
+                       for i, (output, why) in enumerate(rest, 1)))

@@ -1,7 +1,8 @@
 """POST /v1/completions (legacy text completions): the body → a validated CompletionRequest.
 
-One prompt per request: a string, a list of one string, or token ids (a list of ints, or a
-list holding one such list). Batches are a 400 rather than a silent first-only answer.
+The prompt: a string, token ids (a list of ints), or a batch of either (a list of strings
+or of lists of ints, mixed as OpenAI allows); each prompt of a batch gets its `n` choices,
+numbered prompt by prompt (api/choices.py), as OpenAI numbers them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Optional
 
 from protocol.messages import Generate, pack_ids
 from supervisor.api.fields import generate as build
+from supervisor.api.fields import limits
 from supervisor.api.fields import tools as tooling
 from supervisor.api.fields.params import (
     CommonParams, all_ints, invalid_type, invalid_value, missing, opt_bool, opt_int, opt_str,
@@ -23,20 +25,25 @@ DEFAULT_MAX_TOKENS = 16
 
 @dataclass(frozen=True, kw_only=True)
 class CompletionRequest(CommonParams):
-    prompt: Optional[str] = None
-    prompt_ids: Optional[tuple] = None      # token ids, when the client sent ids
+    # One (text, None) or (None, token ids) pair per prompt, in the order sent.
+    prompts: tuple = ((None, None),)
     logprobs: Optional[int] = None          # alternatives per token (0..5); None: off
     # OpenAI's max_tokens default for this endpoint, used when neither the client nor
     # the server (--default-max-tokens) sets one.
     default_max_tokens: int = DEFAULT_MAX_TOKENS
 
-    def to_generate(self, config) -> Generate:
-        """The request as the worker gets it (less its rid), with the server's defaults
-        from `config` (supervisor/api/fields/generate.py)."""
+    def to_generates(self, config) -> list[Generate]:
+        """One Generate per prompt (less its rid), with the server's defaults from
+        `config` (supervisor/api/fields/generate.py)."""
+        return [self.to_generate(config, i) for i in range(len(self.prompts))]
+
+    def to_generate(self, config, index: int = 0) -> Generate:
+        """Prompt `index` as the worker gets it."""
+        text, ids = self.prompts[index]
         return Generate(
             rid="",
-            prompt=self.prompt,
-            prompt_ids=pack_ids(self.prompt_ids) if self.prompt_ids is not None else None,
+            prompt=text,
+            prompt_ids=pack_ids(ids) if ids is not None else None,
             sampling=self.sampling(config, fallback_max_tokens=self.default_max_tokens),
             output=tooling.output((), tooling.ToolChoice(), tooling.ResponseFormat(),
                                 stop=self.stop, logprobs=self.logprobs is not None,
@@ -48,25 +55,26 @@ class CompletionRequest(CommonParams):
 def parse_completion_request(body: dict) -> CompletionRequest:
     """Validate a completions body; raises APIError(400) naming the bad param."""
     common = parse_common(body)
-    prompt, prompt_ids = _parse_prompt(body)
+    prompts = _parse_prompts(body, common["n"])
     # max_tokens: the spec allows 0 (with echo, prompt only); no echo here, so 0 is useless.
     max_tokens = opt_int(body, "max_tokens", minimum=1)
     _reject_unsupported(body)
     return CompletionRequest(
         **common,
         max_tokens=max_tokens,  # None: the server's default, else DEFAULT_MAX_TOKENS
-        prompt=prompt,
-        prompt_ids=prompt_ids,
+        prompts=prompts,
         logprobs=opt_int(body, "logprobs", 0, 5),
     )
 
 
-def _parse_prompt(body: dict) -> tuple[Optional[str], Optional[tuple]]:
+def _parse_prompts(body: dict, n: int) -> tuple:
+    """((text, None) or (None, ids), ...): one pair per prompt, within MAX_CHOICES prompts
+    of `n` choices each."""
     if body.get("prompt") is None:
         raise missing("prompt")
     value = body["prompt"]
     if isinstance(value, str):
-        return value, None
+        return ((value, None),)
     expected = "a string, an array of strings, an array of integers or an array of arrays"
     if not isinstance(value, list):
         raise invalid_type("prompt", expected, value)
@@ -74,18 +82,23 @@ def _parse_prompt(body: dict) -> tuple[Optional[str], Optional[tuple]]:
         raise invalid_value("prompt", "empty array. Expected an array with minimum length 1, "
                             "but got an empty array instead.", "empty_array")
     if all_ints(value):
-        return None, token_ids(value, "prompt")
-    if all(isinstance(p, (str, list)) for p in value):
-        if len(value) > 1:
-            raise unsupported("prompt", "Only one prompt per request is supported by this "
-                              "server; send one request per prompt.", "unsupported_value")
-        only = value[0]
-        if isinstance(only, str):
-            return only, None
-        if only and all_ints(only):
-            return None, token_ids(only, "prompt[0]")
-        raise invalid_type("prompt[0]", "a non-empty array of integers", only)
-    raise invalid_type("prompt", expected, value)
+        return ((None, token_ids(value, "prompt")),)
+    if not all(isinstance(p, (str, list)) for p in value):
+        raise invalid_type("prompt", expected, value)
+    if len(value) * n > limits.MAX_CHOICES:
+        raise invalid_value("prompt", f"{len(value)} prompts of {n} choices each: a request "
+                            f"may ask for at most {limits.MAX_CHOICES} choices in all.",
+                            "array_above_max_length")
+    prompts = []
+    for i, item in enumerate(value):
+        if isinstance(item, str):
+            prompts.append((item, None))
+        elif item and all_ints(item):
+            prompts.append((None, token_ids(item, f"prompt[{i}]")))
+        else:
+            raise invalid_type(f"prompt[{i}]", "a string or a non-empty array of integers",
+                               item)
+    return tuple(prompts)
 
 
 def _reject_unsupported(body: dict) -> None:

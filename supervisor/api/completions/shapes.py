@@ -9,7 +9,7 @@ Finish reasons: the text completion wire has stop|length|content_filter. It has 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from supervisor.api.lifecycle import wire_finish
@@ -42,18 +42,28 @@ def text_logprobs(tokens, offset: int = 0) -> dict:
 
 def text_completion(id: str, created: int, model: str, text: str, finish_reason: str,
                     usage: Optional[dict], *, logprobs: Optional[dict] = None,
-                    system_fingerprint: Optional[str] = None) -> dict:
+                    system_fingerprint: Optional[str] = None, more: tuple = ()) -> dict:
+    """`more`: the choices after the first (`n`, a batch of prompts), from text_choice()."""
     # The whole response is the same object as its stream's last chunk, plus usage.
     body = completion_chunk(id, created, model, text, finish_reason, logprobs=logprobs,
                             system_fingerprint=system_fingerprint)
+    body["choices"].extend(more)
     if usage is not None:
         body["usage"] = usage
     return body
 
 
+def text_choice(index: int, text: str, finish_reason: Optional[str] = None,
+                logprobs: Optional[dict] = None) -> dict:
+    """One choice of a text completion or of one of its chunks."""
+    return {"text": text, "index": index, "logprobs": logprobs,
+            "finish_reason": None if finish_reason is None
+            else text_finish_reason(finish_reason)}
+
+
 def completion_chunk(id: str, created: int, model: str, text: str,
                      finish_reason: Optional[str] = None, *, logprobs: Optional[dict] = None,
-                     system_fingerprint: Optional[str] = None) -> dict:
+                     system_fingerprint: Optional[str] = None, index: int = 0) -> dict:
     """One streamed text completion chunk; OpenAI streams these with the same object as
     the whole response ("text_completion") and finish_reason null until the last one.
     (The spec has no separate chunk schema, and its finish_reason is not nullable there:
@@ -64,9 +74,7 @@ def completion_chunk(id: str, created: int, model: str, text: str,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"text": text, "index": 0, "logprobs": logprobs,
-                     "finish_reason": None if finish_reason is None
-                     else text_finish_reason(finish_reason)}],
+        "choices": [text_choice(index, text, finish_reason, logprobs)],
     }
     if system_fingerprint is not None:
         chunk["system_fingerprint"] = system_fingerprint
@@ -85,31 +93,40 @@ def completion_usage_chunk(id: str, created: int, model: str, usage: dict, *,
 
 @dataclass
 class CompletionShapes:
-    """The objects of one text completion, streamed or whole."""
+    """The objects of one text completion, streamed or whole, its choices by `index`."""
     id: str
     created: int
     model: str
     logprobs: bool = False
-    sent: int = 0  # characters streamed so far (logprobs' text_offset)
+    sent: dict = field(default_factory=dict)  # characters streamed per choice (text_offset)
 
-    def first_chunk(self):
+    def first_chunk(self, index: int = 0):
         return None  # legacy completions have no role chunk
 
-    def chunks(self, part: Part) -> list[dict]:
+    def chunks(self, part: Part, index: int = 0) -> list[dict]:
         if not (part.text or part.logprobs):
             return []
-        logprobs = text_logprobs(part.logprobs, self.sent) if self.logprobs else None
-        self.sent += len(part.text)
+        sent = self.sent.get(index, 0)
+        logprobs = text_logprobs(part.logprobs, sent) if self.logprobs else None
+        self.sent[index] = sent + len(part.text)
         return [completion_chunk(self.id, self.created, self.model, part.text,
-                                        logprobs=logprobs)]
+                                 logprobs=logprobs, index=index)]
 
-    def final_chunk(self, finish_reason):
-        return completion_chunk(self.id, self.created, self.model, "", finish_reason)
+    def final_chunk(self, finish_reason, index: int = 0):
+        return completion_chunk(self.id, self.created, self.model, "", finish_reason,
+                                index=index)
 
     def usage_chunk(self, usage):
         return completion_usage_chunk(self.id, self.created, self.model, usage)
 
-    def body(self, output: Output, finish_reason, usage):
-        logprobs = text_logprobs(output.logprobs) if self.logprobs else None
-        return text_completion(self.id, self.created, self.model, output.content,
-                                      finish_reason, usage, logprobs=logprobs)
+    def body(self, choices: list, usage):
+        """`choices`: (Output, finish reason) of each choice, by index."""
+        def logprobs(output):
+            return text_logprobs(output.logprobs) if self.logprobs else None
+
+        (first, reason), rest = choices[0], choices[1:]
+        return text_completion(
+            self.id, self.created, self.model, first.content, reason, usage,
+            logprobs=logprobs(first),
+            more=tuple(text_choice(i, output.content, why, logprobs(output))
+                       for i, (output, why) in enumerate(rest, 1)))

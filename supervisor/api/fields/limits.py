@@ -23,6 +23,9 @@ MAX_METADATA = 64         # keys (OpenAI allows 16; clients that send more lose 
 # A stop string's length: the worker holds back up to this many characters of output and
 # searches them at every token, so a megabyte stop string would slow every step.
 MAX_STOP_CHARS = 1024
+# Choices of one request (`n`, times the prompts of a legacy completion): each is a
+# sequence of its own in the worker's batch (OpenAI's own bound for `n`).
+MAX_CHOICES = 128
 # A prompt_cache_key names a conversation's KV snapshot (kept in memory and in a file's
 # header): an id, not a document.
 MAX_CACHE_KEY_CHARS = 1024

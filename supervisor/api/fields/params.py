@@ -223,11 +223,9 @@ def parse_stop(body: dict) -> tuple[str, ...]:
 
 
 def parse_n(body: dict) -> int:
-    n = opt_int(body, "n", minimum=1)
-    if n is not None and n > 1:
-        raise unsupported("n", "n > 1 is not supported by this server; send one request "
-                          "per completion.", "unsupported_value")
-    return 1
+    """How many choices to generate for the prompt (api/choices.py fans them out)."""
+    n = opt_int(body, "n", minimum=1, maximum=limits.MAX_CHOICES)
+    return 1 if n is None else n
 
 
 def parse_logit_bias(body: dict) -> Optional[dict]:
