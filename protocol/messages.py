@@ -126,6 +126,10 @@ class OutputSpec(msgspec.Struct, frozen=True, kw_only=True):
     allowed_tools: Optional[tuple[str, ...]] = None  # names a call may use; None: all
     parallel_tool_calls: bool = True
     reasoning_effort: Optional[str] = None  # mapped onto the template's thinking switch
+    # The prompt comes back first (a legacy completion's `echo`): a Delta with its text and
+    # no token ids, and with `logprobs` each prompt token's logprob under the model (NaN
+    # for the first: nothing before it predicts it) and its alternatives (worker/loop/echo.py).
+    echo: bool = False
 
 
 class SpeechSpec(msgspec.Struct, frozen=True, kw_only=True):

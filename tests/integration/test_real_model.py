@@ -121,3 +121,76 @@ def test_the_responses_chain_continues_a_conversation(client):
     assert "Ana" in second.output_text  # only the first turn said it
     # The second prompt holds the first turn: its input and the reply.
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
+
+def _reference_rows(real_mlx_lm, ids: list[int]) -> list[tuple[float, float, int]]:
+    """Per prompt token after the first, and for the token after the prompt: (its
+    logprob, the best logprob, the best token) from one whole pass in this process."""
+    import mlx.core as mx
+
+    model, _ = real_mlx_lm
+    logits = model(mx.array([ids]))[0].astype(mx.float32)
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    best = mx.argmax(lp, axis=-1).tolist()
+    rows = [(lp[i - 1, ids[i]].item(), lp[i - 1].max().item(), best[i - 1])
+            for i in range(1, len(ids))]
+    return rows + [(lp[-1, best[-1]].item(), lp[-1].max().item(), best[-1])]
+
+
+def test_echo_scores_a_prompt_as_an_evaluation_harness_reads_it(real_server, real_mlx_lm):
+    """lm-evaluation-harness's loglikelihood request (token ids in a batch, `echo`,
+    `logprobs: 1`, `max_tokens: 1`, temperature 0): each prompt token's logprob and the best
+    alternative under the model, as one pass of the model in this process gives them, the
+    first token's null; then the greedy next token, prefilled from the scored state."""
+    _, tokenizer = real_mlx_lm
+    texts = ["The capital of France is Paris", "Water boils at a temperature of 100 degrees"]
+    prompts = [tokenizer.encode(t) for t in texts]
+    with httpx.Client(base_url=real_server.url, timeout=120) as http:
+        r = http.post("/v1/completions", json={
+            "model": "demo", "prompt": prompts, "echo": True, "logprobs": 1,
+            "max_tokens": 1, "temperature": 0, "seed": 1234})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    for ids, choice in zip(prompts, body["choices"]):
+        logprobs = choice["logprobs"]
+        assert len(logprobs["tokens"]) == len(ids) + 1  # the prompt's, then the output's
+        assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+        expected = _reference_rows(real_mlx_lm, ids)
+        for i, (lp, best, best_id) in enumerate(expected, 1):
+            assert logprobs["token_logprobs"][i] == pytest.approx(lp, abs=2e-3), i
+            (top,) = logprobs["top_logprobs"][i].values()
+            assert top == pytest.approx(best, abs=2e-3), i
+        assert logprobs["tokens"][-1] == tokenizer.decode([expected[-1][2]])
+        assert choice["text"] == tokenizer.decode(ids) + logprobs["tokens"][-1]
+        assert logprobs["text_offset"][0] == 0
+        # What the harness computes: the continuation's sum, and whether it was greedy.
+        is_greedy = [t == max(top.values()) for t, top in
+                     zip(logprobs["token_logprobs"][1:-1], logprobs["top_logprobs"][1:-1])]
+        assert is_greedy == [lp == pytest.approx(best, abs=1e-6) or lp >= best
+                             for lp, best, _ in expected[:-1]]
+    assert body["usage"]["prompt_tokens"] == sum(len(ids) for ids in prompts)
+    assert body["usage"]["completion_tokens"] == 2
+
+
+def test_echo_without_logprobs_puts_the_prompt_before_the_same_output(client):
+    kw = dict(model="demo", prompt="Once upon a time", max_tokens=6, temperature=0)
+    plain = client.completions.create(**kw)
+    echoed = client.completions.create(**kw, echo=True)
+    assert echoed.choices[0].text == "Once upon a time" + plain.choices[0].text
+    assert (echoed.usage.prompt_tokens, echoed.usage.completion_tokens) == (
+        plain.usage.prompt_tokens, plain.usage.completion_tokens)
+    streamed = list(client.completions.create(**kw, echo=True, stream=True))
+    assert streamed[0].choices[0].text == "Once upon a time"
+    assert "".join(c.choices[0].text for c in streamed) == echoed.choices[0].text
+
+
+def test_a_completion_continues_its_prompts_text(client):
+    """The output's first token keeps its leading space: it continues the prompt's text
+    (mlx-lm's detokenizers drop it, as for a chat reply's first word); the text is its
+    tokens' own, one after another."""
+    r = client.completions.create(model="demo", prompt="The capital of France is",
+                                  max_tokens=3, temperature=0, logprobs=0)
+    text = r.choices[0].text
+    assert text.startswith(" ") and text.strip(), text
+    assert "".join(r.choices[0].logprobs.tokens) == text

@@ -382,7 +382,6 @@ TEXT_BAD = [
     ({"max_tokens": True}, "max_tokens"),
     ({"logprobs": True}, "logprobs"),
     ({"logprobs": 6}, "logprobs"),
-    ({"echo": True}, "echo"),
     ({"echo": "no"}, "echo"),
     ({"suffix": "tail"}, "suffix"),
     ({"best_of": 2}, "best_of"),

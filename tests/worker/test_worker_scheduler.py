@@ -246,3 +246,31 @@ def test_the_buffer_cache_goes_back_after_a_moment_idle_not_between_requests(eng
     assert link.kinds("b")[-1] == "done"
     assert len(cleared) == 1, cleared               # once, while idle after b
     assert cleared[0] - done_at["b"] >= 0.4 - 0.05
+
+
+def test_an_echo_comes_after_started_and_before_the_output(engine):
+    """The prompt's Delta (text, no token ids: no completion tokens), then the output."""
+    link, _ = serve(engine, [generate(rid="e", prompt="Once upon a time", max_tokens=4,
+                                      temperature=0.0, echo=True, logprobs=True,
+                                      top_logprobs=1)])
+    kinds = link.kinds("e")
+    assert kinds[:2] == ["started", "delta"] and kinds[-1] == "done"
+    prompt = link.of("e")[1]
+    assert prompt.text == "Once upon a time" and prompt.n_tokens == 0
+    started = link.of("e")[0]
+    assert len(prompt.logprob_rows()) == started.prompt_tokens
+    assert link.of("e")[-1].completion_tokens == 4
+
+
+def test_a_batch_that_cannot_score_a_prompt_refuses_echo_with_logprobs(engine, monkeypatch):
+    """A worker group's leader (and the one-at-a-time vision batch) cannot run the scoring
+    pass: a 400 naming `echo`; echo alone still comes back."""
+    from worker.loop.batch import Batch
+
+    monkeypatch.setattr(Batch, "scores_prompts", False)
+    link, _ = serve(engine, [
+        generate(rid="x", prompt="Hi", max_tokens=2, echo=True, logprobs=True),
+        generate(rid="y", prompt="Hi", max_tokens=2, echo=True)])
+    assert link.kinds("x") == ["error", "done"]
+    assert link.of("x")[0].param == "echo"
+    assert link.kinds("y")[:2] == ["started", "delta"] and link.of("y")[1].text == "Hi"

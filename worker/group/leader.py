@@ -55,6 +55,10 @@ def checksum(results) -> int:
 
 
 class LeaderBatch:
+    # An echo's scoring pass runs the model outside a step, where the followers would not
+    # follow (worker/loop/echo.py): refused.
+    scores_prompts = False
+
     def __init__(self, batch, control, clock=time.monotonic, faults=None):
         self.inner = batch
         self.control = control

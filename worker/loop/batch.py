@@ -41,12 +41,12 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generation_stream
-from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 
 from protocol.messages import CacheStats, KVStats, PromptCache, SpeculationStats
 from worker.kvcache.manager import KVCache
 from worker.kvcache.quantized import KVFormat
-from worker.loop import cuda_attention, mlx_lm_patches, warmup
+from worker.loop import cuda_attention, echo, mlx_lm_patches, warmup
 from worker.loop.first_token import FirstToken, read_first
 from worker.loop.sizing import (MIN_CHUNK, CacheRoom, ChunkSizer, KVSize, StepMemory,
                                 prompts_for_step)
@@ -93,6 +93,8 @@ class Member:
 
 
 class Batch:
+    scores_prompts = True  # an echo's prompt logprobs can be computed (worker/loop/echo.py)
+
     def __init__(self, engine, *, max_size: int, prefill_step: int, prefill_batch: int,
                  kv_budget: int, kvcache: Optional[KVCache], kv: KVSize,
                  max_kv_size: Optional[int] = None,
@@ -196,6 +198,10 @@ class Batch:
 
     def add(self, seq, prep) -> int:
         """Start `prep` (after `fits`); returns the prompt tokens the KV cache supplied."""
+        if prep.gen.output.echo and prep.gen.output.logprobs:  # (worker/loop/echo.py)
+            cache = self.new_cache() or make_prompt_cache(self.engine.model, self.max_kv_size)
+            self.insert(seq, prep, echo.scored_start(self.engine, prep, cache))
+            return 0
         hit = self.cached_start(prep)
         self.insert(seq, prep, hit)
         return hit.tokens if hit is not None else 0

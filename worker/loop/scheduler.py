@@ -45,11 +45,12 @@ from collections import deque
 import mlx.core as mx
 
 from protocol.messages import (
-    INTERNAL, CacheCommand, Cancel, Delta, Done, Error, FinishReason, Generate,
+    INTERNAL, INVALID_REQUEST, CacheCommand, Cancel, Delta, Done, Error, FinishReason, Generate,
     Shutdown, Started, StatusRequest,
 )
 from protocol.settings import BY_NAME
 from worker.kvcache import admin as cache_admin
+from worker.loop import echo
 from worker.loop.batch import Batch
 from worker.loop.gathering import Gathering
 from worker.errors import RequestError, WorkerBroken
@@ -270,6 +271,9 @@ class Scheduler(Gathering):
         if self.log_prompts and gen.log_prompt:
             log.info("rid=%s prompt=%r", seq.rid, gen.messages if gen.messages is not None
                      else gen.prompt)
+        if gen.output.echo and gen.output.logprobs and not self.batch.scores_prompts:
+            self._refuse(seq, RequestError(INVALID_REQUEST, echo.REFUSED, "echo"))
+            return
         seq.cached_tokens = self.batch.add(seq, prep)
         self.active[seq.rid] = seq
         if not seq.started:
@@ -277,6 +281,8 @@ class Scheduler(Gathering):
             self.link.send(Started(epoch=self.epoch, rid=seq.rid,
                                    prompt_tokens=seq.prompt_tokens,
                                    cached_tokens=seq.cached_tokens))
+            if gen.output.echo:  # (the prompt, before any output: worker/loop/echo.py)
+                self.link.send(echo.delta(self.engine, prep, self.epoch, seq.rid))
         self._publish()
 
     def _step(self) -> None:

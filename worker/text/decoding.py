@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Optional
 
 import mlx.core as mx
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer
 
 from protocol.messages import FinishReason, ToolCall
 from worker.text import sampling
@@ -83,6 +84,17 @@ class GrammarMask:
             return logits
 
 
+def keep_first_space(detok) -> None:
+    """mlx-lm's BPE and SPM streaming detokenizers drop the first output token's leading
+    space, as a chat reply starts without one; a raw prompt's output continues the
+    prompt, and there the space is the text's own ("The capital of France is" + " Paris",
+    and a code completion's indentation). Other detokenizers keep it already."""
+    if isinstance(detok, SPMStreamingDetokenizer):
+        detok.trim_space = False
+    elif isinstance(detok, BPEStreamingDetokenizer):
+        detok._maybe_trim_space = lambda text: text  # (its only trim; an instance's copy)
+
+
 class Decoding:
     """One sequence's detokenizer, stops, splitter, grammar and logprobs."""
 
@@ -91,6 +103,8 @@ class Decoding:
         self.engine = engine
         self.budget = budget                  # completion tokens at most
         self.detok = engine.tokenizer.detokenizer
+        if prep.gen.messages is None:  # a raw prompt: the output continues its text
+            keep_first_space(self.detok)
         self.stops = StopMatcher(out.stop) if out.stop else None
         self.splitter = prep.splitter
         self.constraint = prep.constraint

@@ -63,6 +63,8 @@ class Prepared:
     prediction: Optional[list] = None            # Predicted Outputs' text, as token ids
     marks: tuple = ()                            # prompt lengths worth a kept state (the
     #                                              system prompt's end: `keeps_system`)
+    echo: Optional[list] = None                  # the prompt's logprob rows, once scored
+    #                                              (worker/loop/echo.py)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -163,5 +163,22 @@ def read_logprobs(row: mx.array, token: int, k: int) -> tuple[float, list[tuple[
     return chosen, pairs
 
 
+def read_logprob_rows(logits: mx.array, targets: list[int], k: int) -> list:
+    """`read_logprobs` for every position of `logits` (L x vocab, a prompt chunk's) at once,
+    on the device: per position, (the logprob of `targets[i]`, the best `k`). Only the
+    chosen and the best k of each row come to the host."""
+    lp = logits.astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(lp, mx.array(targets)[:, None], axis=-1)[:, 0]
+    k = min(k, lp.shape[-1])
+    if k <= 0:
+        return [(_finite(x), []) for x in chosen.tolist()]
+    top = mx.argpartition(-lp, k - 1, axis=-1)[:, :k]
+    top_lp = mx.take_along_axis(lp, top, axis=-1)
+    return [(_finite(x), sorted(((t, _finite(v)) for t, v in zip(ids, values)),
+                                key=lambda p: -p[1]))
+            for x, ids, values in zip(chosen.tolist(), top.tolist(), top_lp.tolist())]
+
+
 def _finite(x: float) -> float:
     return x if x > IMPOSSIBLE else IMPOSSIBLE

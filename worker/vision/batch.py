@@ -187,13 +187,12 @@ class VisionBatch(Batch):
         """Start `prep`: into mlx-lm's batch now when the KV cache holds all its images
         (or it has none), else once `step` has prefilled them, a chunk a step."""
         media = prep.media or {}
+        if not encoded(media):
+            return super().add(seq, prep)
         # (an image prompt takes even a short start: it spares the pass before its image,
         # or is dropped where a group computes it anyway: `_together`)
-        hit = self.cached_start(prep, 0 if encoded(media) else None)
+        hit = self.cached_start(prep, 0)
         cached = hit.tokens if hit is not None else 0
-        if not encoded(media):
-            self.insert(seq, prep, hit)
-            return cached
         ids = prep.ids
         end = 1 + max(i for i, t in enumerate(ids) if t in self.media_tokens)
         if cached >= end:  # the KV cache holds every image: no vision tower, no pixels

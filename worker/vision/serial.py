@@ -29,6 +29,7 @@ class _Warm:
 class SerialBatch:
     max_size = 1
     kvcache = None     # no prompt cache (see the docstring)
+    scores_prompts = False  # no echo with logprobs (worker/loop/echo.py)
 
     def __init__(self, engine):
         self.engine = engine

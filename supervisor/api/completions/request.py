@@ -28,6 +28,7 @@ class CompletionRequest(CommonParams):
     # One (text, None) or (None, token ids) pair per prompt, in the order sent.
     prompts: tuple = ((None, None),)
     logprobs: Optional[int] = None          # alternatives per token (0..5); None: off
+    echo: bool = False                      # the prompt first (with its logprobs)
     # OpenAI's max_tokens default for this endpoint, used when neither the client nor
     # the server (--default-max-tokens) sets one.
     default_max_tokens: int = DEFAULT_MAX_TOKENS
@@ -47,7 +48,7 @@ class CompletionRequest(CommonParams):
             sampling=self.sampling(config, fallback_max_tokens=self.default_max_tokens),
             output=tooling.output((), tooling.ToolChoice(), tooling.ResponseFormat(),
                                 stop=self.stop, logprobs=self.logprobs is not None,
-                                top_logprobs=self.logprobs or 0),
+                                top_logprobs=self.logprobs or 0, echo=self.echo),
             cache=build.prompt_cache(self.prompt_cache_key),
         )
 
@@ -56,7 +57,8 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     """Validate a completions body; raises APIError(400) naming the bad param."""
     common = parse_common(body)
     prompts = _parse_prompts(body, common["n"])
-    # max_tokens: the spec allows 0 (with echo, prompt only); no echo here, so 0 is useless.
+    # max_tokens: the spec allows 0 (with echo: the prompt only); not served here (a scored
+    # prompt is started in the batch, which generates at least one token).
     max_tokens = opt_int(body, "max_tokens", minimum=1)
     _reject_unsupported(body)
     return CompletionRequest(
@@ -64,6 +66,7 @@ def parse_completion_request(body: dict) -> CompletionRequest:
         max_tokens=max_tokens,  # None: the server's default, else DEFAULT_MAX_TOKENS
         prompts=prompts,
         logprobs=opt_int(body, "logprobs", 0, 5),
+        echo=bool(opt_bool(body, "echo")),
     )
 
 
@@ -102,8 +105,6 @@ def _parse_prompts(body: dict, n: int) -> tuple:
 
 
 def _reject_unsupported(body: dict) -> None:
-    if opt_bool(body, "echo"):
-        raise unsupported("echo", "echo is not supported by this server yet.")
     if opt_str(body, "suffix"):
         raise unsupported("suffix", "suffix (insertion) is not supported by this server yet.")
     best_of = opt_int(body, "best_of", minimum=0, maximum=20)

@@ -8,6 +8,7 @@ Finish reasons: the text completion wire has stop|length|content_filter. It has 
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Optional
@@ -29,12 +30,15 @@ def new_completion_id() -> str:
 
 
 def text_logprobs(tokens, offset: int = 0) -> dict:
-    """Legacy completions choices[].logprobs; `offset`: characters already sent."""
+    """Legacy completions choices[].logprobs; `offset`: characters already sent. An echoed
+    prompt's first token has no logprob (NaN from the worker: nothing precedes it): null,
+    and null alternatives, as OpenAI's API and vLLM answer it."""
     out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for t in tokens:
+        first = math.isnan(t.logprob)
         out["tokens"].append(t.token)
-        out["token_logprobs"].append(t.logprob)
-        out["top_logprobs"].append({a: lp for a, lp, _ in t.top})
+        out["token_logprobs"].append(None if first else t.logprob)
+        out["top_logprobs"].append(None if first else {a: lp for a, lp, _ in t.top})
         out["text_offset"].append(offset)
         offset += len(t.token)
     return out

@@ -196,7 +196,7 @@ def parse_response_format(value, param: str = "response_format") -> ResponseForm
 def output(tools: tuple, choice: ToolChoice, fmt: ResponseFormat, *,
            parallel_tool_calls: Optional[bool] = None, stop: tuple = (),
            logprobs: bool = False, top_logprobs: int = 0,
-           reasoning_effort: Optional[str] = None) -> OutputSpec:
+           reasoning_effort: Optional[str] = None, echo: bool = False) -> OutputSpec:
     """What the output must look like, from the validated tools, tool_choice and
     response format (above) and the surface's other options."""
     return OutputSpec(
@@ -210,4 +210,5 @@ def output(tools: tuple, choice: ToolChoice, fmt: ResponseFormat, *,
         allowed_tools=tuple(choice.allowed) if choice.allowed is not None else None,
         parallel_tool_calls=parallel_tool_calls is not False,
         reasoning_effort=reasoning_effort,
+        echo=echo,
     )
