@@ -194,6 +194,10 @@ class Generate(Message, frozen=True, kw_only=True, tag="generate"):
     # (WAV, MP3 bytes), in the order of their {"type": "audio"} parts; a model whose
     # mlx-vlm class hears them decodes them, any other refuses them (worker/text/prompt.py).
     audios: tuple[bytes, ...] = ()
+    # A raw `prompt` is tokenized with the tokenizer's own special tokens (its BOS, unless
+    # the text starts with it), as mlx-lm's generate does; False: the text's tokens alone
+    # (vLLM's `add_special_tokens`, which lm-evaluation-harness's tokenizer calls send).
+    special_tokens: bool = True
 
 
 # How an image (an audio clip) a model cannot see (hear) stands in a conversation's
@@ -246,6 +250,9 @@ class Ready(Message, frozen=True, kw_only=True, tag="ready"):
     translates: bool = False       # STT: TRANSCRIBE may translate into English
     group: Optional[GroupInfo] = None  # a worker group: its ranks (None: one process)
     hears_audio: bool = False      # VISION: takes audio parts (Generate.audios)
+    # Its tokenizer's special tokens and chat template, for `/tokenizer_info` (empty where
+    # it has none: speech): worker/text/tokens.py `info`.
+    tokenizer: dict[str, Any] = {}
 
 
 class Started(Message, frozen=True, kw_only=True, tag="started"):

@@ -137,6 +137,8 @@ def main(argv=None) -> int:
 
     import mlx.core as mx
 
+    from worker.text import tokens
+
     slots = batch.max_size if batch is not None else 1
     log.info("ready: %s (%s, context %d, batch %d, %s)", name, loaded.kind,
              engine.context_length, slots, loaded.path)
@@ -146,6 +148,7 @@ def main(argv=None) -> int:
                     pid=os.getpid(), slots=slots, random_weights=loaded.random_weights,
                     active_bytes=memory[0], peak_bytes=memory[1],
                     vocab_size=engine.vocab_size or 0, model_kind=loaded.kind,
+                    tokenizer=tokens.info(getattr(engine, "tokenizer", None)),
                     **kind.ready(engine)))
     try:
         try:

@@ -2,7 +2,7 @@
 
 Why each, for a server that listens on a laptop while its owner browses the web:
 - **API keys** (`--api-key`, `--api-key-file`, `MLXD_API_KEY`): with any set, every API
-  route (`/v1/*`, `/tokenize`, `/detokenize`, `/rerank`) needs `Authorization: Bearer KEY`
+  route (`/v1/*`, `/tokenize`, `/tokenizer_info`, `/detokenize`, `/rerank`) needs `Authorization: Bearer KEY`
   (Anthropic's routes also take `x-api-key: KEY`, as its clients send it). Keys are
   compared in constant time against every key, so timing tells nothing about a near miss.
   `/health` stays open (it says nothing a caller could use), `/metrics` needs a key unless
@@ -46,7 +46,8 @@ from supervisor.http.errors import APIError
 
 log = logging.getLogger("mlxd.guard")
 
-API_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/rerank", "/reranking")
+API_PREFIXES = ("/v1/", "/tokenize", "/tokenizer_info", "/detokenize", "/rerank",
+                "/reranking")
 ANTHROPIC_PREFIX = ("/v1/messages", "/v1/models")  # where Anthropic clients send x-api-key
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})

@@ -83,6 +83,7 @@ class ModelRunner:
         self.voices: list[str] = []         # a speech synthesis model's voices
         self.translates = False             # a speech recognition model that translates
         self.hears_audio = False            # a vision model that takes audio parts
+        self.tokenizer: dict = {}           # its special tokens, chat template (Ready)
         self.group: dict | None = None      # a worker group's ranks and link (Ready.group)
         self.ready_at: float | None = None
         self.restart_log = Restarts(config)  # when an ended worker starts again, and counts
@@ -429,6 +430,7 @@ class ModelRunner:
             self.dimensions = msg.dimensions or None
             self.voices, self.translates = list(msg.voices), msg.translates
             self.hears_audio = msg.hears_audio
+            self.tokenizer = dict(msg.tokenizer)
             self.random_weights = msg.random_weights
             self.group = msgspec.to_builtins(msg.group) if msg.group is not None else None
             self.ready_at = self.clock()

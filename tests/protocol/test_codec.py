@@ -39,7 +39,7 @@ GOLDEN = [
     (Generate(rid="r1", prompt="hi",
               sampling=SamplingParams(max_tokens=2, logit_bias=((7, -1.5),)),
               output=OutputSpec(stop=("x",))),
-     b"\xde\x00\x14\xa4type\xa8generate\xa1v\x07\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\xde\x00\x15\xa4type\xa8generate\xa1v\x07\xa3rid\xa2r1\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
      b"\xa8sampling\x8b\xaamax_tokens\x02\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
@@ -55,12 +55,12 @@ GOLDEN = [
      b"\xa6images\x90\xa5audio\xc0"
      b"\xa6speech\x86\xa8language\xc0\xa9translate\xc2\xa8segments\xc2\xa5words\xc2"
      b"\xa5voice\xc0\xa5speed\xcb?\xf0\x00\x00\x00\x00\x00\x00\xaaprediction\xc0"
-     b"\xa6audios\x90"),
+     b"\xa6audios\x90\xaespecial_tokens\xc3"),
     # The prompt cache's options travel as one nested map (version 7).
     (Generate(rid="r2", prompt="hi",
               cache=PromptCache(namespace="conv", keep_as="resp_2", resume_from="key:conv",
                                 resume_label="a prompt_cache_key snapshot")),
-     b"\xde\x00\x14\xa4type\xa8generate\xa1v\x07\xa3rid\xa2r2\xa8messages\xc0\xa6prompt\xa2hi"
+     b"\xde\x00\x15\xa4type\xa8generate\xa1v\x07\xa3rid\xa2r2\xa8messages\xc0\xa6prompt\xa2hi"
      b"\xaaprompt_ids\xc0"
      b"\xa8sampling\x8b\xaamax_tokens\xc0\xabtemperature\xc0\xa5top_p\xc0\xa5top_k\xc0"
      b"\xa5min_p\xc0\xa4seed\xc0\xb2repetition_penalty\xc0\xb0presence_penalty\xc0"
@@ -76,7 +76,7 @@ GOLDEN = [
      b"\xa6images\x90\xa5audio\xc0"
      b"\xa6speech\x86\xa8language\xc0\xa9translate\xc2\xa8segments\xc2\xa5words\xc2"
      b"\xa5voice\xc0\xa5speed\xcb?\xf0\x00\x00\x00\x00\x00\x00\xaaprediction\xc0"
-     b"\xa6audios\x90"),
+     b"\xa6audios\x90\xaespecial_tokens\xc3"),
 ]
 
 # Messages as an older peer of this version (before reasoning, tool calls and logprobs)
@@ -87,7 +87,7 @@ OLD_WIRE = [
     (b"\x88\xa4type\xa4done\xa1v\x07\xa5epoch\x02\xa3rid\xa2r1\xadfinish_reason\xa6length"
      b"\xadprompt_tokens\x03\xb1completion_tokens\x04\xadcached_tokens\x00", GOLDEN[3][0]),
     # A Generate from before the prompt cache's options and the tasks.
-    (GOLDEN[4][1].replace(b"\xde\x00\x14", b"\x8a", 1).split(b"\xa5cache")[0], GOLDEN[4][0]),
+    (GOLDEN[4][1].replace(b"\xde\x00\x15", b"\x8a", 1).split(b"\xa5cache")[0], GOLDEN[4][0]),
 ]
 
 # Version 1's bytes (the dataclass codec's) for the same Cancel and Done: refused.

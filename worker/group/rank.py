@@ -276,6 +276,7 @@ def serve(args) -> int:
     import mlx.core as mx
 
     from worker.loop.scheduler import Scheduler
+    from worker.text import tokens
 
     from worker.errors import WorkerBroken
 
@@ -287,7 +288,8 @@ def serve(args) -> int:
                     context_length=engine.context_length, pid=os.getpid(),
                     slots=batch.max_size, random_weights=loaded.random_weights,
                     active_bytes=memory[0], peak_bytes=memory[1],
-                    vocab_size=engine.vocab_size or 0, model_kind=loaded.kind, group=info))
+                    vocab_size=engine.vocab_size or 0, model_kind=loaded.kind, group=info,
+                    tokenizer=tokens.info(engine.tokenizer)))
     from worker.faults import Faults
 
     leader = LeaderBatch(batch, control, faults=Faults.from_env())

@@ -134,8 +134,10 @@ class TextEngine:
             tok = self.tokenizer
             if bound:
                 self._check_bound(gen.prompt, max_tokens, param)
-            # Like stream_generate: add BOS unless the prompt already starts with it.
-            special = tok.bos_token is None or not gen.prompt.startswith(tok.bos_token)
+            # Like stream_generate: add BOS unless the prompt already starts with it (or
+            # the request asks for the text's tokens alone).
+            special = gen.special_tokens and (tok.bos_token is None
+                                              or not gen.prompt.startswith(tok.bos_token))
             ids = tok.encode(gen.prompt, add_special_tokens=special)
         else:
             raise RequestError(INVALID_REQUEST, "a request needs messages or a prompt", "prompt")

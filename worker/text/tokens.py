@@ -59,3 +59,25 @@ def answer(gen, engine, kind: ModelKind) -> Answered:
         return Answered(ids, text=engine.tokenizer.decode(ids))
     raise RequestError(INVALID_REQUEST, f"task {gen.task} is not answered in preparation",
                        "task")
+
+
+# What `/tokenizer_info` shows of a tokenizer (vLLM's endpoint, which lm-evaluation-harness's
+# remote tokenizer reads: its special tokens, and the chat template it renders itself).
+INFO_FIELDS = ("bos_token", "eos_token", "pad_token", "unk_token", "chat_template")
+
+
+def info(tokenizer) -> dict:
+    """A model's tokenizer (an mlx-lm TokenizerWrapper or a transformers tokenizer; None)
+    as Ready.tokenizer carries it: its special tokens as text, its chat template (the
+    default one where it has several), the class's name."""
+    if tokenizer is None:
+        return {}
+    tok = getattr(tokenizer, "_tokenizer", tokenizer)
+    out = {"tokenizer_class": type(tok).__name__}
+    for name in INFO_FIELDS:
+        value = getattr(tok, name, None)
+        if isinstance(value, dict):  # (named templates: the default one)
+            value = value.get("default")
+        if isinstance(value, str):
+            out[name] = value
+    return out

@@ -29,6 +29,7 @@ class CompletionRequest(CommonParams):
     prompts: tuple = ((None, None),)
     logprobs: Optional[int] = None          # alternatives per token (0..5); None: off
     echo: bool = False                      # the prompt first (with its logprobs)
+    special_tokens: bool = True             # `add_special_tokens` (vLLM's): BOS on a text
     # OpenAI's max_tokens default for this endpoint, used when neither the client nor
     # the server (--default-max-tokens) sets one.
     default_max_tokens: int = DEFAULT_MAX_TOKENS
@@ -50,6 +51,7 @@ class CompletionRequest(CommonParams):
                                 stop=self.stop, logprobs=self.logprobs is not None,
                                 top_logprobs=self.logprobs or 0, echo=self.echo),
             cache=build.prompt_cache(self.prompt_cache_key),
+            special_tokens=self.special_tokens,
         )
 
 
@@ -67,6 +69,7 @@ def parse_completion_request(body: dict) -> CompletionRequest:
         prompts=prompts,
         logprobs=opt_int(body, "logprobs", 0, 5),
         echo=bool(opt_bool(body, "echo")),
+        special_tokens=opt_bool(body, "add_special_tokens") is not False,
     )
 
 
