@@ -194,3 +194,25 @@ def test_a_completion_continues_its_prompts_text(client):
     text = r.choices[0].text
     assert text.startswith(" ") and text.strip(), text
     assert "".join(r.choices[0].logprobs.tokens) == text
+
+
+def test_a_scored_continuation_the_model_would_end_keeps_its_last_token(real_server,
+                                                                          real_mlx_lm):
+    """After "Answer:" this model ends its turn: the one generated token is its EOS, whose
+    row ends the logprobs (its text never in the output), so the harness's `[ctxlen:-1]`
+    still covers the whole continuation."""
+    _, tokenizer = real_mlx_lm
+    ids = tokenizer.encode("Question: What is the capital of France?\nAnswer:")
+    with httpx.Client(base_url=real_server.url, timeout=120) as http:
+        body = http.post("/v1/completions", json={
+            "model": "demo", "prompt": [ids], "echo": True, "logprobs": 1, "max_tokens": 1,
+            "temperature": 0}).json()
+    (choice,) = body["choices"]
+    logprobs = choice["logprobs"]
+    eos = _reference_rows(real_mlx_lm, ids)[-1]
+    assert eos[2] in tokenizer.eos_token_ids  # the model's greedy next token: its EOS
+    assert choice["finish_reason"] == "stop" and choice["text"] == tokenizer.decode(ids)
+    assert len(logprobs["tokens"]) == len(ids) + 1
+    assert logprobs["tokens"][-1] == tokenizer.decode([eos[2]])
+    assert logprobs["token_logprobs"][-1] == pytest.approx(eos[0], abs=2e-3)
+    assert body["usage"]["completion_tokens"] == 0

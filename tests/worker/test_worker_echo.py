@@ -69,3 +69,22 @@ def test_a_scored_prompt_continues_as_it_would_unscored_beside_others(engine):
     assert math.isnan(rows[0][1]) and all(len(top) == 2 for _, _, top in rows)
     assert [lp for _, lp, _ in rows[1:]] == pytest.approx(
         [lp for lp, _ in scored_prep.echo[1:]], abs=1e-6)
+
+
+def test_a_raw_prompts_logprobs_end_with_the_eos_that_stopped_it(engine):
+    """A raw prompt's logprobs carry the EOS token's row (its text never in the output);
+    a chat's do not: OpenAI's legacy completions report the token that stopped them, its
+    chat completions do not."""
+    from tests.worker.batchrun import steps
+
+    eos = next(iter(engine.eos))
+    kw = dict(max_tokens=4, temperature=0.0, logprobs=True, top_logprobs=1,
+              logit_bias=((eos, 100.0),))
+    raw = [o for o in steps(engine, engine.prepare(generate(prompt="Hi", **kw))) if o]
+    chat = [o for o in steps(engine, engine.prepare(generate(
+        messages=[{"role": "user", "content": "Hi"}], **kw))) if o]
+    (tok, text, finish, extra), = raw
+    assert (tok, text, finish) == (-1, "", "stop")
+    assert extra.logprob > -1.0 and extra.token_bytes[0] == engine.token_bytes(eos)
+    (tok, text, finish, extra), = chat
+    assert (tok, finish) == (-1, "stop") and (extra is None or extra.logprob is None)

@@ -362,7 +362,7 @@ class Scheduler(Gathering):
         held = seq.held
         if held is not None:
             if seq.held_ids or seq.held_text or held.reasoning or held.tool_calls \
-                    or held.cut_call:
+                    or held.cut_call or held.logprobs:  # (the last: an EOS's row alone)
                 self.link.send(Delta(epoch=self.epoch, rid=seq.rid, text=seq.held_text,
                                      token_ids=seq.held_ids, **held.fields()))
                 seq.held = None

@@ -103,7 +103,8 @@ class Decoding:
         self.engine = engine
         self.budget = budget                  # completion tokens at most
         self.detok = engine.tokenizer.detokenizer
-        if prep.gen.messages is None:  # a raw prompt: the output continues its text
+        self.continues = prep.gen.messages is None  # a raw prompt: the output continues it
+        if self.continues:
             keep_first_space(self.detok)
         self.stops = StopMatcher(out.stop) if out.stop else None
         self.splitter = prep.splitter
@@ -124,14 +125,12 @@ class Decoding:
             raise RuntimeError("the grammar failed") from e
         self.produced += 1
         if tok in self.eos:
-            return (-1, *self._finish())
+            return (-1, *self._finish(tok, row))
         extra = None
         if self.full:
             extra = StepExtra(in_reasoning=self.splitter is not None and self.splitter.reasoning)
             if self.k >= 0:
-                extra.logprob, extra.top = sampling.read_logprobs(row, tok, self.k)
-                extra.token_bytes = [self.engine.token_bytes(tok)] + [
-                    self.engine.token_bytes(t) for t, _ in extra.top]
+                self._read_logprobs(extra, tok, row)
         detok = self.detok
         detok.add_token(tok)
         text = detok.last_segment
@@ -168,11 +167,24 @@ class Decoding:
             finish = FinishReason.TOOL_CALLS
         return content, finish, extra
 
-    def _finish(self):
-        """The EOS step: flush the detokenizer, the stop matcher and the splitter."""
+    def _finish(self, tok: int, row: Optional[mx.array]):
+        """The EOS step: flush the detokenizer, the stop matcher and the splitter. A raw
+        prompt's logprobs end with the EOS token's own row (its text never in the output),
+        as OpenAI's legacy completions and vLLM report the token that stopped them: an
+        evaluation harness scoring a continuation with `echo` and `max_tokens: 1` drops the
+        last row as the generated token's, and one more missing cost it the
+        continuation's last token wherever the model would end there."""
         self.detok.finalize()
         text = self._tail(self.detok.last_segment)[0]
-        return self._split(text, StepExtra() if self.full else None, STOP, final=True)
+        extra = StepExtra() if self.full else None
+        if extra is not None and self.k >= 0 and self.continues:
+            self._read_logprobs(extra, tok, row)
+        return self._split(text, extra, STOP, final=True)
+
+    def _read_logprobs(self, extra, tok: int, row: mx.array) -> None:
+        extra.logprob, extra.top = sampling.read_logprobs(row, tok, self.k)
+        extra.token_bytes = [self.engine.token_bytes(tok)] + [
+            self.engine.token_bytes(t) for t, _ in extra.top]
 
     def _tail(self, text: str) -> tuple[str, bool]:
         """The last text of a finished sequence: what the detokenizer flushed, through
