@@ -31,19 +31,26 @@ libc.pthread_mutex_lock(mutex)
 """
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="glibc's default mutex deadlocks on relock")
-def test_sigterm_ends_a_rank_stuck_in_c_with_the_groups_code(tmp_path):
-    exit_file = tmp_path / "exit"
-    proc = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE,
+def sigterm_once_there(script: str, word: bytes, exit_file) -> None:
+    """Run `script`, SIGTERM it once it prints `word`: it must exit with the group's code
+    and leave that code, whole, in `exit_file` (and nothing beside it)."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                             env={**os.environ, EXIT_FILE_ENV: str(exit_file)})
     try:
-        assert proc.stdout.readline() == b"stuck\n"
+        assert proc.stdout.readline() == word + b"\n"
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == EXIT_GROUP_LOST
     finally:
         proc.kill()
         proc.wait()
     assert exit_file.read_text() == str(EXIT_GROUP_LOST)
+    assert [p.name for p in exit_file.parent.iterdir()
+            if p.name.startswith(exit_file.name + ".")] == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's default mutex deadlocks on relock")
+def test_sigterm_ends_a_rank_stuck_in_c_with_the_groups_code(tmp_path):
+    sigterm_once_there(STUCK, b"stuck", tmp_path / "exit")
 
 
 class Exited(BaseException):
@@ -110,15 +117,4 @@ while True:
 def test_sigterm_ends_an_idle_rank_with_the_groups_code(tmp_path):
     """Idle in Python, both handlers run for the signal: one code, recorded whole."""
     for i in range(3):
-        exit_file = tmp_path / f"exit{i}"
-        proc = subprocess.Popen([sys.executable, "-c", IDLE], stdout=subprocess.PIPE,
-                                env={**os.environ, EXIT_FILE_ENV: str(exit_file)})
-        try:
-            assert proc.stdout.readline() == b"idle\n"
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=30) == EXIT_GROUP_LOST
-        finally:
-            proc.kill()
-            proc.wait()
-        assert exit_file.read_text() == str(EXIT_GROUP_LOST)
-        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(f"exit{i}.")] == []
+        sigterm_once_there(IDLE, b"idle", tmp_path / f"exit{i}")

@@ -27,17 +27,17 @@ def reference(model, ids: list[int], k: int) -> list:
     return rows
 
 
-@pytest.mark.parametrize("step", [5, 64, 4096])
-def test_a_prompt_scored_chunk_by_chunk_equals_one_pass(engine, step):
+@pytest.mark.parametrize("step,k", [(5, 3), (64, 1), (4096, 3), (64, 0)])
+def test_a_prompt_scored_chunk_by_chunk_equals_one_pass(engine, step, k):
     from mlx_lm.models.cache import make_prompt_cache
 
     ids = engine.prepare(generate(prompt=PROMPT)).ids
     cache = make_prompt_cache(engine.model)
-    rows = echo.score(engine.model, ids, cache, 3, step, engine.vocab_size)
+    rows = echo.score(engine.model, ids, cache, k, step, engine.vocab_size)
     assert len(rows) == len(ids) and math.isnan(rows[0][0]) and rows[0][1] == []
     assert cache[0].offset == len(ids) - 1  # all but the last token, for the batch
     for i, ((lp, top), (want, best)) in enumerate(zip(rows[1:], reference(
-            engine.model, ids, 3)), 1):
+            engine.model, ids, k)), 1):
         assert lp == pytest.approx(want, abs=1e-4), i
         assert [v for _, v in top] == pytest.approx(best, abs=1e-4), i
         assert all(a >= b for (_, a), (_, b) in zip(top, top[1:]))

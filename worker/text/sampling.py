@@ -173,7 +173,9 @@ def read_logprob_rows(logits: mx.array, targets: list[int], k: int) -> list:
     k = min(k, lp.shape[-1])
     if k <= 0:
         return [(_finite(x), []) for x in chosen.tolist()]
-    top = mx.argpartition(-lp, k - 1, axis=-1)[:, :k]
+    # (k == 1, what evaluation harnesses ask: a max, not a partition of every row)
+    top = mx.argmax(lp, axis=-1, keepdims=True) if k == 1 else \
+        mx.argpartition(-lp, k - 1, axis=-1)[:, :k]
     top_lp = mx.take_along_axis(lp, top, axis=-1)
     return [(_finite(x), sorted(((t, _finite(v)) for t, v in zip(ids, values)),
                                 key=lambda p: -p[1]))
