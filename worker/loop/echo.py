@@ -35,7 +35,7 @@ NO_CONTEXT = math.nan
 # step by step (worker/group/), and the one-request-at-a-time vision worker has no batch.
 REFUSED = ("echo with logprobs is not supported by this model's worker (a worker group, "
            "or a vision model served one request at a time); echo alone is")
-# A pass's float32 logits at most (positions x vocabulary): 128 MiB, 2,700 positions of
+# A pass's float32 logits at most (positions x vocabulary): 128 MiB, 680 positions of
 # a 49K vocabulary, 220 of Qwen's 152K; never more than the prefill step.
 LOGITS_BYTES = 128 << 20
 
