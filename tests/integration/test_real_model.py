@@ -216,3 +216,24 @@ def test_a_scored_continuation_the_model_would_end_keeps_its_last_token(real_ser
     assert logprobs["tokens"][-1] == tokenizer.decode([eos[2]])
     assert logprobs["token_logprobs"][-1] == pytest.approx(eos[0], abs=2e-3)
     assert body["usage"]["completion_tokens"] == 0
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(real_server, real_mlx_lm):
+    """The spec's "prompt only" request (a text's perplexity): the prompt's rows, nothing
+    generated; without echo, max_tokens 0 stays a 400."""
+    _, tokenizer = real_mlx_lm
+    ids = tokenizer.encode("The capital of France is Paris")
+    with httpx.Client(base_url=real_server.url, timeout=120) as http:
+        r = http.post("/v1/completions", json={"model": "demo", "prompt": ids, "echo": True,
+                                               "logprobs": 1, "max_tokens": 0})
+        assert r.status_code == 200, r.text
+        (choice,) = r.json()["choices"]
+        assert choice["text"] == tokenizer.decode(ids) and choice["finish_reason"] == "length"
+        logprobs = choice["logprobs"]
+        assert len(logprobs["tokens"]) == len(ids)
+        for got, (want, _, _) in zip(logprobs["token_logprobs"][1:],
+                                     _reference_rows(real_mlx_lm, ids)):
+            assert got == pytest.approx(want, abs=2e-3)
+        assert r.json()["usage"]["completion_tokens"] == 0
+        assert http.post("/v1/completions", json={"model": "demo", "prompt": ids,
+                                                  "max_tokens": 0}).status_code == 400

@@ -408,3 +408,11 @@ def test_completion_batch_of_prompts():
     err = _expect_400(parse_completion_request,
                       patched(TEXT, {"prompt": ["a"] * 65, "n": 2}), "prompt")
     assert "at most 128 choices" in err.message
+
+
+def test_completion_max_tokens_0_only_with_echo():
+    """The spec's "prompt only": 0 with echo; without it, nothing to answer."""
+    req = parse_completion_request(patched(TEXT, {"max_tokens": 0, "echo": True}))
+    assert req.max_tokens == 0 and req.echo
+    assert req.to_generate(Config()).sampling.max_tokens == 0
+    _expect_400(parse_completion_request, patched(TEXT, {"max_tokens": 0}), "max_tokens")

@@ -274,3 +274,15 @@ def test_a_batch_that_cannot_score_a_prompt_refuses_echo_with_logprobs(engine, m
     assert link.kinds("x") == ["error", "done"]
     assert link.of("x")[0].param == "echo"
     assert link.kinds("y")[:2] == ["started", "delta"] and link.of("y")[1].text == "Hi"
+
+
+def test_echo_with_max_tokens_0_is_the_prompt_alone(engine):
+    """The spec's "prompt only": Started, the prompt's Delta (its rows scored), Done
+    ("length", no completion tokens); nothing joins the batch."""
+    link, status = serve(engine, [generate(rid="p", prompt="Once upon a time", max_tokens=0,
+                                           echo=True, logprobs=True, top_logprobs=1)])
+    assert link.kinds("p") == ["started", "delta", "done"]
+    started, prompt, done = link.of("p")
+    assert len(prompt.logprob_rows()) == started.prompt_tokens and prompt.n_tokens == 0
+    assert (done.finish_reason, done.completion_tokens) == ("length", 0)
+    assert status.steps == 0

@@ -198,13 +198,18 @@ class Batch:
 
     def add(self, seq, prep) -> int:
         """Start `prep` (after `fits`); returns the prompt tokens the KV cache supplied."""
-        if prep.gen.output.echo and prep.gen.output.logprobs:  # (worker/loop/echo.py)
-            cache = self.new_cache() or make_prompt_cache(self.engine.model, self.max_kv_size)
-            self.insert(seq, prep, echo.scored_start(self.engine, prep, cache))
+        if prep.gen.output.echo and prep.gen.output.logprobs:
+            self.insert(seq, prep, self.scored(prep))
             return 0
         hit = self.cached_start(prep)
         self.insert(seq, prep, hit)
         return hit.tokens if hit is not None else 0
+
+    def scored(self, prep):
+        """An echo's prompt scored into a fresh cache of the batch's KV format
+        (worker/loop/echo.py): the Start it leaves."""
+        cache = self.new_cache() or make_prompt_cache(self.engine.model, self.max_kv_size)
+        return echo.scored_start(self.engine, prep, cache)
 
     def cached_start(self, prep, least: Optional[int] = None):
         """The KV cache's starting state for `prep` (None: from scratch), none of fewer

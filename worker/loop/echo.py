@@ -15,7 +15,8 @@ for its prefill, where an ordinary prompt takes one chunk per step. The distribu
 the model's own, before any sampler or logits processor (as vLLM's prompt logprobs are).
 Nothing precedes the first prompt token: its logprob is NaN on the wire (null in the
 response) and its alternatives are placeholders. Without logprobs only the text comes back,
-and the prompt starts from the KV cache as any other.
+and the prompt starts from the KV cache as any other. With `max_tokens: 0` (the spec's
+"prompt only") the scheduler sends the prompt and ends the request: nothing joins the batch.
 
 The prompt Delta carries no token ids: it adds nothing to the completion's token counts.
 """

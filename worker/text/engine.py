@@ -101,9 +101,9 @@ class TextEngine:
             return tokens.answer(gen, self, ModelKind.TEXT)
         ids, param = self.prompt_ids(gen)
         max_tokens = gen.sampling.max_tokens
-        if max_tokens is not None and max_tokens < 1:
+        if max_tokens is not None and max_tokens < (0 if gen.output.echo else 1):
             raise RequestError(INVALID_REQUEST, "max_tokens must be at least 1", "max_tokens",
-                               len(ids))
+                               len(ids))  # (0 with echo: the prompt alone, worker/loop/echo.py)
         # A ceiling only caps the budget (`budget`): the prompt alone must fit.
         self._check_context(len(ids), None if gen.sampling.max_tokens_ceiling else max_tokens,
                             param)

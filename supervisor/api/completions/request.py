@@ -59,16 +59,16 @@ def parse_completion_request(body: dict) -> CompletionRequest:
     """Validate a completions body; raises APIError(400) naming the bad param."""
     common = parse_common(body)
     prompts = _parse_prompts(body, common["n"])
-    # max_tokens: the spec allows 0 (with echo: the prompt only); not served here (a scored
-    # prompt is started in the batch, which generates at least one token).
-    max_tokens = opt_int(body, "max_tokens", minimum=1)
+    echo = bool(opt_bool(body, "echo"))
+    # max_tokens: 0 only with echo (the spec's "prompt only": its text and logprobs).
+    max_tokens = opt_int(body, "max_tokens", minimum=0 if echo else 1)
     _reject_unsupported(body)
     return CompletionRequest(
         **common,
         max_tokens=max_tokens,  # None: the server's default, else DEFAULT_MAX_TOKENS
         prompts=prompts,
         logprobs=opt_int(body, "logprobs", 0, 5),
-        echo=bool(opt_bool(body, "echo")),
+        echo=echo,
         special_tokens=opt_bool(body, "add_special_tokens") is not False,
     )
 
