@@ -59,6 +59,19 @@ def usage_parts(dones: list[Done], n: int) -> dict:
             "rejected_prediction": sum(d.rejected_prediction_tokens for d in dones)}
 
 
+async def collect(gens: list) -> list:
+    """Each choice's whole Output, by index. The first failure raises here, and the other
+    choices' reads are cancelled with it (gather alone would leave them waiting)."""
+    tasks = [asyncio.ensure_future(gen.collect()) for gen in gens]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 async def events(gens: list, idle: float | None = None) -> AsyncIterator:
     """The choices' output as it comes: (index, Part), (index, END) when choice `index`
     has ended, and None after `idle` quiet seconds (for SSE pings). A choice's failure

@@ -34,7 +34,6 @@ for both.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -178,7 +177,7 @@ async def run(request: web.Request, parsed,
             await gen.started()
         if parsed.stream:
             return await _stream(request, parsed, objects, gens)
-        outputs = await asyncio.gather(*(gen.collect() for gen in gens))
+        outputs = await choices.collect(gens)
         return web.json_response(objects.body(
             [(output, gen.done.finish_reason) for output, gen in zip(outputs, gens)],
             usage_of(gens, parsed.n)))

@@ -96,3 +96,26 @@ def test_a_lone_choice_is_read_as_it_is():
             yield "y"
 
     assert asyncio.run(collect([Lone()])) == [(0, "x"), None, (0, "y"), (0, choices.END)]
+
+
+def test_collecting_choices_cancels_the_others_when_one_fails():
+    """A whole response: one choice's failure raises, and the other choices' reads end
+    with it rather than wait on."""
+    class Whole(Gen):
+        ended = 0
+
+        async def collect(self):
+            try:
+                return [p async for p in self.parts()]
+            finally:
+                Whole.ended += 1
+
+    async def run():
+        gens = [Whole((30.0, "late")), Whole((0.0, "x"), (0.05, RuntimeError("gone")))]
+        with pytest.raises(RuntimeError, match="gone"):
+            await choices.collect(gens)
+        return Whole.ended
+
+    assert asyncio.run(run()) == 2
+    assert asyncio.run(choices.collect([Whole((0.0, "a")), Whole((0.0, "b"))])) == [["a"],
+                                                                                     ["b"]]
