@@ -61,7 +61,7 @@ def parse_tokenize_request(body: dict, config) -> TokenizeRequest:
 def default_model(request: web.Request, body: dict) -> dict:
     """`body` with its `model`, the server's one model where it names none (vLLM's
     tokenizer endpoints take none: a vLLM server serves one model)."""
-    if body.get("model") is not None or not isinstance(body, dict):
+    if body.get("model") is not None:
         return body
     runners = request.app[POOL].all_runners()
     if len(runners) != 1:

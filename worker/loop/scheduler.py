@@ -274,17 +274,12 @@ class Scheduler(Gathering):
         if gen.output.echo and gen.output.logprobs and not self.batch.scores_prompts:
             self._refuse(seq, RequestError(INVALID_REQUEST, echo.REFUSED, "echo"))
             return
-        if gen.output.echo and gen.sampling.max_tokens == 0:  # the prompt alone
-            if gen.output.logprobs:
-                self.batch.scored(prep)  # (its rows on `prep`; the state is not kept)
-            seq.started = True
-            self.link.send(Started(epoch=self.epoch, rid=seq.rid,
-                                   prompt_tokens=seq.prompt_tokens))
-            self.link.send(echo.delta(self.engine, prep, self.epoch, seq.rid))
-            self._finish(seq, FinishReason.LENGTH)
-            return
-        seq.cached_tokens = self.batch.add(seq, prep)
-        self.active[seq.rid] = seq
+        alone = gen.output.echo and gen.sampling.max_tokens == 0  # the prompt alone
+        if not alone:
+            seq.cached_tokens = self.batch.add(seq, prep)
+            self.active[seq.rid] = seq
+        elif gen.output.logprobs:
+            self.batch.scored(prep)  # (its rows on `prep`; the state is not kept)
         if not seq.started:
             seq.started = True
             self.link.send(Started(epoch=self.epoch, rid=seq.rid,
@@ -292,6 +287,9 @@ class Scheduler(Gathering):
                                    cached_tokens=seq.cached_tokens))
             if gen.output.echo:  # (the prompt, before any output: worker/loop/echo.py)
                 self.link.send(echo.delta(self.engine, prep, self.epoch, seq.rid))
+        if alone:
+            self._finish(seq, FinishReason.LENGTH)
+            return
         self._publish()
 
     def _step(self) -> None:
