@@ -17,8 +17,9 @@ choice is not installed: the sides should agree there.
 
 `--decode`: one stream's decode of 200 tokens after each context on plain caches growing
 256 tokens at a time (mlx-lm's step: MLX decodes by cuDNN, keys sliced from a buffer of a
-multiple of 256) against `cuda_attention.DECODE_STEP` (MLX's vector kernel), in one
-process, rounds alternating: the medians and each round's ratio.
+multiple of 256), `cuda_attention.DECODE_STEP` at a time (MLX's vector kernel), and by
+mlxd's rule (`cuda_attention.Growth`: the vector kernel on short keys, cuDNN on long), in
+one process, rounds alternating: the medians and the paired ratios.
 """
 
 from __future__ import annotations
@@ -101,32 +102,40 @@ def measure(shape: str, side: str, queries: int) -> dict:
 
 
 def decode_by_step(shape: str, contexts: list[int], rounds: int, tokens: int = 200) -> list:
-    """Rows of tok/s at each context: step 256 against DECODE_STEP, alternating."""
+    """Rows of tok/s at each context: caches growing 256 tokens at a time, DECODE_STEP at a
+    time, and by mlxd's rule (cuda_attention.Growth), rounds alternating."""
     from mlx_lm import load
+    from mlx_lm.models.cache import KVCache
 
     from bench.gpu import SHAPES, build, default_dtype
     from bench.report import alternate
-    from worker.loop.cuda_attention import DECODE_STEP
+    from worker.loop import cuda_attention
 
+    step = cuda_attention.DECODE_STEP
     model, _ = load(str(build(shape, default_dtype(None))))
+    KVCache.step = cuda_attention.Growth()  # (the sides with a step of their own set it)
     rng = random.Random(0)
     ids = [rng.randrange(3, SHAPES[shape]["vocab_size"]) for _ in range(max(contexts) + 1)]
 
-    def run(n, step, count=tokens):
-        return decoded(model, prefilled(model, ids, n, 2048, step)[0], ids[n], count)
+    def run(n, cache_step, count=tokens):
+        return decoded(model, prefilled(model, ids, n, 2048, cache_step)[0], ids[n], count)
 
+    sides = {"256": 256, str(step): step, "mlxd": None}
     rows = []
     for n in contexts:
-        run(n, 256, 20), run(n, DECODE_STEP, 20)  # (each side's shapes met once)
-        got = alternate(rounds, {"256": lambda _: run(n, 256),
-                                 str(DECODE_STEP): lambda _: run(n, DECODE_STEP)}, log=None)
-        a, b = got.figures["256"], got.figures[str(DECODE_STEP)]
-        mean, low, high = got.ratio(str(DECODE_STEP), "256")
+        for s in sides.values():
+            run(n, s, 20)  # (each side's shapes met once)
+        got = alternate(rounds, {name: lambda _, s=s: run(n, s) for name, s in sides.items()},
+                        log=None)
+        med = {name: statistics.median(got.figures[name]) for name in sides}
+        vector, _, _ = got.ratio(str(step), "256")
+        mean, low, high = got.ratio("mlxd", "256")
+        by_vector, _, _ = got.ratio("mlxd", str(step))
         rows.append((f"{shape} decode after {n:,}",
-                     f"step 256 (cuDNN) {statistics.median(a):.1f} tok/s, step {DECODE_STEP} "
-                     f"(vector) {statistics.median(b):.1f}",
-                     f"vector / cuDNN {mean:.3f} [{low:.3f}-{high:.3f}]; by round "
-                     + " ".join(f"{y / x:.2f}" for x, y in zip(a, b))))
+                     f"step 256 (cuDNN) {med['256']:.1f} tok/s, step {step} (vector) "
+                     f"{med[str(step)]:.1f}, mlxd {med['mlxd']:.1f}",
+                     f"vector / cuDNN {vector:.3f}; mlxd / cuDNN {mean:.3f} "
+                     f"[{low:.3f}-{high:.3f}], mlxd / vector {by_vector:.3f}"))
     return rows
 
 

@@ -134,6 +134,32 @@ def default_dtype(requested: str | None) -> str:
     return requested or ("bfloat16" if mx.default_device() == mx.gpu else "float32")
 
 
+@contextlib.contextmanager
+def as_shipped():
+    """mlx-lm's caches and attention as they ship, for a raw call in a process that also
+    imported mlxd's worker code (bench/inprocess.py): on CUDA worker/loop/batch.py installs
+    worker/loop/cuda_attention.py class- and module-wide (the caches' growth, a wrapper of
+    MLX's attention); both are put back for the call. (mlx-lm's batch machinery keeps
+    mlxd's patches: worker/loop/mlx_lm_patches.py.)"""
+    import mlx.core as mx
+    from mlx_lm.models.cache import BatchKVCache, KVCache
+
+    ours = sys.modules.get("worker.loop.cuda_attention")
+    fused = getattr(ours, "_FUSED", None)
+    steps = {cls: cls.__dict__["step"] for cls in (KVCache, BatchKVCache)}
+    attention = mx.fast.scaled_dot_product_attention
+    try:
+        for cls in steps:
+            cls.step = 256
+        if fused is not None:
+            mx.fast.scaled_dot_product_attention = fused
+        yield
+    finally:
+        for cls, step in steps.items():
+            cls.step = step
+        mx.fast.scaled_dot_product_attention = attention
+
+
 class Raw:
     def __init__(self, path: Path):
         from mlx_lm import load
@@ -148,11 +174,12 @@ class Raw:
         t0 = time.perf_counter()
         first = last = None
         n = 0
-        for r in stream_generate(self.model, self.tokenizer, mx.array(ids), max_tokens=tokens,
-                                 prompt_cache=cache):
-            now = time.perf_counter()
-            first = first or now
-            last, n = now, r.generation_tokens
+        with as_shipped():
+            for r in stream_generate(self.model, self.tokenizer, mx.array(ids),
+                                     max_tokens=tokens, prompt_cache=cache):
+                now = time.perf_counter()
+                first = first or now
+                last, n = now, r.generation_tokens
         return first - t0, (n - 1) / (last - first) if n > 1 else float("nan")
 
     def chat(self, messages: list[dict], tokens: int) -> float:
@@ -176,9 +203,10 @@ class Raw:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
-        cache = make_prompt_cache(self.model)
-        self.model(mx.array(prefix)[None], cache=cache)
-        mx.eval([c.state for c in cache])
+        with as_shipped():
+            cache = make_prompt_cache(self.model)
+            self.model(mx.array(prefix)[None], cache=cache)
+            mx.eval([c.state for c in cache])
         return self.stream(suffix, 2, cache=copy.deepcopy(cache))[0]
 
 

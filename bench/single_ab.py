@@ -3,7 +3,7 @@ environment, rounds alternating, each round one prompt for all: the paired per-r
 ratio with its bootstrap 95% interval (bench/report.py) says more than medians on a machine
 whose speed drifts between rounds (the H200s here did by ±30% within one run).
 
-    python -m bench.single_ab [--shape 0.5b] [--rounds 40] [--tokens 128]
+    python -m bench.single_ab [--shape 0.5b] [--rounds 40] [--tokens 128] [--prompt 32]
         [--variants '{"default": {}, "no prefix cache": {"args": ["--prompt-cache-bytes", "0"]}}']
         [--mlx-lm-steps] [--cpu] [--budget-s S]
 
@@ -48,6 +48,8 @@ def main() -> None:
     p.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--prompt", type=int, default=32,
+                   help="prompt tokens: the context the stream decodes after")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on a GPU, else float32")
     p.add_argument("--variants", default='{"default": {}}')
     p.add_argument("--mlx-lm-steps", action="store_true")
@@ -64,7 +66,7 @@ def main() -> None:
     vocab = SHAPES[a.shape]["vocab_size"]
 
     def prompt():
-        return [rng.randrange(3, vocab) for _ in range(32)]
+        return [rng.randrange(3, vocab) for _ in range(a.prompt)]
 
     servers = {}
     try:
@@ -98,7 +100,8 @@ def main() -> None:
         for s in servers.values():
             s.__exit__(None, None, None)
     done = len(got.clocks)
-    print_table(f"{a.shape} {dtype}: one stream of {a.tokens} tokens, {done} paired rounds "
+    print_table(f"{a.shape} {dtype}: one stream of {a.tokens} tokens after {a.prompt}, {done} "
+                "paired rounds "
                 "(decode tok/s median; × raw: geometric mean of the rounds' ratios, 95% interval)",
                 [(name, f"{statistics.median(got.figures[name]):.1f} tok/s",
                   ratio_verdict(got.ratio(name, "raw"), ">=", 0.97))

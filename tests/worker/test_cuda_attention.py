@@ -109,48 +109,87 @@ def test_a_warm_prompt_through_the_plain_path_says_what_it_says_cold(engine, on_
     assert all(abs(a[3].logprob - b[3].logprob) < 1e-4 for a, b in zip(warm, cold))
 
 
-def test_on_cuda_decoding_attends_to_no_buffer_of_a_multiple_of_256(engine, monkeypatch):
+def test_on_cuda_decoding_takes_the_vector_kernel_until_the_keys_are_long(engine, monkeypatch):
     # MLX decodes by cuDNN (a graph per buffer length) exactly when the keys are a slice
     # of a buffer whose length is a multiple of 256; on CUDA the caches grow by
-    # DECODE_STEP instead. Every decode step's buffer, a lone stream's (plain views) and
-    # two streams' (the batch cache), past a growth of each: none such with the step
-    # set, some without; the same tokens either way.
+    # DECODE_STEP (the vector kernel) until a layer's keys hold CUDNN_DECODE values, then
+    # to multiples of 256 (cuDNN's, faster on long keys). Every decode step's buffer, a
+    # lone stream's (plain views) and two streams' (the batch cache), past growths of
+    # each: without the policy some multiples of 256 early; with it none below the
+    # threshold and only multiples past it; the same tokens either way.
     import random
 
     from mlx_lm.models.cache import BatchKVCache, KVCache
 
     from tests.worker.batchrun import run_all
 
-    buffers = []
+    buffers = []  # (buffer length, KV heads × head size) at each decode step
     for cls in (KVCache, BatchKVCache):
         own = cls.update_and_fetch
 
         def spy(self, keys, values, _own=own):
             out = _own(self, keys, values)
             if keys.shape[2] == 1:
-                buffers.append(self.keys.shape[2])
+                buffers.append((self.keys.shape[2], keys.shape[1] * keys.shape[3]))
             return out
 
         monkeypatch.setattr(cls, "update_and_fetch", spy)
-        monkeypatch.setattr(cls, "step", cls.step)  # (restored after the test)
+        monkeypatch.setattr(cls, "step", cls.__dict__["step"])  # (restored after the test)
     rng = random.Random(5)
     prompts = {name: [rng.randrange(10, 200) for _ in range(n)]
                for name, n in (("a", 200), ("b", 230))}
 
     def run(names):
         preps = {n: engine.prepare(generate(rid=n, prompt_ids=pack_ids(prompts[n]),
-                                            max_tokens=90, temperature=0.0))
+                                            max_tokens=400, temperature=0.0))
                  for n in names}
         out = run_all(make_batch(engine), preps)
         return {n: [o[0] for o in outs] for n, outs in out.items()}
 
     plain = [run(["a"]), run(["a", "b"])]
-    assert any(n % 256 == 0 for n in buffers)  # (mlx-lm's step: what cuDNN decodes)
+    assert any(n % 256 == 0 and n < 300 for n, _ in buffers)  # (mlx-lm's step: cuDNN's)
+    width = buffers[0][1]
     buffers.clear()
+    monkeypatch.setattr(cuda_attention, "CUDNN_DECODE", width * 300)
     cuda_attention.grow_by_decode_steps()
-    assert KVCache.step == BatchKVCache.step == cuda_attention.DECODE_STEP
-    stepped = [run(["a"]), run(["a", "b"])]
-    assert buffers and not any(n % 256 == 0 for n in buffers)
     step = cuda_attention.DECODE_STEP
-    assert {step, 2 * step} <= set(buffers)  # (grown while decoding)
-    assert stepped == plain and len(plain[1]["b"]) == 90
+    assert KVCache.step == BatchKVCache.step == step  # (read on the class: for counting)
+    stepped = [run(["a"]), run(["a", "b"])]
+    short = {n for n, _ in buffers if n < 300}
+    long = {n for n, _ in buffers if n >= 300}
+    assert short == {step} and 2 * step in long  # (grown by DECODE_STEP while short)
+    assert all(n == 2 * step or n % 256 == 0 for n in long) and {768} <= long
+    assert stepped == plain and len(plain[1]["b"]) == 400
+
+
+def test_a_cache_grows_to_multiples_of_256_from_long_keys_on(monkeypatch):
+    # Growth's step for a full buffer at each length: DECODE_STEP below the threshold,
+    # then the step to the next multiple of 256 (a buffer on a multiple grows by 256);
+    # a prompt's chunks land on multiples too; a cache's own step wins.
+    from mlx_lm.models.cache import KVCache
+
+    monkeypatch.setattr(KVCache, "step", cuda_attention.Growth())
+    monkeypatch.setattr(cuda_attention, "CUDNN_DECODE", 2 * 8 * 600)
+    cache = KVCache()
+    lengths = []
+    for _ in range(1800):
+        cache.update_and_fetch(mx.zeros((1, 2, 1, 8)), mx.zeros((1, 2, 1, 4)))
+        if not lengths or lengths[-1] != cache.keys.shape[2]:
+            lengths.append(cache.keys.shape[2])
+    assert lengths == [257, 514, 771, 1024, 1280, 1536, 1792, 2048]
+    assert cache.offset == 1800 and cache.values.shape[2] == 2048
+    prompt = KVCache()
+    prompt.update_and_fetch(mx.zeros((1, 2, 700, 8)), mx.zeros((1, 2, 700, 4)))
+    assert prompt.keys.shape[2] == 771  # (a chunk from nothing: DECODE_STEP's multiple)
+    for _ in range(72):
+        prompt.update_and_fetch(mx.zeros((1, 2, 1, 8)), mx.zeros((1, 2, 1, 4)))
+    assert prompt.keys.shape[2] == 1024  # (then back on 256's multiples)
+    chunked = KVCache()  # (a prompt in chunks of 2,048 past the threshold)
+    for n in (2048, 2048, 2048, 700):
+        chunked.update_and_fetch(mx.zeros((1, 2, n, 8)), mx.zeros((1, 2, n, 4)))
+        lengths.append(chunked.keys.shape[2])
+    assert lengths[-4:] == [2056, 2048 + 3 * 768, 6400, 7168]  # (cut to 2,048, then 256s)
+    own = KVCache()
+    own.step = 64
+    own.update_and_fetch(mx.zeros((1, 2, 700, 8)), mx.zeros((1, 2, 700, 4)))
+    assert own.keys.shape[2] == 704

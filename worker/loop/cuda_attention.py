@@ -26,14 +26,19 @@ Decoding is steered by the caches' allocation instead: MLX decodes (one query, n
 array) by cuDNN exactly when the keys are a slice of a buffer whose length is a multiple
 of 256, mlx-lm's cache step (`use_cudnn_for_decoding`, "number is from mlx-lm"), and else
 by its own vector kernel, which needs no graph. cuDNN's decode graph is keyed by the
-buffer's length, so a stream built one every 256 tokens of context, and between builds
-its kernel was no faster: on a lent H200, plain caches decoding 200 tokens after 1,000,
-4,000 and 16,000 cached, the vector kernel ran 1.28, 1.13 and 1.04 × cuDNN's rate on the
-0.5B shape and 1.03 and 1.04 on 7B (geometric means of alternating rounds in one process;
-never behind on any context's mean; docs/benchmarks.md, session 22). So on CUDA the
-worker's caches grow `DECODE_STEP` tokens at a time: 257, prime to 256, is a multiple of
-256 only every 65,792 tokens. (A sliding window's full buffer is its window, not a step's
-multiple: its decode keeps MLX's choice.)
+buffer's length, so a stream builds one every 256 tokens of context. Which is faster
+depends on how much a layer's keys hold. On a lent H200, plain caches decoding 200 tokens
+after a context (geometric means of alternating rounds in one process: bench/
+attention_shapes.py `--decode`; docs/benchmarks.md, sessions 22 and 24), the vector
+kernel ran 1.28, 1.13 and 1.04 × cuDNN's rate on the 0.5B shape (2 KV heads of 64) after
+1,000, 4,000 and 16,000 tokens; on 7B (4 KV heads of 128) about even up to 8,000 (0.90
+to 1.10 by run), then behind: 0.74, 0.93 and 0.77 after 16,000, 0.68 and 0.63 after
+32,000. So on CUDA the worker's caches grow `DECODE_STEP` tokens at a time (257, prime
+to 256: the vector kernel) while a layer's keys hold fewer than `CUDNN_DECODE` values
+(KV heads × head size × tokens: 8,192 tokens of 7B, 32,768 of 0.5B), and past that to
+multiples of 256 (cuDNN), as mlx-lm's own caches do (`Growth`). (A sliding window's
+full buffer is its window, not a step's multiple: its decode keeps MLX's choice; a
+batch's decode has a mask array and takes the vector kernel either way.)
 
 Only where mlx_lm_patches.BUCKET is set (CUDA; tests set it to run this on the CPU),
 read at each call. `install()` wraps `mx.fast.scaled_dot_product_attention`, which
@@ -60,6 +65,11 @@ SCORES = 1 << 27
 # The tokens a cache grows by on CUDA: not a multiple of 256, so decoding takes MLX's
 # vector kernel, not a cuDNN graph per 256 tokens (the module's doc).
 DECODE_STEP = 257
+# A layer's key values (KV heads × head size × tokens) from which a cache grows to
+# multiples of 256 (cuDNN's decode): the 7B shape's 8,192 tokens, where the two were
+# even (vector slower after 16,000 in three runs, 0.63-0.68 × after 32,000), the 0.5B's
+# 32,768 (the vector kernel at least even up to 16,000).
+CUDNN_DECODE = 1 << 22
 
 _FUSED = None  # MLX's own, once install() wrapped it
 
@@ -78,9 +88,41 @@ def install() -> None:
 
 def grow_by_decode_steps() -> None:
     """mlx-lm's caches (plain ones: a lone sequence's views, a draft model's; and the
-    batch's) grow DECODE_STEP tokens at a time, a class attribute their growth reads."""
+    batch's) grow as `Growth` says, through the class attribute `step` their growth reads."""
     for cls in (KVCache, BatchKVCache):
-        cls.step = DECODE_STEP
+        cls.step = Growth()
+
+
+class Growth:
+    """A cache's `step` as its growth reads it. mlx-lm's KVCache and BatchKVCache grow a
+    buffer that cannot take `n` more tokens to: the tokens held (`prev`) where `prev` is
+    not a multiple of the step, else the whole old buffer (`have`), plus `ceil(n / step)`
+    steps. This answers DECODE_STEP while a layer's keys are short of CUDNN_DECODE, then a
+    step whose growth lands on a multiple of 256 for any `n` where it can: a full buffer
+    (a decode step's growth) the rest to the next multiple; a buffer on a multiple, 256;
+    a buffer off one holding a multiple of 256 tokens (a prompt chunk's growth after a
+    short prompt's buffer), 256 × m with m the least not dividing prev / 256, so the
+    buffer is cut to `prev` and grown by whole multiples. What is left (tokens held off
+    a multiple in a buffer off one: a chunk after a warm start) gets the rest to the next
+    multiple, and the next decode growth lands on one. Read on the class (a step for
+    counting: Batch.holds), DECODE_STEP. A non-data descriptor: a cache's own `step`
+    (set on the instance) still wins."""
+
+    def __get__(self, cache, owner=None) -> int:
+        keys = None if cache is None else cache.keys
+        if keys is None:
+            return DECODE_STEP
+        _, heads, have, dim = keys.shape
+        if heads * dim * have < CUDNN_DECODE:
+            return DECODE_STEP
+        prev = getattr(cache, "_idx", None)  # (BatchKVCache's; a plain cache's is `offset`)
+        prev = cache.offset if prev is None else prev
+        if prev == have or have % 256 == 0 or prev % 256:
+            return (-have) % 256 or 256
+        m = 2
+        while (prev // 256) % m == 0:
+            m += 1
+        return 256 * m
 
 
 def attention(q, k, v, *, scale, mask=None, sinks=None, **kwargs):
