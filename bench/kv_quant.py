@@ -18,6 +18,8 @@ For full precision, 8 and 4 bits (groups of --group-size):
   and the mean first position where they differ;
 - aggregate decode tokens/s at 1 and 8 streams (prompts of --speed-prompt tokens), and
   the ratio to full precision.
+`--served` adds the perplexity read through a server of each format a worker runs (full,
+8, 4r), by a legacy completion's `echo` with `logprobs` (what an evaluation harness sends).
 --formats chooses what is measured: full, 8 and 4 (groups of --group-size), 4g32 (4 bits in
 groups of 32), an `r` after any of these for keys and values stored rotated (4r, 4g32r:
 what `--kv-bits 4` stores, worker/kvcache/quantized.py KVFormat.rotate), and mlx-vlm's
@@ -166,6 +168,32 @@ def perplexity(model, fmt, ids: list[int], chunk: int) -> float:
     return math.exp(nll / n)
 
 
+# The formats a worker runs, by their server flags (`--kv-bits 4` stores keys rotated).
+SERVED = {"full": [], "8-bit": ["--kv-bits", "8"], "4-bit rotated": ["--kv-bits", "4"]}
+
+
+def served_perplexity(model: str, flags: list[str], group_size: int, ids: list[int]) -> float:
+    """Perplexity of `ids` through a server of `model` with `flags`: a legacy completion
+    with `echo`, `logprobs` and no new tokens returns each prompt token's logprob, scored
+    over the worker's own KV format (worker/loop/echo.py), as lm-evaluation-harness's
+    loglikelihood_rolling reads a text through an API."""
+    import json
+    import urllib.request
+
+    from bench.serverproc import ServerProcess
+
+    body = {"model": model, "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1}
+    with ServerProcess([model], *flags, "--kv-group-size", str(group_size)) as srv:
+        srv.wait_healthy(600)
+        req = urllib.request.Request(f"http://127.0.0.1:{srv.port}/v1/completions",
+                                     json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=3600) as r:
+            got = json.loads(r.read())
+    rows = got["choices"][0]["logprobs"]["token_logprobs"][1:]  # (the first: no context)
+    return math.exp(-sum(rows) / len(rows))
+
+
 def generate(model, fmt, prompts: list[list[int]], tokens: int) -> tuple[list, float]:
     """Greedy tokens of each prompt, batched; and the aggregate decode tokens/s (from the
     step every prompt has its first token)."""
@@ -245,6 +273,9 @@ def main() -> None:
     p.add_argument("--speed-prompt", type=int, default=512)
     p.add_argument("--speed-tokens", type=int, default=64)
     p.add_argument("--streams", default="1,8", help="decode speed at these stream counts")
+    p.add_argument("--served", action="store_true",
+                   help="also perplexity through a server of each format a worker runs "
+                   "(full, 8, 4r: --kv-bits 4), as an evaluation harness reads it: echo")
     args = p.parse_args()
 
     import mlx.core as mx
@@ -293,6 +324,15 @@ def main() -> None:
             target = goal_of(name, 0.01, 0.05)
             rows.append((f"{name}: perplexity ({len(ids):,} tokens)",
                          f"{ppl:.3f} ({rel:+.2%})", goal(rel, "<=", target) if target else ""))
+        if args.served:
+            for name, flags in SERVED.items():
+                if name in formats:
+                    progress(f"perplexity served, {name}")
+                    ppl = served_perplexity(args.model or "demo", flags, args.group_size, ids)
+                    rel = ppl / base["ppl"] - 1
+                    rows.append((f"{name}: perplexity served ({len(ids):,} tokens, echo)",
+                                 f"{ppl:.3f} ({rel:+.2%} of in-process {next(iter(formats))})",
+                                 ""))
         span = max(1, (len(ids) - 64) // args.prompts)
         prompts = [ids[i * span: i * span + 64] for i in range(args.prompts)]
         ref = None

@@ -13,8 +13,6 @@ parsers' rules (api/fields/params.py).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from dataclasses import dataclass
 
 import msgspec
@@ -115,8 +113,7 @@ async def tokenizer_info(request: web.Request) -> web.Response:
     model = parse_model(default_model(request, dict(request.query)))
     runner = await request.app[POOL].get(model)
     if not runner.tokenizer:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(runner.wait_loaded(), request.app[CONFIG].queue_timeout)
+        await runner.wait_loaded(request.app[CONFIG].queue_timeout)
     if not runner.tokenizer:
         if runner.ready_at is not None:  # ready, and no tokenizer: a speech model
             raise APIError.bad_request(f"Model `{runner.id}` has no tokenizer.", "model",

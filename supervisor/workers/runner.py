@@ -156,11 +156,13 @@ class ModelRunner:
         except asyncio.TimeoutError:
             return False
 
-    async def wait_loaded(self) -> None:
-        """Until a worker is ready or the runner has ended (refused, broken, stopped)."""
+    async def wait_loaded(self, timeout: float | None = None) -> None:
+        """Until a worker is ready or the runner has ended (refused, broken, stopped), or
+        `timeout` seconds passed (the caller then finds it not ready)."""
         ready = asyncio.ensure_future(self._ready.wait())
         try:
-            await asyncio.wait({ready, self._task}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({ready, self._task}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             ready.cancel()
 

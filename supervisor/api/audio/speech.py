@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import time
 from dataclasses import dataclass
 
@@ -85,8 +84,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     parsed = parse(await read_json(request))
     runner = await request.app[POOL].get(parsed.model)
     if is_alias(parsed.voice) and not runner.voices:  # loading: its voices come with it
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(runner.wait_loaded(), request.app[CONFIG].queue_timeout)
+        await runner.wait_loaded(request.app[CONFIG].queue_timeout)
     gen = await queue(request, runner, parsed.to_generate(runner.voices))
     t0 = time.monotonic()
     try:
