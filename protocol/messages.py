@@ -158,6 +158,9 @@ class PromptCache(msgspec.Struct, frozen=True, kw_only=True):
     # What the worker's logs may call `resume_from` (a name can be a client's secret);
     # "": "a named snapshot".
     resume_label: str = ""
+    # Requests that follow with this same prompt (a request's other `n` choices): the
+    # worker keeps the prompt's state for them when its prefill ends.
+    repeats: int = 0
 
 
 class Generate(Message, frozen=True, kw_only=True, tag="generate"):

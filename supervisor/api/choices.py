@@ -10,6 +10,10 @@ cancelled), as one Generate's failure fails its request.
 - Seeds: with a `seed`, choice j of a prompt samples with seed + j (in int64), so the
   choices differ and the same request gives the same choices again; without one each is
   random. At temperature 0 every choice is the same text, as OpenAI's are.
+- One prefill: a prompt's first choice tells the worker that `n - 1` requests with its
+  prompt follow (PromptCache.repeats); it keeps the prompt's state when its prefill ends
+  and the others start from it (worker/loop/batch.py `same`), where prefilled side by
+  side a long prompt cost n times the compute and time to the first token.
 - KV snapshots: a prompt_cache_key's snapshot is kept by the prompt's first choice only
   (n sequences keeping one name would replace each other's); the others still share the
   prompt through the prefix cache.
@@ -35,12 +39,12 @@ def fan_out(prompts: list[Generate], n: int) -> list[Generate]:
     """Each prompt's `n` choices, in OpenAI's order."""
     if n == 1:
         return list(prompts)
-    return [_choice(message, j) for message in prompts for j in range(n)]
+    return [_choice(message, j, n) for message in prompts for j in range(n)]
 
 
-def _choice(message: Generate, j: int) -> Generate:
-    if j == 0:
-        return message
+def _choice(message: Generate, j: int, n: int) -> Generate:
+    if j == 0:  # (the worker prefills the prompt once: the others start from its state)
+        return replace(message, cache=replace(message.cache, repeats=n - 1))
     seed = message.sampling.seed
     if seed is not None:
         seed = (seed + j + INT64 // 2) % INT64 - INT64 // 2  # (wraps within int64)

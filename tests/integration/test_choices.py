@@ -118,3 +118,38 @@ def test_too_many_choices_is_a_400(http, model_id):
         "model": model_id, "messages": CHAT, "n": 2, "max_tokens": 2, "stream": True}))
     assert events[-1] == "[DONE]"
     assert sorted({e["choices"][0]["index"] for e in events[:-1]}) == [0, 1]
+
+
+def test_n_choices_of_a_long_prompt_prefill_it_once(client, http, model_id):
+    # The first choice keeps the prompt's state as its prefill ends; the other three wait
+    # for it and start from it in the worker's prefix cache (worker/loop/batch.py `same`),
+    # each with the text the request alone gives. (Token ids: no template header that an
+    # earlier request's state would serve.)
+    import time
+
+    def reused() -> tuple[float, float]:
+        """(hits, tokens reused) of the worker's prefix cache, once they stand still:
+        they come with its heartbeat, once a second."""
+        def read():
+            key = f'{{model="{model_id}"}}'
+            lines = dict(line.rsplit(" ", 1) for line in http.get("/metrics").text.splitlines()
+                         if line.startswith("mlxd_prompt_cache_"))
+            return tuple(float(lines.get(f"mlxd_prompt_cache_{name}_total{key}", 0))
+                         for name in ("hits", "tokens_reused"))
+        last = read()
+        while True:
+            time.sleep(1.5)
+            now = read()
+            if now == last:
+                return now
+            last = now
+
+    ids = [(7 * i) % 200 + 10 for i in range(300)]
+    kw = dict(model=model_id, prompt=ids, temperature=0, max_tokens=6)
+    alone = client.completions.create(**kw, extra_body={"prompt_cache_key": "n-alone"})
+    hits, tokens = reused()
+    many = client.completions.create(**kw, n=4, extra_body={"prompt_cache_key": "n-4"})
+    after_hits, after_tokens = reused()
+    assert (after_hits - hits, after_tokens - tokens) == (3, 3 * (len(ids) - 1))
+    assert [c.text for c in many.choices] == [alone.choices[0].text] * 4
+    assert many.usage.prompt_tokens == alone.usage.prompt_tokens == len(ids)

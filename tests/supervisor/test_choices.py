@@ -27,6 +27,9 @@ def test_each_prompt_gets_n_choices_in_openais_order():
     # namespace.
     assert [m.cache.keep_as for m in out] == ["key:k", None, None] * 2
     assert {(m.cache.namespace, m.cache.resume_from) for m in out} == {("k", "key:k")}
+    # A prompt's first choice says how many repeats of its prompt follow: the worker
+    # keeps the prompt's state for them (one prefill).
+    assert [m.cache.repeats for m in out] == [2, 0, 0] * 2
     unseeded = choices.fan_out([message("a")], 2)
     assert [m.sampling.seed for m in unseeded] == [None, None]
     one = [message("a", seed=1)]

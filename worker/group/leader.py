@@ -58,6 +58,9 @@ class LeaderBatch:
     # An echo's scoring pass runs the model outside a step, where the followers would not
     # follow (worker/loop/echo.py): refused.
     scores_prompts = False
+    # The followers prefill in the segments the request alone gives them: a prompt's
+    # state kept for its repeats (worker/loop/batch.py `same`) would part the ranks' steps.
+    shares_prompts = False
 
     def __init__(self, batch, control, clock=time.monotonic, faults=None):
         self.inner = batch

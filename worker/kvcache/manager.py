@@ -119,15 +119,18 @@ class KVCache:
     # ---- storing ---------------------------------------------------------------------
 
     def checkpoints(self, cached: int, prompt: int, marks=(),
-                    began: Optional[int] = None) -> list[int]:
+                    began: Optional[int] = None, shared: bool = False) -> list[int]:
         """The prompt lengths (ascending) at which a sequence that starts with `cached` of
         its `prompt` tokens hands its state to `keep`; `marks`: more points worth a state
         (where it parts from an earlier prompt: `branch`; where its system prompt ends:
         worker/text/engine.py `keeps_system`), each kept when `branch_min` past where the
         prompt's own prefill `began` (default `cached`: an image prompt's text starts
-        after the images it prefilled itself: worker/vision/batch.py)."""
+        after the images it prefilled itself: worker/vision/batch.py). `shared`: requests
+        with the same prompt wait for its state (a request's `n` choices:
+        worker/loop/batch.py `Batch.waits`), so the prompt but its last token is kept
+        even where a later state could be trimmed to it."""
         if self.trimmable:
-            return []
+            return [prompt - 1] if shared and prompt - 1 > cached else []
         points = {n for n in range(self.every, prompt - 1, self.every) if n > cached}
         began = cached if began is None else began
         points.update(n for n in marks

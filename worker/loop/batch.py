@@ -84,6 +84,7 @@ class Member:
     checkpoints: list = field(default_factory=list)  # prompt lengths to keep the state at
     first_read: bool = False    # its first token was read early (first_token.py)
     key: Optional[list] = None  # its prompt as the KV cache knows it, where not its ids
+    shares: bool = False        # others with its prompt wait for its state (Batch.waits)
 
     def keyed(self, tokens: list) -> list:
         """`tokens` (its prompt, then its output) as the KV cache knows them."""
@@ -94,6 +95,7 @@ class Member:
 
 class Batch:
     scores_prompts = True  # an echo's prompt logprobs can be computed (worker/loop/echo.py)
+    shares_prompts = True  # one prefill of a prompt serves its repeats (`waits`)
 
     def __init__(self, engine, *, max_size: int, prefill_step: int, prefill_batch: int,
                  kv_budget: int, kvcache: Optional[KVCache], kv: KVSize,
@@ -238,7 +240,8 @@ class Batch:
         key = self.cache_key(prep)
         if self.kvcache is not None:
             marks = (self.kvcache.branch(spec, key), *getattr(prep, "marks", ()))
-            checkpoints = self.kvcache.checkpoints(cached, len(ids), marks, began)
+            checkpoints = self.kvcache.checkpoints(cached, len(ids), marks, began,
+                                                   prep.shared)
         bounds = [cached] + checkpoints + [len(ids)]
         segments = [ids[a:b] for a, b in zip(bounds, bounds[1:])]
         processors = engine.processors(prep)
@@ -250,7 +253,8 @@ class Batch:
             all_tokens=[ids[:cached]],
             samplers=[engine.sampler(prep)], logits_processors=[processors])
         self.members[uid] = Member(seq, decoding, spec, self.tokens(prep), len(ids),
-                                   checkpoints, key=None if key is ids else key)
+                                   checkpoints, key=None if key is ids else key,
+                                   shares=bool(checkpoints) and prep.shared)
         seq.uid = uid
         self._speculate(uid, seq, prep)
         if isinstance(self.speculation, mtp.MTPSpeculation):
@@ -262,6 +266,26 @@ class Batch:
         """`prep`'s prompt as the KV cache knows it: its ids (a vision batch's also say
         which image each image token shows: worker/vision/batch.py)."""
         return prep.ids
+
+    # ---- one prefill for a prompt's repeats (a request's `n` choices) -----------------
+    # Choices of one prompt arrive together. Prefilled side by side, a long prompt costs
+    # n times the compute (a prefill is compute-bound) and as many times the time to the
+    # first token. Instead the first keeps the prompt's state when its prefill ends
+    # (`same` says a repeat waits: the scheduler sets `prep.shared`), the repeats wait
+    # for it (`waits`), and then start from it in the prefix cache: one token each.
+
+    def same(self, prep, other) -> bool:
+        """`other` repeats `prep`'s prompt (the same tokens in the same namespace), and
+        the KV cache can hand it `prep`'s state."""
+        return (self.kvcache is not None and not other.gen.output.echo
+                and prep.gen.cache.namespace == other.gen.cache.namespace
+                and self.cache_key(prep) == self.cache_key(other))
+
+    def waits(self, prep) -> bool:
+        """A sequence prefilling `prep`'s prompt will keep its state: `prep` starts from
+        it once it has (a request's `n` choices: one prefill, not n)."""
+        return any(m.shares and m.checkpoints and self.same(m.seq.prep, prep)
+                   for m in self.members.values())
 
     def new_cache(self) -> Optional[list]:
         """A fresh cache for one sequence in the batch's KV format (None: mlx-lm's)."""

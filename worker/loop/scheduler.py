@@ -36,6 +36,7 @@ burst is prefilled together.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import struct
@@ -255,13 +256,27 @@ class Scheduler(Gathering):
     def _admit_waiting(self) -> None:
         """Prepared requests join the batch in order while they fit. A suspect (see
         `_batch_failed`) joins only an empty batch, and nothing joins it until it has
-        produced a token: a failure then has one cause."""
-        while self.waiting and self.batch.fits(self.waiting[0].prep):
-            if any(s.suspect for s in self.active.values()):
-                return
-            if self.waiting[0].suspect and self.active:
-                return
-            self._admit(self.waiting.popleft())
+        produced a token: a failure then has one cause. A repeat of a prompt a sequence
+        is prefilling (a request's `n` choices) keeps its place until that prompt's state
+        is kept, and the requests after it go ahead (worker/loop/batch.py `same`)."""
+        later = []  # repeats of a prompt being prefilled: they start from it once kept
+        try:
+            while self.waiting and self.batch.fits(self.waiting[0].prep):
+                if any(s.suspect for s in self.active.values()):
+                    return
+                head = self.waiting[0]
+                if head.suspect and self.active:
+                    return
+                if self.batch.shares_prompts:  # (worker/loop/batch.py `same`: n choices)
+                    if self.batch.waits(head.prep):
+                        later.append(self.waiting.popleft())
+                        continue
+                    head.prep.shared = head.gen.cache.repeats > 0 or any(
+                        self.batch.same(head.prep, s.prep)
+                        for s in itertools.islice(self.waiting, 1, None))
+                self._admit(self.waiting.popleft())
+        finally:
+            self.waiting.extendleft(reversed(later))
 
     def _admit(self, seq: Sequence) -> None:
         gen, prep = seq.gen, seq.prep  # (kept until its first token: it may start again)

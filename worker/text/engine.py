@@ -65,6 +65,8 @@ class Prepared:
     #                                              system prompt's end: `keeps_system`)
     echo: Optional[list] = None                  # the prompt's logprob rows, once scored
     #                                              (worker/loop/echo.py)
+    shared: bool = False                         # requests with its prompt wait for its
+    #                                              state (worker/loop/batch.py `same`)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -30,6 +30,7 @@ class SerialBatch:
     max_size = 1
     kvcache = None     # no prompt cache (see the docstring)
     scores_prompts = False  # no echo with logprobs (worker/loop/echo.py)
+    shares_prompts = False  # no prefix cache: each request prefills its own prompt
 
     def __init__(self, engine):
         self.engine = engine
