@@ -269,6 +269,10 @@ class Scheduler(Gathering):
                     return
                 if self.batch.shares_prompts:  # (worker/loop/batch.py `same`: n choices)
                     if self.batch.waits(head.prep):
+                        # Started now: its prompt is being prefilled, and a long prefill
+                        # must not run the supervisor's queue timeout out on it.
+                        head.prompt_tokens = len(head.prep.ids)
+                        self._started(head)
                         later.append(self.waiting.popleft())
                         continue
                     head.prep.shared = head.gen.cache.repeats > 0 or any(
@@ -295,17 +299,21 @@ class Scheduler(Gathering):
             self.active[seq.rid] = seq
         elif gen.output.logprobs:
             self.batch.scored(prep)  # (its rows on `prep`; the state is not kept)
+        self._started(seq)
+        if alone:
+            self._finish(seq, FinishReason.LENGTH)
+            return
+        self._publish()
+
+    def _started(self, seq: Sequence) -> None:
+        """The request's Started, once (and an echo's prompt: worker/loop/echo.py)."""
         if not seq.started:
             seq.started = True
             self.link.send(Started(epoch=self.epoch, rid=seq.rid,
                                    prompt_tokens=seq.prompt_tokens,
                                    cached_tokens=seq.cached_tokens))
-            if gen.output.echo:  # (the prompt, before any output: worker/loop/echo.py)
-                self.link.send(echo.delta(self.engine, prep, self.epoch, seq.rid))
-        if alone:
-            self._finish(seq, FinishReason.LENGTH)
-            return
-        self._publish()
+            if seq.gen.output.echo:  # (the prompt, before any output)
+                self.link.send(echo.delta(self.engine, seq.prep, self.epoch, seq.rid))
 
     def _step(self) -> None:
         """One batched step: a decode step for every generating sequence, one prefill
