@@ -22,17 +22,19 @@ import concurrent.futures
 import json
 import statistics
 import time
-import urllib.request
 
 from bench.report import goal, print_table
 from bench.serverproc import ServerProcess
+from bench.throughput import request
 
 
 def post(port: int, body: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=3600) as r:
-        return json.loads(r.read())
+    """A chat completion's whole answer (bench/throughput.py `request`: a 200 or raise)."""
+    conn, resp = request(port, "/v1/chat/completions", body)
+    try:
+        return json.loads(resp.read())
+    finally:
+        conn.close()
 
 
 def main() -> None:

@@ -178,18 +178,18 @@ def served_perplexity(model: str, flags: list[str], group_size: int, ids: list[i
     over the worker's own KV format (worker/loop/echo.py), as lm-evaluation-harness's
     loglikelihood_rolling reads a text through an API."""
     import json
-    import urllib.request
 
     from bench.serverproc import ServerProcess
+    from bench.throughput import request
 
     body = {"model": model, "prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1}
     with ServerProcess([model], *flags, "--kv-group-size", str(group_size)) as srv:
         srv.wait_healthy(600)
-        req = urllib.request.Request(f"http://127.0.0.1:{srv.port}/v1/completions",
-                                     json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=3600) as r:
-            got = json.loads(r.read())
+        conn, resp = request(srv.port, "/v1/completions", body)
+        try:
+            got = json.loads(resp.read())
+        finally:
+            conn.close()
     rows = got["choices"][0]["logprobs"]["token_logprobs"][1:]  # (the first: no context)
     return math.exp(-sum(rows) / len(rows))
 
