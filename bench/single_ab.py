@@ -5,7 +5,7 @@ whose speed drifts between rounds (the H200s here did by ±30% within one run).
 
     python -m bench.single_ab [--shape 0.5b] [--rounds 40] [--tokens 128] [--prompt 32]
         [--variants '{"default": {}, "no prefix cache": {"args": ["--prompt-cache-bytes", "0"]}}']
-        [--mlx-lm-steps] [--cpu] [--budget-s S]
+        [--mlx-lm-steps] [--cpu] [--budget-s S] [--burst N]
 
 Raw is `stream_generate` in this process; "in-process" is mlxd's batch in this process
 (no worker, no HTTP); each variant is a server of its own (`args` to `mlxd`, `env` added
@@ -13,6 +13,10 @@ to its environment). `--mlx-lm-steps` adds the in-process batch on mlx-lm's own 
 methods instead of worker/loop/lean.py's (what the lean steps save per token).
 `--cpu` also prints each side's CPU per token by process and thread (bench/token_cpu.py):
 the MLX thread, the process's other threads, and for a server its supervisor and client.
+`--burst N`: before each round's stream, untimed, N streams at once on the same side
+(raw `batch_generate`, the batch in-process, the server): whether a side that has just
+run a wide batch decodes one stream as fast (on a GPU a worker that had run every width
+to 32 at load decoded one 12-16% slower ever after: worker/loop/warmup.py).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import time
 
 from bench.report import alternate, print_table, ratio_verdict
 from bench.decode_probe import run_batch
-from bench.gpu import SHAPES, Raw, build, default_dtype, server_stream
+from bench.gpu import SHAPES, Raw, build, default_dtype, server_many, server_stream
 from bench.inprocess import in_process
 from bench.serverproc import ServerProcess
 from bench.token_cpu import TokenCPU
@@ -57,6 +61,8 @@ def main() -> None:
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no round after this many seconds of rounds (a lease's limit): "
                    "the table is of the rounds run")
+    p.add_argument("--burst", type=int, default=0, metavar="N",
+                   help="N streams at once on a side, untimed, before each of its streams")
     a = p.parse_args()
     dtype = default_dtype(a.dtype)
     path = build(a.shape, dtype)
@@ -83,6 +89,7 @@ def main() -> None:
         raw.stream(prompt(), 16)
         run_batch(eng, batch, [prompt()], 16, False)
         ids = [prompt() for _ in range(a.rounds)]
+        many = [[prompt() for _ in range(a.burst)] for _ in range(a.rounds)]
         sides = {"raw": lambda i: raw.stream(ids[i], a.tokens)[1],
                  "in-process": lambda i: run_batch(eng, batch, [ids[i]], a.tokens, False)}
         if a.mlx_lm_steps:
@@ -94,13 +101,23 @@ def main() -> None:
         for name, side in list(sides.items()):
             sides[name] = counted(cpu if a.cpu else None, name, side, servers.get(name),
                                   a.tokens)
+        if a.burst:
+            bursts = {"raw": lambda i: raw.batch(many[i], a.tokens),
+                      "in-process": lambda i: run_batch(eng, batch, many[i], a.tokens, False)}
+            bursts["in-process, mlx-lm's steps"] = lambda i: mlx_lm_steps(
+                lambda: run_batch(eng, batch, many[i], a.tokens, False))
+            for name, s in servers.items():
+                bursts[name] = lambda i, s=s: server_many(s.port, str(path), many[i], a.tokens)
+            # (after the CPU's count: it counts the stream's tokens only)
+            sides = {name: after(bursts[name], side) for name, side in sides.items()}
         until = time.monotonic() + a.budget_s if a.budget_s else None
         got = alternate(a.rounds, sides, label=a.shape, until=until)
     finally:
         for s in servers.values():
             s.__exit__(None, None, None)
     done = len(got.clocks)
-    print_table(f"{a.shape} {dtype}: one stream of {a.tokens} tokens after {a.prompt}, {done} "
+    print_table(f"{a.shape} {dtype}: one stream of {a.tokens} tokens after {a.prompt}"
+                + (f", each after {a.burst} at once on its side" if a.burst else "") + f", {done} "
                 "paired rounds "
                 "(decode tok/s median; × raw: geometric mean of the rounds' ratios, 95% interval)",
                 [(name, f"{statistics.median(got.figures[name]):.1f} tok/s",
@@ -112,6 +129,11 @@ def main() -> None:
     if a.cpu:
         print_table(f"CPU per generated token, us (median of {done} rounds; "
                     "bench/token_cpu.py)", cpu.rows())
+
+
+def after(burst, side):
+    """`side` for `alternate`, `burst(i)` run first (untimed: the side times itself)."""
+    return lambda i: (burst(i), side(i))[1]
 
 
 def counted(cpu, name, side, server, tokens):

@@ -234,9 +234,7 @@ def serve(args) -> int:
         engine = TextEngine(loaded.model, loaded.tokenizer, loaded.context_length,
                             args.prefill_step, loaded.vocab_size)
         batch = make_batch(engine, args, loaded.path, f"{sharding}-{rank}of{size}")
-        # (Not every width: each rank would admit the widths' requests by its own
-        # shard's KV size, and ranks that stepped apart would hang the group.)
-        batch.warm(widths=0)
+        batch.warm()
         if args.warm_prompt is not None:
             from worker.kvcache.warm import pin_warm_prompt
 

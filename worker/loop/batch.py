@@ -496,10 +496,10 @@ class Batch:
         self.gen = self._new_generator()
         return seqs
 
-    def warm(self, prompt_tokens: int = 48, widths: Optional[int] = None) -> None:
+    def warm(self, prompt_tokens: int = 48) -> None:
         """Short requests through the batch before the worker says it is ready, so the
         first requests pay no kernel compile (worker/loop/warmup.py)."""
-        warmup.warm(self, prompt_tokens, widths)
+        warmup.warm(self, prompt_tokens)
 
     def run_uncached(self, gens: list) -> None:
         """Run `gens` through the batch together to their end, nothing of them cached."""
