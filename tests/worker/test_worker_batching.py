@@ -320,9 +320,10 @@ def test_step_memory_is_measured_from_two_prefills(engine):
         mx.eval(a.x)
     del a, b
     busy = StepMemory.measure(Collecting(engine.model), engine.vocab_size)
-    # (Readings of one model vary up to 4 x on a busy machine; the fault read 1,400 x.)
-    assert busy.per_token > 0 and m.per_token / 10 <= busy.per_token <= m.per_token * 10, \
-        (m, busy)
+    # (Readings of one model vary up to 4 x on a busy machine, and under the suite's
+    # parallel load one read the per-token part 0 three times over: MLX's CPU stream freed
+    # early, as measure's docstring says; the fault read 1,400 x, too high.)
+    assert busy.per_token <= m.per_token * 10 and busy.prefill(1, 128) > 0, (m, busy)
     assert m.prefill(2, 512, 1000) == int(2 * 512 * (m.per_token + m.per_pair * 1512))
 
 
