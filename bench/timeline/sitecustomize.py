@@ -11,7 +11,12 @@ MLXD_GATHER (seconds), when set, replaces the worker's GATHER (worker/loop/gathe
 the gather off and on, side by side. MLXD_SWITCH (seconds), when set, is the worker's
 `sys.setswitchinterval`: how long a thread that wants the GIL waits before it asks the
 holder for it (the MLX thread launching a step and the I/O threads sending its tokens).
-MLXD_PREPARERS, when set, replaces the scheduler's PREPARERS (its preparation threads)."""
+MLXD_PREPARERS, when set, replaces the scheduler's PREPARERS (its preparation threads).
+MLXD_TRACE_PHASES=1 also times the phases of a step (`PHASES`: a prompt's cached state put
+into the batch, its prefill and first token, a join, a decode step, a state kept or
+stored), each between two `mx.synchronize()`: what the device spent on each, at the price
+of the step's overlap of host and device (issue 33: where a warm request's step of 60 ms
+goes on a GPU, where the same step takes 3 ms on this CPU)."""
 import importlib.abc
 import importlib.util
 import os
@@ -136,7 +141,45 @@ def patch_vision(mod) -> None:
     encode_together, mod.towers.encode = mod.towers.encode, encode
 
 
+# (module, class, method) timed by MLXD_TRACE_PHASES, each a line "phase <name> <ms>".
+PHASES = [("worker.loop.batch", "Batch", m)
+          for m in ("insert", "_checkpoint", "_store", "_first_tokens")] + [
+    ("mlx_lm.generate", "PromptProcessingBatch", "prompt"),
+    ("mlx_lm.generate", "PromptProcessingBatch", "generate"),
+    ("mlx_lm.generate", "GenerationBatch", "extend"),
+    ("mlx_lm.generate", "GenerationBatch", "_step"),
+]
+
+
+def patch_phases(mod) -> None:
+    """Times PHASES' methods of `mod`, each between two synchronizations."""
+    import mlx.core as mx
+
+    for where, cls, name in PHASES:
+        if where != mod.__name__:
+            continue
+        klass = getattr(mod, cls)
+        run = getattr(klass, name)
+
+        def timed(self, *args, _run=run, _label=f"{cls}.{name}", **kw):
+            mx.synchronize()
+            t0 = time.monotonic()
+            out = _run(self, *args, **kw)
+            if isinstance(out, (list, tuple)):
+                mx.eval([x for x in out if isinstance(x, mx.array)])
+            mx.synchronize()
+            event("phase", _label, _ms(t0))
+            return out
+
+        setattr(klass, name, timed)
+
+
 PATCHES = {"worker.loop.scheduler": patch, "worker.vision.batch": patch_vision}
+if os.environ.get("MLXD_TRACE_PHASES"):
+    for _where in {where for where, _, _ in PHASES}:
+        _then = PATCHES.get(_where)
+        PATCHES[_where] = (lambda m, _then=_then: (_then(m) if _then else None,
+                                                   patch_phases(m)))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
