@@ -241,10 +241,16 @@ def server_stream(port: int, model: str, ids: list[int], tokens: int,
     return first - t0, rate, n
 
 
-def server_many(port: int, model: str, prompts: list[list[int]], tokens: int) -> float:
+def server_many(port: int, model: str, prompts: list[list[int]], tokens: int,
+                apart: float = 0.0) -> float:
+    """Aggregate tokens/s of a stream per prompt, sent at once or `apart` seconds apart."""
+    def one(i):
+        time.sleep(i * apart)
+        return server_stream(port, model, prompts[i], tokens)
+
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         t0 = time.perf_counter()
-        done = list(pool.map(lambda p: server_stream(port, model, p, tokens), prompts))
+        done = list(pool.map(one, range(len(prompts))))
         return sum(d[2] for d in done) / (time.perf_counter() - t0)
 
 

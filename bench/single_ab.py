@@ -5,7 +5,7 @@ whose speed drifts between rounds (the H200s here did by ±30% within one run).
 
     python -m bench.single_ab [--shape 0.5b] [--rounds 40] [--tokens 128] [--prompt 32]
         [--variants '{"default": {}, "no prefix cache": {"args": ["--prompt-cache-bytes", "0"]}}']
-        [--mlx-lm-steps] [--cpu] [--budget-s S] [--burst N]
+        [--mlx-lm-steps] [--cpu] [--budget-s S] [--burst N [--burst-apart S]]
 
 Raw is `stream_generate` in this process; "in-process" is mlxd's batch in this process
 (no worker, no HTTP); each variant is a server of its own (`args` to `mlxd`, `env` added
@@ -17,6 +17,9 @@ the MLX thread, the process's other threads, and for a server its supervisor and
 (raw `batch_generate`, the batch in-process, the server): whether a side that has just
 run a wide batch decodes one stream as fast (on a GPU a worker that had run every width
 to 32 at load decoded one 12-16% slower ever after: worker/loop/warmup.py).
+`--burst-apart S`: the burst's streams sent S seconds apart (in-process: one joining a
+step; raw's `batch_generate` takes them at once), so the batch runs widths one after
+another, as requests arriving over time make it.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def main() -> None:
                    "the table is of the rounds run")
     p.add_argument("--burst", type=int, default=0, metavar="N",
                    help="N streams at once on a side, untimed, before each of its streams")
+    p.add_argument("--burst-apart", type=float, default=0.0, metavar="S",
+                   help="the burst's streams S seconds apart (default: all at once)")
     a = p.parse_args()
     dtype = default_dtype(a.dtype)
     path = build(a.shape, dtype)
@@ -102,12 +107,14 @@ def main() -> None:
             sides[name] = counted(cpu if a.cpu else None, name, side, servers.get(name),
                                   a.tokens)
         if a.burst:
+            apart = a.burst_apart > 0
             bursts = {"raw": lambda i: raw.batch(many[i], a.tokens),
-                      "in-process": lambda i: run_batch(eng, batch, many[i], a.tokens, False)}
+                      "in-process": lambda i: run_batch(eng, batch, many[i], a.tokens, apart)}
             bursts["in-process, mlx-lm's steps"] = lambda i: mlx_lm_steps(
-                lambda: run_batch(eng, batch, many[i], a.tokens, False))
+                lambda: run_batch(eng, batch, many[i], a.tokens, apart))
             for name, s in servers.items():
-                bursts[name] = lambda i, s=s: server_many(s.port, str(path), many[i], a.tokens)
+                bursts[name] = lambda i, s=s: server_many(s.port, str(path), many[i], a.tokens,
+                                                          a.burst_apart)
             # (after the CPU's count: it counts the stream's tokens only)
             sides = {name: after(bursts[name], side) for name, side in sides.items()}
         until = time.monotonic() + a.budget_s if a.budget_s else None
@@ -117,7 +124,9 @@ def main() -> None:
             s.__exit__(None, None, None)
     done = len(got.clocks)
     print_table(f"{a.shape} {dtype}: one stream of {a.tokens} tokens after {a.prompt}"
-                + (f", each after {a.burst} at once on its side" if a.burst else "") + f", {done} "
+                + (f", each after {a.burst} on its side"
+                   + (f" {a.burst_apart} s apart" if a.burst_apart else " at once")
+                   if a.burst else "") + f", {done} "
                 "paired rounds "
                 "(decode tok/s median; × raw: geometric mean of the rounds' ratios, 95% interval)",
                 [(name, f"{statistics.median(got.figures[name]):.1f} tok/s",

@@ -3,6 +3,7 @@ long it took, beside the client's send and first-token times, merged on one cloc
 
     python -m bench.worker_timeline [--size 2b] [--family gemma4] [--waves 3]
         [--streams 8] [--tokens 64] [--gather S] [--images | --as-text] [--flushes]
+        [--phases]
         [-- server flags]
 
 A diagnostic, not a ratio: it found where a 2b Gemma 4's 8-stream waves lost their time
@@ -78,13 +79,16 @@ def step_summary(events: list, width: int) -> str:
             f"{sum(other):.0f} ms in all, longest {max(other, default=0):.0f}")
 
 
-def trace_env(prefix: str, gather: float | None = None) -> dict:
-    """A server's environment that traces its worker to `prefix`.<pid>."""
+def trace_env(prefix: str, gather: float | None = None, phases: bool = False) -> dict:
+    """A server's environment that traces its worker to `prefix`.<pid> (`phases`: each
+    step's phases too, timed between synchronizations: bench/timeline/sitecustomize.py)."""
     env = {"MLXD_TRACE": prefix,
            "PYTHONPATH": os.pathsep.join(
                p for p in (str(SITE), os.environ.get("PYTHONPATH")) if p)}
     if gather is not None:
         env["MLXD_GATHER"] = str(gather)
+    if phases:
+        env["MLXD_TRACE_PHASES"] = "1"
     return env
 
 
@@ -113,7 +117,7 @@ def timeline(t0: float, wall: float, out: list, events: list, flushes: bool) -> 
 
 def run(size: str, family: str, waves: int, streams: int, tokens: int,
         gather: float | None = None, flushes: bool = False, server_args=(),
-        images: bool = False, as_text: bool = False) -> list[dict]:
+        images: bool = False, as_text: bool = False, phases: bool = False) -> list[dict]:
     import mlx.core as mx
 
     from bench.make_model import MODELS_DIR
@@ -130,7 +134,7 @@ def run(size: str, family: str, waves: int, streams: int, tokens: int,
     side = int(SIZES[size]["max_pixels"] ** 0.5) if images else 0
     with tempfile.TemporaryDirectory(prefix="mlxd-timeline-") as tmp:
         prefix = os.path.join(tmp, "trace")
-        env = trace_env(prefix, gather)
+        env = trace_env(prefix, gather, phases)
         with ServerProcess([model], "--max-batch-size", str(max(streams, 1)), *server_args,
                            env=env) as srv:
             srv.wait_healthy(timeout=300)
@@ -155,10 +159,12 @@ def main(argv=None) -> None:
     p.add_argument("--images", action="store_true", help="an image in every chat")
     p.add_argument("--as-text", action="store_true",
                    help="serve the checkpoint as a text model (no --images)")
+    p.add_argument("--phases", action="store_true",
+                   help="each step's phases too, timed between synchronizations (slower)")
     p.add_argument("server_args", nargs="*", help="after --: more mlxd flags")
     a = p.parse_args(argv)
     for w in run(a.size, a.family, a.waves, a.streams, a.tokens, a.gather, a.flushes,
-                 a.server_args, a.images, a.as_text):
+                 a.server_args, a.images, a.as_text, a.phases):
         full = w["full_steps"]
         print(f"\n=== wave: {w['tokens'] / w['wall']:.0f} tok/s over the wall "
               f"{w['wall'] * 1e3:.0f} ms; TTFT ms {[round(x) for x in w['ttft']]}; "

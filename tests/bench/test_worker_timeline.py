@@ -37,3 +37,14 @@ def test_the_checkpoint_served_as_a_text_model_is_traced_too():
                                   as_text=True)
     assert wave["model"].endswith("-as-text")  # (bench.vision_throughput's text copy)
     assert wave["admitted"] == 2 and "waiting/prefilling/decoding" in "\n".join(wave["lines"])
+
+
+def test_phases_time_what_a_step_did_between_synchronizations():
+    (wave,) = worker_timeline.run("tiny", "gemma4", waves=1, streams=2, tokens=4,
+                                  phases=True)
+    phases = [line.split()[3:5] for line in wave["lines"] if " phase " in line]
+    names = {name for name, _ in phases}
+    # Two chats: each prompt's pass and first token, the pair joining, batched decode.
+    assert {"PromptProcessingBatch.prompt", "PromptProcessingBatch.generate",
+            "GenerationBatch._step", "Batch.insert"} <= names, names
+    assert all(float(ms) >= 0 for _, ms in phases)
