@@ -53,8 +53,25 @@ def test_system_messages_in_the_conversation_go_where_templates_take_them():
     assert gen.messages == [{"role": "system", "content": "Top.\nAlso top."},
                             {"role": "user", "content": "a"},
                             {"role": "assistant", "content": "b"},
-                            {"role": "user", "content": "Reminder.\nc"},
-                            {"role": "user", "content": "Last word."}]
+                            {"role": "user", "content": "Reminder.\nc\nLast word."}]
+    # At the end with no user message before it: a user message of its own.
+    gen = generate(messages=[{"role": "user", "content": "a"},
+                             {"role": "assistant", "content": "b"},
+                             {"role": "system", "content": "Last word."}])
+    assert gen.messages[-1] == {"role": "user", "content": "Last word."}
+
+
+def test_a_system_message_after_a_user_one_renders_alike_in_the_next_turn():
+    """Claude Code sends its environment as a system message after the first user message,
+    turn after turn: the first turn's messages must be the second's beginning, or the
+    second turn's prompt parts from the first's there and its prefix cache goes unused."""
+    env = {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}
+    first = generate(messages=[{"role": "user", "content": "Say hello."}, env]).messages
+    second = generate(messages=[{"role": "user", "content": "Say hello."}, env,
+                                {"role": "assistant", "content": "Hello."},
+                                {"role": "user", "content": "Name a color."}]).messages
+    assert first == [{"role": "user", "content": "Say hello.\n# Environment"}]
+    assert second[:len(first)] == first and second[-1]["content"] == "Name a color."
 
 
 def test_max_tokens_is_a_ceiling_and_effort_follows_output_config():
@@ -170,6 +187,20 @@ def test_server_tools_are_skipped_and_named():
 def test_thinking_maps_onto_the_reasoning_switch(thinking, effort):
     extra = {"thinking": thinking} if thinking is not None else {}
     assert generate(**extra).output.reasoning_effort == effort
+
+
+def test_a_system_message_joins_a_user_message_with_an_image_as_a_text_part():
+    # (It joined the content as a string: a TypeError, a 500, for parts.)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}
+    gen = generate(messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "system", "content": "Env."},
+        {"role": "user", "content": [image, {"type": "text", "text": "what is it?"}]},
+        {"role": "system", "content": "After."}])
+    assert gen.messages[-1]["content"] == [{"type": "text", "text": "Env."}, {"type": "image"},
+                                           {"type": "text", "text": "what is it?\nAfter."}]
+    assert gen.images == (b"\x89PNG\r\n\x1a\n",)
 
 
 def test_images_travel_to_the_worker_as_parts_and_bytes():

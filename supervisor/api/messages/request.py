@@ -180,23 +180,46 @@ def _messages(value, images: list) -> list[dict]:
 
 
 def _with_system(system: list[dict], messages: list[dict]) -> list[dict]:
-    """System messages from `messages` placed where every template takes them: those
-    before the first turn join the system prompt, later ones the next user message (or,
-    at the end, a user message of their own)."""
+    """System messages from `messages` placed where every template takes them (in a user
+    turn: many templates take a system message only first, some want user and assistant
+    to alternate): those before the first turn join the system prompt; a later one joins
+    the user message just before it, else the next user message (or, at the end, a user
+    message of its own). Joined to the one before where there is one, so that the next
+    request of the conversation renders it at the same place: Claude Code sends its
+    environment as a system message after the first user message, and when it had
+    joined the next user message the second turn moved it after the assistant's reply,
+    its prompt parting from the first turn's after ~4,500 tokens (no prefix reuse)."""
     head = [m["content"] for m in system]
     out: list[dict] = []
     pending: list[str] = []
     for msg in messages:
         if msg["role"] == "system":
-            (pending if out else head).append(msg["content"])
+            if not out:
+                head.append(msg["content"])
+            elif out[-1]["role"] == "user" and not pending:
+                out[-1] = {**out[-1], "content": _joined(out[-1]["content"], [msg["content"]])}
+            else:
+                pending.append(msg["content"])
             continue
         if pending and msg["role"] == "user":
-            msg = {**msg, "content": "\n".join(pending + [msg["content"]])}
+            msg = {**msg, "content": _joined(pending, msg["content"])}
             pending = []
         out.append(msg)
     if pending:
         out.append({"role": "user", "content": "\n".join(pending)})
     return ([{"role": "system", "content": "\n".join(head)}] if head else []) + out
+
+
+def _joined(*contents) -> str | list:
+    """User contents (a string, texts, or parts with images) as one, in order."""
+    pieces = []
+    for c in contents:
+        if isinstance(c, str):
+            pieces.append(c)
+        else:
+            pieces.extend(p if isinstance(p, str) else p["text"] if p["type"] == "text"
+                          else p for p in c)
+    return media_content(pieces)
 
 
 def _blocks(where: str, content) -> list[dict]:
