@@ -4,6 +4,7 @@ its lines merged with the client's on one clock."""
 from __future__ import annotations
 
 from bench import worker_timeline
+from bench.timeline import sitecustomize
 
 
 def test_a_wave_is_traced_from_send_to_decode_and_the_gather_is_set():
@@ -44,7 +45,8 @@ def test_phases_time_what_a_step_did_between_synchronizations():
                                   phases=True)
     phases = [line.split()[3:5] for line in wave["lines"] if " phase " in line]
     names = {name for name, _ in phases}
-    # Two chats: each prompt's pass and first token, the pair joining, batched decode.
-    assert {"PromptProcessingBatch.prompt", "PromptProcessingBatch.generate",
-            "GenerationBatch._step", "Batch.insert"} <= names, names
+    # Two chats: each put into the batch, its prompt's last token and first token's pass
+    # (which steps come after depends on when each ends: one CI run saw no decode step).
+    assert {"Batch.insert", "PromptProcessingBatch.generate"} <= names, names
+    assert names <= {f"{cls}.{name}" for _, cls, name in sitecustomize.PHASES}, names
     assert all(float(ms) >= 0 for _, ms in phases)

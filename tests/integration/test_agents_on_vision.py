@@ -1,10 +1,12 @@
 """Coding agents on a vision-language checkpoint (issue 33: the models people run agents on
-ship as those): the pinned Claude Code (tests/clients/) against the real supervisor and
-a vision worker on a tiny Qwen3.5-style checkpoint (hybrid linear-attention layers and a
-vision tower, whose cache cannot be trimmed), edited to end each reply after one token
-(tests/openresponses/model.py), with a 16K window for the agent's ~11K-token prompt. A
-recording proxy shows what it sent and what mlxd answered: each turn reads the turn
-before from the prefix cache."""
+ship as those), against the real supervisor and a vision worker on a tiny Qwen3.5-style
+checkpoint (hybrid linear-attention layers and a vision tower, whose cache cannot be
+trimmed), edited to end each reply after one token (tests/openresponses/model.py), with a
+16K window for an agent's ~11K-token prompt: the pinned Claude Code (tests/clients/),
+through a recording proxy, whose next turn reads the turn before from the prefix cache;
+and Codex's session start as the official SDK's WebSocket sends it (what Codex sends,
+logged through a proxy: its timing on this CPU, where it sometimes gives up on the
+warm-up, is its own), whose turn reads the warm-up's prompt from the cache."""
 
 from __future__ import annotations
 
@@ -65,3 +67,45 @@ async def test_claude_codes_next_turn_reads_the_last_one_from_the_cache(hybrid_s
     # The whole first prompt came from the cache (all but the reply's and the new words).
     assert now["cache_read_input_tokens"] >= was["input_tokens"]
     assert now["input_tokens"] < 100
+
+
+async def test_codexs_warm_up_serves_the_turn_that_adds_a_developer_message(hybrid_server):
+    """What Codex sends on a session's start (logged through a proxy from the pinned
+    Codex): a warm-up (`generate: false`) of its instructions as a developer message,
+    with its tools; then the turn, continuing it, with another developer message and the
+    user's. Both developer messages join the leading system message, so the turn's
+    prompt parts from the warm-up's where the instructions end: the worker keeps the
+    state there, and the turn reads all of it from the cache (on this checkpoint, whose
+    cache cannot be trimmed, it read only a periodic state's 8,192 of ~11,000)."""
+    import openai
+
+    model = hybrid_server.model
+    instructions = "You are Codex, a coding agent. " + "Read before you edit. " * 700
+    tools = [{"type": "function", "name": "shell", "description": "Run a command.",
+              "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}},
+                             "required": ["cmd"]}}]
+    client = openai.AsyncOpenAI(base_url=hybrid_server.url + "/v1", api_key="unused",
+                                max_retries=0)
+
+    def developer(text):
+        return {"type": "message", "role": "developer",
+                "content": [{"type": "input_text", "text": text}]}
+
+    async with client.responses.connect() as conn:
+        await conn.send({"type": "response.create", "model": model, "store": False,
+                         "generate": False, "tools": tools, "input": [developer(instructions)]})
+        async for event in conn:
+            if event.type == "response.completed":
+                warm = event.response
+                break
+        await conn.send({"type": "response.create", "model": model, "store": False,
+                         "tools": tools, "previous_response_id": warm.id,
+                         "input": [developer("<permissions>read-only</permissions>"),
+                                   {"type": "message", "role": "user",
+                                    "content": [{"type": "input_text", "text": "Say hello."}]}]})
+        async for event in conn:
+            if event.type == "response.completed":
+                turn = event.response
+                break
+    assert warm.usage.input_tokens > 8192 + 1000  # (past the periodic state)
+    assert turn.usage.input_tokens_details.cached_tokens >= warm.usage.input_tokens - 16

@@ -103,3 +103,36 @@ def test_a_chats_system_prompt_is_a_state_the_next_chat_starts_from(hybrid, monk
     assert cached == end
     monkeypatch.setattr(hybrid, "keeps_system", False)
     assert out == run_one(make_batch(hybrid), hybrid, chat("b", "Where is the library?"))[1]
+
+
+def test_a_warm_up_of_the_system_prompt_alone_keeps_the_state_its_turn_continues_from(
+        hybrid, monkeypatch):
+    """Codex opens a session with a warm-up of its instructions and tools alone (a
+    request of the system message only); the turn that continues it adds a developer
+    message, which joins the system message (supervisor/api/responses/items.py), and its
+    user messages. Where the cache cannot be trimmed, the warm-up's prompt but its last
+    token holds the assistant turn's opening, which the turn does not have: the state
+    where the system message's content ends is kept for it, and the turn starts there,
+    as does a turn with only user messages after the same system message."""
+    monkeypatch.setattr(hybrid, "keeps_system", True)
+    system = "You are a coding agent. " + "Read the files before you edit them. " * 40
+
+    def chat(rid, *messages, tokens=6):
+        return generate(rid=rid, messages=[{"role": "system", "content": system}, *messages],
+                        max_tokens=tokens, temperature=0.0)
+
+    warm = chat("w", tokens=1)
+    (end,) = hybrid.prepare(warm).marks
+    assert 128 < end < len(hybrid.prepare(warm).ids) - 1
+    turn = generate(rid="t", messages=[
+        {"role": "system", "content": system + "\n\nThe sandbox is read-only."},
+        {"role": "user", "content": "Fix the bug."}], max_tokens=6, temperature=0.0)
+    other = chat("o", {"role": "user", "content": "Write a test."})
+    batch = make_batch(hybrid, prefix=PrefixCache(1 << 30))
+    assert run_one(batch, hybrid, warm)[0] == 0
+    for request in (turn, other):
+        cached, out = run_one(batch, hybrid, request)
+        assert cached == end
+        monkeypatch.setattr(hybrid, "keeps_system", False)
+        assert out == run_one(make_batch(hybrid), hybrid, request)[1]
+        monkeypatch.setattr(hybrid, "keeps_system", True)

@@ -48,6 +48,9 @@ from worker.text.tokens import Answered
 _BOUND_MIN_CHARS = 100_000
 SYSTEM_HEADS = 16  # distinct system prompts (and tools) whose tokens are kept
 _PROBES = ("a", "Hello", "{", "1")  # different first user words: where renderings part
+# Tokens: a system prompt's content end this close before its turn's end is not worth a
+# state of its own beside it (`_system_end`).
+_NEAR = 64
 
 
 @dataclass
@@ -164,41 +167,68 @@ class TextEngine:
             renders.append(self.prompt_ids(probe, bound=False)[0])
         return list(os.path.commonprefix(renders))  # (of any sequences, not only paths)
 
-    def _system_end(self, gen, ids: list[int]) -> int:
-        """How many of `ids` (a chat prompt's) its leading system messages and tools make
-        (`turn_prefix` of them alone, as far as it agrees with `ids`; those tokens kept
-        for the next request with the same system prompt and tools). 0 where there is no
-        leading system message, nothing after it, or a template that refuses it alone."""
+    def _system_end(self, gen, ids: list[int]) -> tuple:
+        """Where in `ids` (a chat prompt's) a state is worth keeping for the next request
+        with the same leading system messages and tools: where they end (`turn_prefix` of
+        them alone, as far as it agrees with `ids`), and where the last one's content
+        ends, if well before (a template that renders the tools after it), or instead,
+        if near: a later request may carry more system text, as Codex's does. Its first
+        request of a session is a warm-up (`generate: false`) of its instructions and
+        tools alone; the turn that continues it adds a developer message, which joins
+        the leading system message (supervisor/api/responses/items.py), so its prompt
+        parts from the warm-up's where the instructions end: on a hybrid checkpoint 8,192
+        of 12,828 tokens were read from the cache (a periodic state), the rest prefilled
+        again. Nothing where there is no leading system message or the template refuses
+        it alone. The renderings are kept per system prompt (SYSTEM_HEADS)."""
         messages = gen.messages if isinstance(gen.messages, list) else []
         lead = 0
         while lead < len(messages) and isinstance(messages[lead], dict) \
                 and messages[lead].get("role") in ("system", "developer"):
             lead += 1
-        if not lead or lead == len(messages):
-            return 0
+        if not lead:
+            return ()
         key = json.dumps([messages[:lead], gen.output.tools, gen.output.reasoning_effort,
                           gen.template_kwargs], sort_keys=True, default=str)
         with self._heads_lock:
-            head = self._system_heads.get(key)
-        if head is None:
-            try:
-                head = self.turn_prefix(Generate(rid=gen.rid, messages=messages[:lead],
-                                                 output=gen.output,
-                                                 template_kwargs=gen.template_kwargs))
-            except Exception:  # (a template that refuses the system messages alone)
-                head = []
+            heads = self._system_heads.get(key)
+        if heads is None:
+            heads = (self._rendered(gen, messages[:lead], None),
+                     self._rendered(gen, messages[:lead], messages[lead - 1].get("content")))
             with self._heads_lock:
-                self._system_heads[key] = head
+                self._system_heads[key] = heads
                 while len(self._system_heads) > SYSTEM_HEADS:
                     self._system_heads.popitem(last=False)
-        return len(os.path.commonprefix([head, ids]))
+        turn, content = (len(os.path.commonprefix([head, ids])) for head in heads)
+        if content and turn - content < _NEAR:
+            return (content,)
+        return tuple(n for n in sorted({content, turn}) if n)
+
+    def _rendered(self, gen, system: list, content) -> list[int]:
+        """The tokens every request that begins with the messages `system` begins with:
+        with different user messages after them (`turn_prefix`), or, given the last
+        one's `content` (a string), with different text appended to it; [] where the
+        template refuses them."""
+        try:
+            if content is None:
+                return self.turn_prefix(Generate(rid=gen.rid, messages=system,
+                                                 output=gen.output,
+                                                 template_kwargs=gen.template_kwargs))
+            if not isinstance(content, str):
+                return []
+            renders = [self.prompt_ids(Generate(
+                rid=gen.rid, messages=[*system[:-1], {**system[-1],
+                                                      "content": f"{content}\n\n{word}"}],
+                output=gen.output, template_kwargs=gen.template_kwargs), bound=False)[0]
+                for word in _PROBES]
+            return list(os.path.commonprefix(renders))
+        except Exception:  # (a template that refuses the system messages alone)
+            return []
 
     def _outputs(self, gen, ids: list[int]) -> Prepared:
         """The grammar and the splitter a request needs (none for plain completions)."""
         prep = Prepared(gen, ids)
         if self.keeps_system and gen.messages is not None:
-            end = self._system_end(gen, ids)
-            prep.marks = (end,) if end else ()
+            prep.marks = self._system_end(gen, ids)
         if getattr(gen, "prediction", None):
             prep.prediction = list(self.tokenizer.encode(gen.prediction,
                                                          add_special_tokens=False))
