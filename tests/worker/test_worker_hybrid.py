@@ -136,3 +136,21 @@ def test_a_warm_up_of_the_system_prompt_alone_keeps_the_state_its_turn_continues
         monkeypatch.setattr(hybrid, "keeps_system", False)
         assert out == run_one(make_batch(hybrid), hybrid, request)[1]
         monkeypatch.setattr(hybrid, "keeps_system", True)
+
+
+def test_a_request_cancelled_in_its_prefill_leaves_the_state_it_reached(hybrid):
+    """A prompt cancelled part way through its prefill (Codex's warm-up, when Codex starts
+    its turn without waiting for it) leaves the KV cache the state its chunks reached, so
+    a later prompt that begins the same starts there and says what it says cold."""
+    long = SYSTEM * 3  # 600 tokens: chunks of 64
+    batch = make_batch(hybrid, prefix=PrefixCache(1 << 30), snapshot_every=4096)
+    seq = Seq("w")
+    batch.add(seq, hybrid.prepare(ids_gen(long, "w")))
+    for _ in range(3):
+        batch.step()
+    batch.remove(seq)
+    assert not batch.members
+    later = ids_gen(long + [30, 31], "t")
+    cached, out = run_one(batch, hybrid, later)
+    assert 64 <= cached < len(long)
+    assert out == run_one(make_batch(hybrid), hybrid, later)[1]

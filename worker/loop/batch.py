@@ -433,10 +433,16 @@ class Batch:
         if m is None or self.kvcache is None or not m.checkpoints:
             return
         m.checkpoints.pop(0)
+        self._keep_state(uid, m)
+
+    def _keep_state(self, uid: int, m: Member) -> None:
+        """The sequence's state as it stands (and the MTP head's beside it), for later
+        prompts."""
         for cache, tokens in self.gen.extract_cache([uid]).values():
-            head = self._head(uid, len(tokens))
-            self.kvcache.keep(m.cache, m.keyed(list(tokens)), materialized(cache),
-                              head and materialized(head))
+            if tokens:
+                head = self._head(uid, len(tokens))
+                self.kvcache.keep(m.cache, m.keyed(list(tokens)), materialized(cache),
+                                  head and materialized(head))
         self._bound_prefix()
 
     def _head(self, uid: int, tokens: int) -> Optional[list]:
@@ -470,10 +476,23 @@ class Batch:
         self._bound_prefix()
 
     def remove(self, seq) -> None:
-        """Drop a sequence (cancelled, failed): at once, whatever stage it is in."""
+        """Drop a sequence (cancelled, failed): at once, whatever stage it is in. One
+        cancelled part way through its prompt leaves the KV cache the state its prefill
+        reached (`_keep_prefilled`)."""
         uid = getattr(seq, "uid", None)
         if uid in self.members:
+            self._keep_prefilled(uid)
             self._leave(uid, in_gen=True, store=False)
+
+    def _keep_prefilled(self, uid: int) -> None:
+        """The state of a sequence still being prefilled, kept for later prompts: its
+        prompt's chunks so far. Codex opens a session with a warm-up of its ~11K-token
+        instructions and, where that takes seconds, starts the turn without it: the
+        warm-up is cancelled, and on a cache that cannot be trimmed the turn found only
+        the last periodic state the warm-up had kept (8,192 tokens)."""
+        found = self.gen._find_uids([uid]).get(uid)
+        if self.kvcache is not None and found is not None and found[0] == 1:
+            self._keep_state(uid, self.members[uid])  # (stage 1: mlx-lm's prompt batch)
 
     def _leave(self, uid: int, in_gen: bool, store: bool) -> None:
         m = self.members.pop(uid)
