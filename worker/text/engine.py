@@ -192,8 +192,8 @@ class TextEngine:
         with self._heads_lock:
             heads = self._system_heads.get(key)
         if heads is None:
-            heads = (self._rendered(gen, messages[:lead], None),
-                     self._rendered(gen, messages[:lead], messages[lead - 1].get("content")))
+            heads = (self._rendered(gen, messages[:lead]),
+                     self._rendered(gen, messages[:lead], appended=True))
             with self._heads_lock:
                 self._system_heads[key] = heads
                 while len(self._system_heads) > SYSTEM_HEADS:
@@ -203,16 +203,17 @@ class TextEngine:
             return (content,)
         return tuple(n for n in sorted({content, turn}) if n)
 
-    def _rendered(self, gen, system: list, content) -> list[int]:
+    def _rendered(self, gen, system: list, appended: bool = False) -> list[int]:
         """The tokens every request that begins with the messages `system` begins with:
-        with different user messages after them (`turn_prefix`), or, given the last
-        one's `content` (a string), with different text appended to it; [] where the
-        template refuses them."""
+        with different user messages after them (`turn_prefix`), or (`appended`) with
+        different text appended to the last one's content, where it is a string; [] where
+        the template refuses them."""
         try:
-            if content is None:
+            if not appended:
                 return self.turn_prefix(Generate(rid=gen.rid, messages=system,
                                                  output=gen.output,
                                                  template_kwargs=gen.template_kwargs))
+            content = system[-1].get("content")
             if not isinstance(content, str):
                 return []
             renders = [self.prompt_ids(Generate(
